@@ -1,0 +1,46 @@
+"""Packaging for tf1_accum."""
+
+import pathlib
+import re
+
+import setuptools
+
+HERE = pathlib.Path(__file__).parent
+
+# The TensorFlow releases the test suite runs on. tf1_accum does not pull in
+# TensorFlow itself (users already have tensorflow, tensorflow-cpu or a vendor
+# build); the "cpu" and "tensorflow" extras install one in the tested range.
+TENSORFLOW_RANGE = ">=2.15,<2.22"
+
+
+def _version():
+    text = (HERE / "tf1_accum" / "__init__.py").read_text(encoding="utf-8")
+    return re.search(r'^__version__ = "([^"]+)"', text, re.M).group(1)
+
+
+setuptools.setup(
+    name="tf1_accum",
+    version=_version(),
+    description=(
+        "Correct, fast gradient accumulation for TensorFlow 1 graph-mode code "
+        "(tf.compat.v1, Session, feed_dict)."
+    ),
+    long_description=(HERE / "README.rst").read_text(encoding="utf-8"),
+    long_description_content_type="text/x-rst",
+    license="Apache-2.0",
+    packages=setuptools.find_packages(include=["tf1_accum", "tf1_accum.*"]),
+    python_requires=">=3.10",
+    install_requires=["numpy>=1.23"],
+    extras_require={
+        "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
+        "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
+        "test": [f"tensorflow-cpu{TENSORFLOW_RANGE}", "pytest>=7"],
+        "examples": [f"tensorflow-cpu{TENSORFLOW_RANGE}", "matplotlib>=3.5"],
+        "docs": ["sphinx>=7"],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "License :: OSI Approved :: Apache Software License",
+    ],
+)

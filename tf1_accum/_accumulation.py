@@ -1,0 +1,356 @@
+"""The builder: zero, accumulate and apply ops for one accumulation window."""
+
+import typing
+import warnings
+
+import tensorflow as tf
+
+from tf1_accum import _checks
+
+#: Graph collection holding every variable tf1_accum creates (accumulators,
+#: touched-row masks, counters). They are also global variables, so a default
+#: ``tf.compat.v1.train.Saver()`` saves them.
+STATE_COLLECTION = "tf1_accum_state"
+
+_NOTHING_ACCUMULATED = (
+    "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
+    "accum_op on at least one micro-batch before apply_op; no variable was "
+    "changed."
+)
+
+
+class Accumulation(typing.NamedTuple):
+    """The ops and state of one gradient accumulation, from `build_accumulation`.
+
+    A window is: ``accum_op`` once per micro-batch (each with that micro-batch's
+    ``feed_dict``), then ``apply_op`` once, with no feed. ``apply_op`` resets
+    the window itself, so the next ``accum_op`` starts the next window.
+
+    Attributes:
+        zero_op: Resets the accumulators and the counter, discarding a partial
+            window. Not needed between windows: ``apply_op`` resets.
+        accum_op: Adds this micro-batch's gradients to the accumulators and
+            increments ``counter``. Run it with the micro-batch's feed.
+        apply_op: Applies ``grads_and_vars`` through the optimizer, increments
+            ``global_step`` once (if one was given), then resets the
+            accumulators and the counter. Needs no feed. Raises
+            ``tf.errors.InvalidArgumentError`` when nothing was accumulated,
+            leaving every variable untouched.
+        counter: ``int64`` variable: micro-batches accumulated since the last
+            reset.
+        accumulators: Accumulator variables, aligned with ``var_list``
+            (``accumulators[i]`` serves ``var_list[i]``). Each holds the sum of
+            the micro-batch gradients of the window; float16 and bfloat16
+            variables accumulate in float32.
+        var_list: The variables trained, in the order of ``accumulators``.
+            Variables whose gradient is None are not in it.
+        grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
+            to the optimizer: the accumulated mean (or sum, with
+            ``average=False``). A sparse gradient is a ``tf.IndexedSlices`` of
+            the rows touched in the window.
+    """
+
+    zero_op: tf.Operation
+    accum_op: tf.Operation
+    apply_op: tf.Operation
+    counter: tf.Variable
+    accumulators: typing.List[tf.Variable]
+    var_list: typing.List[tf.Variable]
+    grads_and_vars: typing.List[typing.Tuple[typing.Any, tf.Variable]]
+
+
+def build_accumulation(
+    loss, optimizer, var_list=None, *, global_step=None, average=True, name=None
+):
+    """Builds the ops that accumulate gradients over micro-batches and apply once.
+
+    N runs of ``accum_op`` (each fed one micro-batch of B examples) followed by
+    one run of ``apply_op`` make the same update as one
+    ``optimizer.minimize(loss)`` step on the N x B examples together, when
+    ``loss`` is the mean over the micro-batch. Optimizer state (slots, Adam's
+    beta powers) and ``global_step`` advance once per window, and slot
+    variables get the names plain ``minimize`` gives them, so checkpoints
+    interchange with plain training (see `plain_variables`).
+
+    Sparse gradients (from ``tf.gather`` or ``tf.nn.embedding_lookup``) are
+    scatter-added into the accumulator, never densified, and applied as the
+    rows touched in the window.
+
+    Example:
+
+    >>> import numpy as np
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    ...     acc = build_accumulation(loss, opt)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
+    ...             _ = sess.run(acc.accum_op, {x: np.array(batch)})
+    ...         print(sess.run(acc.counter))
+    ...         sess.run(acc.apply_op)
+    ...         print(round(float(sess.run(w)), 4), sess.run(acc.counter))
+    2
+    2.5 0
+
+    Args:
+        loss: Scalar floating-point tensor: the mean loss of one micro-batch.
+        optimizer: A ``tf.compat.v1.train.Optimizer`` (or subclass).
+        var_list: Variables to train; defaults to the trainable variables of
+            the loss's graph, as in ``Optimizer.minimize``.
+        global_step: Optional integer variable, incremented once per applied
+            window (so learning-rate schedules driven by it follow updates,
+            not micro-batches).
+        average: True (the default) divides the accumulated gradients by the
+            number of micro-batches: the update equals large-batch training on
+            the mean loss. False applies the sum, as if the loss were summed
+            over micro-batches: for SGD and Momentum that multiplies the
+            effective learning rate by N; Adam, RMSProp and Adagrad are nearly
+            scale-invariant, apart from their epsilon.
+        name: Name scope for the ops; defaults to ``"accumulation"``.
+
+    Returns:
+        An `Accumulation`.
+
+    Raises:
+        RuntimeError: If eager execution is active.
+        TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
+            not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
+            something other than variables, ``global_step`` is not an integer
+            variable, or ``average`` is not a bool.
+        ValueError: If ``loss`` is not a scalar, there are no variables to
+            train, no variable has a gradient, or a variable's shape is not
+            fully defined.
+    """
+    _checks.check_graph_mode("build_accumulation")
+    _checks.check_loss(loss)
+    _checks.check_optimizer(optimizer)
+    _checks.check_global_step(global_step)
+    _checks.check_bool("average", average)
+    graph = loss.graph
+    with graph.as_default():
+        var_list = _checks.check_var_list(var_list, graph)
+        pairs = _gradients(loss, optimizer, var_list)
+        with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
+            counter = _state_variable(tf.constant(0, tf.int64), "counter")
+            slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+            accum_op = tf.group(
+                *[slot.add(g) for slot, (g, _) in zip(slots, pairs)],
+                counter.assign_add(1, use_locking=True, read_value=False),
+                name="accumulate",
+            )
+            zero_op = tf.group(
+                *[slot.reset() for slot in slots], _reset_counter(counter), name="zero"
+            )
+            check = tf.compat.v1.assert_positive(
+                counter.read_value(), message=_NOTHING_ACCUMULATED
+            )
+            with tf.control_dependencies([check]):
+                count = counter.read_value()
+                grads_and_vars = [
+                    (slot.gradient(count if average else None), slot.var)
+                    for slot in slots
+                ]
+        # The optimizer builds its update in the caller's name scope, so that its
+        # non-slot variables (Adam's beta powers) get the names plain minimize()
+        # gives them.
+        update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        with tf.compat.v1.name_scope(scope):
+            with tf.control_dependencies([update]):
+                reset = tf.group(
+                    *[slot.reset_after_apply() for slot in slots],
+                    _reset_counter(counter),
+                )
+            apply_op = tf.group(update, reset, name="apply")
+    return Accumulation(
+        zero_op=zero_op,
+        accum_op=accum_op,
+        apply_op=apply_op,
+        counter=counter,
+        accumulators=[slot.accumulator for slot in slots],
+        var_list=[slot.var for slot in slots],
+        grads_and_vars=grads_and_vars,
+    )
+
+
+def plain_variables(graph=None):
+    """Returns the global variables that tf1_accum did not create.
+
+    A checkpoint written by plain training (no accumulation) holds no
+    accumulators. To restore it into an accumulating graph, initialize all
+    variables, then restore only these::
+
+        tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)
+
+    The reverse needs nothing: a plain graph's default ``Saver`` restores from
+    an accumulating checkpoint and ignores the accumulators.
+
+    Args:
+        graph: The graph to look in; defaults to the default graph.
+
+    Returns:
+        A list of variables, in ``tf.compat.v1.global_variables()`` order.
+    """
+    graph = graph or tf.compat.v1.get_default_graph()
+    owned = {id(v) for v in graph.get_collection(STATE_COLLECTION)}
+    return [
+        v
+        for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        if id(v) not in owned
+    ]
+
+
+def _gradients(loss, optimizer, var_list):
+    """Returns ``(gradient, variable)`` pairs, without the None gradients."""
+    pairs = optimizer.compute_gradients(loss, var_list=var_list)
+    missing = [v.op.name for g, v in pairs if g is None]
+    pairs = [(g, v) for g, v in pairs if g is not None]
+    if not pairs:
+        raise ValueError(
+            "No gradients: the loss does not depend on any of the variables "
+            f"{missing}. Check the graph for ops that do not support gradients "
+            f"between these variables and loss {loss.name}."
+        )
+    if missing:
+        warnings.warn(
+            f"tf1_accum: these variables have no gradient for loss {loss.name} "
+            f"and are left untouched: {', '.join(missing)}.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return pairs
+
+
+def _accumulator_dtype(dtype):
+    """Float16 and bfloat16 sums lose precision: accumulate them in float32."""
+    dtype = dtype.base_dtype
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+def _state_variable(initial_value, name):
+    """Creates a non-trainable global variable that tf1_accum owns."""
+    with tf.init_scope():
+        return tf.compat.v1.Variable(
+            initial_value,
+            trainable=False,
+            name=name,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
+        )
+
+
+def _reset_counter(counter):
+    return counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
+
+
+class _VariableAccumulator:
+    """The accumulator of one variable, with its add, mean and reset ops."""
+
+    @staticmethod
+    def create(gradient, var):
+        if isinstance(gradient, tf.IndexedSlices):
+            return _SparseAccumulator(var)
+        return _VariableAccumulator(var)
+
+    def __init__(self, var):
+        self.var = var
+        if not var.shape.is_fully_defined():
+            raise ValueError(
+                f"Variable {var.op.name} has shape {var.shape}, which is not fully "
+                "defined; tf1_accum needs a static shape to build its accumulator."
+            )
+        self.shape = var.shape.as_list()
+        self.dtype = _accumulator_dtype(var.dtype)
+        # Built from a constant, never from the variable's value: nothing
+        # here depends on the variable being initialized first.
+        with tf.compat.v1.name_scope(var.op.name + "/"):
+            self.accumulator = _state_variable(
+                tf.zeros(self.shape, self.dtype), "accumulator"
+            )
+
+    def add(self, gradient):
+        return self.accumulator.assign_add(
+            tf.cast(gradient, self.dtype), use_locking=True, read_value=False
+        )
+
+    def gradient(self, count):
+        total = self.accumulator.read_value()
+        return self._to_var_dtype(total if count is None else total / self._cast(count))
+
+    def reset(self):
+        return self.accumulator.assign(
+            tf.zeros(self.shape, self.dtype), use_locking=True, read_value=False
+        )
+
+    def reset_after_apply(self):
+        return self.reset()
+
+    def _cast(self, count):
+        return tf.cast(count, self.dtype)
+
+    def _to_var_dtype(self, tensor):
+        return tf.cast(tensor, self.var.dtype.base_dtype)
+
+
+class _SparseAccumulator(_VariableAccumulator):
+    """Accumulates ``tf.IndexedSlices`` by scatter-add, remembering the rows.
+
+    ``touched`` marks the rows that received a gradient in the window: the
+    apply hands the optimizer exactly those rows (as large-batch training
+    would), and the reset clears only those rows. Untouched rows of the
+    accumulator are always zero.
+    """
+
+    def __init__(self, var):
+        super().__init__(var)
+        with tf.compat.v1.name_scope(var.op.name + "/"):
+            self.touched = _state_variable(
+                tf.zeros(self.shape[:1], self.dtype), "accumulator_touched"
+            )
+        self._applied_rows = None
+
+    def add(self, gradient):
+        indices = gradient.indices
+        values = tf.cast(gradient.values, self.dtype)
+        return tf.group(
+            self.accumulator.scatter_add(
+                tf.IndexedSlices(values, indices), use_locking=True
+            ),
+            self.touched.scatter_update(
+                tf.IndexedSlices(tf.ones_like(indices, dtype=self.dtype), indices),
+                use_locking=True,
+            ),
+        )
+
+    def _rows(self):
+        return tf.reshape(tf.where(self.touched.read_value() > 0), [-1])
+
+    def gradient(self, count):
+        rows = self._rows()
+        self._applied_rows = rows
+        total = tf.gather(self.accumulator, rows)
+        values = total if count is None else total / self._cast(count)
+        return tf.IndexedSlices(
+            self._to_var_dtype(values),
+            rows,
+            dense_shape=tf.constant(self.shape, tf.int64),
+        )
+
+    def reset(self, rows=None):
+        rows = self._rows() if rows is None else rows
+        row_shape = tf.constant(self.shape[1:], tf.int32)
+        zeros = tf.zeros(tf.concat([tf.shape(rows), row_shape], 0), self.dtype)
+        return tf.group(
+            self.accumulator.scatter_update(
+                tf.IndexedSlices(zeros, rows), use_locking=True
+            ),
+            self.touched.scatter_update(
+                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows),
+                use_locking=True,
+            ),
+        )
+
+    def reset_after_apply(self):
+        # The rows the apply read; the mask cannot change in between.
+        return self.reset(self._applied_rows)

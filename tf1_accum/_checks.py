@@ -1,0 +1,155 @@
+"""Argument validation shared by the builders and helpers.
+
+Every check raises before any graph state is created, so a bad call leaves the
+graph, its variables and any accumulators exactly as they were.
+"""
+
+import collections.abc
+
+import tensorflow as tf
+
+# Keras optimizers that users reach for first, and the TF1 class that does the
+# same job inside a graph built with ``tf.compat.v1``.
+_KERAS_TO_V1 = {
+    "SGD": "tf.compat.v1.train.GradientDescentOptimizer (or MomentumOptimizer)",
+    "Adam": "tf.compat.v1.train.AdamOptimizer",
+    "RMSprop": "tf.compat.v1.train.RMSPropOptimizer",
+    "Adagrad": "tf.compat.v1.train.AdagradOptimizer",
+    "Adadelta": "tf.compat.v1.train.AdadeltaOptimizer",
+    "Ftrl": "tf.compat.v1.train.FtrlOptimizer",
+}
+
+
+def describe(value):
+    """Returns ``value`` and its type, for error messages."""
+    text = repr(value)
+    if len(text) > 80:
+        text = text[:77] + "..."
+    return f"{text} (a {type(value).__module__}.{type(value).__qualname__})"
+
+
+def check_graph_mode(what):
+    """Raises RuntimeError when eager execution is on."""
+    if tf.executing_eagerly():
+        raise RuntimeError(
+            f"{what} builds TF1 graph-mode ops (Session, feed_dict), but eager "
+            "execution is active. Call tf.compat.v1.disable_eager_execution() (or "
+            "tf.compat.v1.disable_v2_behavior()) at program start, before any "
+            "graph is built."
+        )
+
+
+def check_loss(loss):
+    """Checks that ``loss`` is a scalar floating-point graph tensor."""
+    if not isinstance(loss, tf.Tensor) or not hasattr(loss, "graph"):
+        raise TypeError(
+            "loss must be a scalar floating-point tf.Tensor of a graph, got "
+            f"{describe(loss)}."
+        )
+    dtype = loss.dtype.base_dtype
+    if not dtype.is_floating:
+        raise TypeError(
+            f"loss must be a floating-point tensor, got {loss.name} of dtype "
+            f"{dtype.name}. Cast it, e.g. tf.cast(loss, tf.float32)."
+        )
+    if loss.shape.ndims != 0:
+        shape = "unknown" if loss.shape.ndims is None else loss.shape.as_list()
+        raise ValueError(
+            f"loss must be a scalar (shape []), got {loss.name} of shape {shape}. "
+            "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean "
+            "over the micro-batch is what accumulation averages into the mean "
+            "over the window."
+        )
+
+
+def check_optimizer(optimizer):
+    """Checks that ``optimizer`` is a ``tf.compat.v1.train.Optimizer``."""
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        return
+    name = type(optimizer).__name__
+    hint = ""
+    if "keras" in type(optimizer).__module__ or name in _KERAS_TO_V1:
+        use = _KERAS_TO_V1.get(name, "the matching tf.compat.v1.train optimizer")
+        hint = (
+            f" Keras optimizers do not build graph-mode apply ops; use {use} "
+            "instead."
+        )
+    raise TypeError(
+        "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, "
+        "Momentum, Adam, RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a "
+        f"subclass), got {describe(optimizer)}.{hint}"
+    )
+
+
+def check_var_list(var_list, graph):
+    """Returns the variables to train as a list, checked.
+
+    Args:
+        var_list: ``None`` for the graph's trainable variables, or an iterable of
+            ``tf.Variable``.
+        graph: the graph of the loss.
+    """
+    if var_list is None:
+        with graph.as_default():
+            found = tf.compat.v1.trainable_variables() + graph.get_collection(
+                tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES
+            )
+        # Resource variables can sit in both collections.
+        var_list, seen = [], set()
+        for v in found:
+            if id(v) not in seen:
+                seen.add(id(v))
+                var_list.append(v)
+        if not var_list:
+            raise ValueError(
+                "No variables to train: var_list is None and the loss's graph has "
+                "no trainable variables. Build the model before calling, or pass "
+                "var_list."
+            )
+        return var_list
+    if isinstance(var_list, (tf.Variable, str)) or not isinstance(
+        var_list, collections.abc.Iterable
+    ):
+        raise TypeError(
+            f"var_list must be a list of tf.Variable or None, got "
+            f"{describe(var_list)}."
+        )
+    var_list = list(var_list)
+    if not var_list:
+        raise ValueError("var_list is empty: expected at least one tf.Variable.")
+    for i, v in enumerate(var_list):
+        if not isinstance(v, tf.Variable):
+            raise TypeError(f"var_list[{i}] must be a tf.Variable, got {describe(v)}.")
+    return var_list
+
+
+def check_global_step(global_step):
+    """Checks that ``global_step`` is None or an integer variable."""
+    if global_step is None:
+        return
+    if not isinstance(global_step, tf.Variable):
+        raise TypeError(
+            "global_step must be an integer tf.Variable (e.g. from "
+            "tf.compat.v1.train.get_or_create_global_step()) or None, got "
+            f"{describe(global_step)}."
+        )
+    if not global_step.dtype.base_dtype.is_integer:
+        raise TypeError(
+            "global_step must be an integer variable, got "
+            f"{global_step.op.name} of dtype {global_step.dtype.base_dtype.name}."
+        )
+
+
+def check_bool(name, value):
+    """Checks that ``value`` is a Python bool."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {describe(value)}.")
+
+
+def check_feed_dict(index, feed_dict):
+    """Checks one micro-batch's feed: a mapping, or None for no feed."""
+    if feed_dict is not None and not isinstance(feed_dict, collections.abc.Mapping):
+        raise TypeError(
+            f"feed_dicts[{index}] must be a dict (or None for a micro-batch that "
+            f"needs no feed), got {describe(feed_dict)}."
+        )
