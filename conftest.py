@@ -1,0 +1,38 @@
+"""Puts the test process in TF1 graph mode before anything imports tf1_accum.
+
+Legacy code enters graph mode in one of two ways, and the switch is
+process-wide, so one pytest process runs one of them:
+
+* ``TF1_ACCUM_GRAPH_MODE=v1`` (the default): ``disable_v2_behavior()``, reference
+  variables as under TensorFlow 1.x;
+* ``TF1_ACCUM_GRAPH_MODE=resource``: only ``disable_eager_execution()``, resource
+  variables. ``tests/test_graph_modes.py`` runs the whole suite again this way
+  in a subprocess.
+"""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+GRAPH_MODE = os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1")
+if GRAPH_MODE == "v1":
+    tf.compat.v1.disable_v2_behavior()
+elif GRAPH_MODE == "resource":
+    tf.compat.v1.disable_eager_execution()
+else:
+    raise ValueError(
+        f"TF1_ACCUM_GRAPH_MODE must be 'v1' or 'resource', got {GRAPH_MODE!r}."
+    )
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+
+
+def pytest_report_header(config):
+    return f"tf1_accum graph mode: {GRAPH_MODE} (TensorFlow {tf.__version__})"
+
+
+@pytest.fixture(autouse=True)
+def _doctest_namespace(doctest_namespace):
+    doctest_namespace["tf"] = tf

@@ -1,0 +1,218 @@
+"""Models, optimizers and comparisons shared by the tests.
+
+Each model is built in its own ``tf.Graph`` from seeded NumPy values, so an
+accumulating graph and a plain large-batch graph start from the same point.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+v1 = tf.compat.v1
+
+
+class SubclassedMomentum(v1.train.MomentumOptimizer):
+    """A user subclass: accumulation must work through ``Optimizer`` subclasses."""
+
+
+# Each takes the model's dtype: ProximalAdagradOptimizer does not cast its
+# hyperparameters, so float64 training needs them as float64 tensors.
+OPTIMIZERS = {
+    "sgd": lambda dtype: v1.train.GradientDescentOptimizer(0.1),
+    "momentum": lambda dtype: v1.train.MomentumOptimizer(0.1, 0.9),
+    "nesterov": lambda dtype: v1.train.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+    "adam": lambda dtype: v1.train.AdamOptimizer(0.05),
+    "rmsprop": lambda dtype: v1.train.RMSPropOptimizer(0.05, momentum=0.5),
+    "adagrad": lambda dtype: v1.train.AdagradOptimizer(0.1),
+    "adadelta": lambda dtype: v1.train.AdadeltaOptimizer(1.0),
+    "ftrl": lambda dtype: v1.train.FtrlOptimizer(
+        0.1, l1_regularization_strength=0.001, l2_regularization_strength=0.01
+    ),
+    "proximal_adagrad": lambda dtype: v1.train.ProximalAdagradOptimizer(
+        tf.constant(0.1, dtype),
+        l1_regularization_strength=tf.constant(0.001, dtype),
+        l2_regularization_strength=tf.constant(0.01, dtype),
+    ),
+    "subclass": lambda dtype: SubclassedMomentum(0.05, 0.5),
+}
+
+# Relative error allowed per parameter (per variable: the largest elementwise
+# difference over the largest magnitude, see relative_error) between
+# accumulated and large-batch training.
+RTOL = {tf.float64: 1e-10, tf.float32: 1e-5}
+
+VOCAB = 30  # embedding rows; ids are drawn from the first 20 only
+FEATURES = 4
+HIDDEN = 6
+
+
+class Model:
+    """A small MLP, optionally fed through an embedding table (sparse gradient).
+
+    Attributes:
+        inputs: the input placeholder (float features, or int ids).
+        labels: the label placeholder.
+        loss: mean squared error over the batch.
+    """
+
+    def __init__(self, dtype, sparse, seed=0):
+        rng = np.random.RandomState(seed)
+        np_dtype = dtype.as_numpy_dtype
+        if sparse:
+            self.inputs = v1.placeholder(tf.int32, [None], name="ids")
+            table = v1.get_variable(
+                "embedding", initializer=rng.randn(VOCAB, FEATURES).astype(np_dtype)
+            )
+            features = tf.nn.embedding_lookup(table, self.inputs)
+        else:
+            self.inputs = v1.placeholder(dtype, [None, FEATURES], name="x")
+            features = self.inputs
+        self.labels = v1.placeholder(dtype, [None, 1], name="y")
+        w1 = v1.get_variable(
+            "w1", initializer=rng.randn(FEATURES, HIDDEN).astype(np_dtype)
+        )
+        b1 = v1.get_variable("b1", initializer=(0.1 * rng.randn(HIDDEN)).astype(np_dtype))
+        w2 = v1.get_variable("w2", initializer=rng.randn(HIDDEN, 1).astype(np_dtype))
+        hidden = tf.tanh(tf.matmul(features, w1) + b1)
+        self.loss = tf.reduce_mean((tf.matmul(hidden, w2) - self.labels) ** 2)
+
+    def feed(self, batch):
+        inputs, labels = batch
+        return {self.inputs: inputs, self.labels: labels}
+
+
+def make_batches(dtype, sparse, count, size, seed=1):
+    """Returns ``count`` micro-batches of ``size`` examples, as (inputs, labels)."""
+    rng = np.random.RandomState(seed)
+    np_dtype = dtype.as_numpy_dtype
+    batches = []
+    for _ in range(count):
+        if sparse:
+            inputs = rng.randint(0, 20, size=size).astype(np.int32)
+        else:
+            inputs = rng.randn(size, FEATURES).astype(np_dtype)
+        labels = rng.randn(size, 1).astype(np_dtype)
+        batches.append((inputs, labels))
+    return batches
+
+
+def concat(batches):
+    """Joins micro-batches into one large batch."""
+    return tuple(np.concatenate(part) for part in zip(*batches))
+
+
+def values_by_name(sess, variables):
+    """Returns {variable name: value} for ``variables``."""
+    variables = list(variables)
+    return dict(zip([v.op.name for v in variables], sess.run(variables)))
+
+
+def relative_error(actual, expected):
+    """max|actual - expected| / max|expected| over one variable (0 if equal).
+
+    Normalizing by the variable's largest magnitude, not elementwise, keeps an
+    element that is itself a near-cancelling sum (a momentum slot crossing
+    zero) from reporting float32 rounding as a large relative error.
+    """
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    diff = float(np.max(np.abs(actual - expected), initial=0.0))
+    if diff == 0.0:
+        return 0.0
+    scale = float(np.max(np.abs(expected), initial=0.0))
+    return diff / scale if scale else float("inf")
+
+
+def assert_same_values(actual, expected, rtol, where):
+    """Fails naming ``where`` and the variable if any value differs by > rtol."""
+    missing = sorted(set(expected) - set(actual))
+    assert not missing, f"{where}: variables missing from the accumulating graph: {missing}"
+    for name in sorted(expected):
+        err = relative_error(actual[name], expected[name])
+        assert err <= rtol, (
+            f"{where}: {name} diverged from large-batch training: relative error "
+            f"{err:.3g} > {rtol:g}\n  accumulated: {actual[name]}\n"
+            f"  large batch: {expected[name]}"
+        )
+
+
+class CountingSession:
+    """Wraps a session and counts its ``run`` calls."""
+
+    def __init__(self, sess):
+        self.sess = sess
+        self.calls = []
+
+    def run(self, fetches, feed_dict=None, **kwargs):
+        self.calls.append(feed_dict)
+        return self.sess.run(fetches, feed_dict=feed_dict, **kwargs)
+
+
+def plain_training(optimizer_name, dtype, sparse, windows):
+    """Trains with plain ``minimize`` on each window's concatenated batch.
+
+    Returns one {variable name: value} dict per window, after its update.
+    """
+    with tf.Graph().as_default():
+        model = Model(dtype, sparse)
+        global_step = v1.train.get_or_create_global_step()
+        train_op = OPTIMIZERS[optimizer_name](dtype).minimize(
+            model.loss, global_step=global_step
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            results = []
+            for window in windows:
+                sess.run(train_op, model.feed(concat(window)))
+                results.append(values_by_name(sess, v1.global_variables()))
+    return results
+
+
+def accumulated_training(optimizer_name, dtype, sparse, windows, path):
+    """Trains the same model by accumulation, window by window.
+
+    ``path`` is "ops" (accum_op per micro-batch, then apply_op) or "helper"
+    (run_accumulation). Asserts that no variable moves before the apply.
+    Returns one {variable name: value} dict per window, after its update.
+    """
+    import tf1_accum
+
+    with tf.Graph().as_default():
+        model = Model(dtype, sparse)
+        global_step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_accumulation(
+            model.loss, OPTIMIZERS[optimizer_name](dtype), global_step=global_step
+        )
+        trained = tf1_accum.plain_variables()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            results = []
+            for w, window in enumerate(windows):
+                before = values_by_name(sess, trained)
+                if path == "ops":
+                    for batch in window:
+                        sess.run(acc.accum_op, model.feed(batch))
+                        assert_same_values(
+                            values_by_name(sess, trained), before, 0.0,
+                            f"window {w}, before apply",
+                        )
+                    sess.run(acc.apply_op)
+                else:
+                    feeds = (model.feed(batch) for batch in window)
+                    tf1_accum.run_accumulation(sess, acc, feeds)
+                results.append(values_by_name(sess, v1.global_variables()))
+    return results
+
+
+def check_equivalence(optimizer_name, dtype, sparse, path, windows=3, n=4, b=5):
+    """Asserts accumulated == large-batch training after each of ``windows``."""
+    batches = make_batches(dtype, sparse, windows * n, b)
+    grouped = [batches[i * n:(i + 1) * n] for i in range(windows)]
+    expected = plain_training(optimizer_name, dtype, sparse, grouped)
+    actual = accumulated_training(optimizer_name, dtype, sparse, grouped, path)
+    for w, (got, want) in enumerate(zip(actual, expected)):
+        assert_same_values(
+            got, want, RTOL[dtype],
+            f"{optimizer_name}, {dtype.name}, {'sparse' if sparse else 'dense'}, "
+            f"{path}: window {w}",
+        )
+        assert got["global_step"] == w + 1
