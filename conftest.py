@@ -35,4 +35,7 @@ def pytest_report_header(config):
 
 @pytest.fixture(autouse=True)
 def _doctest_namespace(doctest_namespace):
+    import tf1_accum
+
     doctest_namespace["tf"] = tf
+    doctest_namespace["tf1_accum"] = tf1_accum

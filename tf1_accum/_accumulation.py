@@ -84,7 +84,7 @@ def build_accumulation(
     ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
     ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
     ...     opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
-    ...     acc = build_accumulation(loss, opt)
+    ...     acc = tf1_accum.build_accumulation(loss, opt)
     ...     with tf.compat.v1.Session() as sess:
     ...         sess.run(tf.compat.v1.global_variables_initializer())
     ...         for batch in ([1.0, 2.0], [3.0, 4.0]):

@@ -32,12 +32,12 @@ def run_accumulation(sess, accumulation, feed_dicts, fetches=None):
     ...     x = tf.compat.v1.placeholder(tf.float32, [None])
     ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
     ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
-    ...     acc = build_accumulation(
+    ...     acc = tf1_accum.build_accumulation(
     ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1))
     ...     with tf.compat.v1.Session() as sess:
     ...         sess.run(tf.compat.v1.global_variables_initializer())
     ...         feeds = ({x: np.array(b)} for b in ([1.0, 2.0], [3.0, 4.0]))
-    ...         losses = run_accumulation(sess, acc, feeds, fetches=loss)
+    ...         losses = tf1_accum.run_accumulation(sess, acc, feeds, fetches=loss)
     ...         print([float(l) for l in losses], round(float(sess.run(w)), 4))
     [2.5, 12.5] 2.5
 

@@ -1,0 +1,112 @@
+"""Checkpoints: mid-window save and restore, and interchange with plain training."""
+
+import numpy as np
+import tensorflow as tf
+
+import tf1_accum
+from _helpers import Model
+from _helpers import concat
+from _helpers import make_batches
+from _helpers import values_by_name
+
+v1 = tf.compat.v1
+
+
+def _accumulating_graph():
+    model = Model(tf.float32, sparse=True)
+    acc = tf1_accum.build_accumulation(
+        model.loss,
+        v1.train.AdamOptimizer(0.05),
+        global_step=v1.train.get_or_create_global_step(),
+    )
+    return model, acc
+
+
+def test_mid_window_save_and_restore_is_bit_identical(tmp_path):
+    batches = make_batches(tf.float32, True, 8, 5)
+    first, second = batches[:4], batches[4:]
+
+    with tf.Graph().as_default():
+        model, acc = _accumulating_graph()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in first])
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in second])
+            uninterrupted = values_by_name(sess, v1.global_variables())
+
+    with tf.Graph().as_default():
+        model, acc = _accumulating_graph()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in first])
+            for batch in second[:2]:
+                sess.run(acc.accum_op, model.feed(batch))
+            path = v1.train.Saver().save(sess, str(tmp_path / "mid"))
+
+    with tf.Graph().as_default():
+        model, acc = _accumulating_graph()
+        with v1.Session() as sess:
+            v1.train.Saver().restore(sess, path)
+            assert sess.run(acc.counter) == 2
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in second[2:]])
+            resumed = values_by_name(sess, v1.global_variables())
+
+    assert set(resumed) == set(uninterrupted)
+    for name, value in uninterrupted.items():
+        np.testing.assert_array_equal(resumed[name], value, err_msg=name)
+    assert resumed["global_step"] == 2
+
+
+def _plain_graph():
+    model = Model(tf.float32, sparse=True)
+    train_op = v1.train.AdamOptimizer(0.05).minimize(
+        model.loss, global_step=v1.train.get_or_create_global_step()
+    )
+    return model, train_op
+
+
+def test_plain_checkpoint_restores_into_an_accumulating_graph(tmp_path):
+    batches = make_batches(tf.float32, True, 5, 5)
+    with tf.Graph().as_default():
+        model, train_op = _plain_graph()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_op, model.feed(batches[0]))
+            path = v1.train.Saver().save(sess, str(tmp_path / "plain"))
+            sess.run(train_op, model.feed(concat(batches[1:])))
+            expected = values_by_name(sess, v1.global_variables())
+
+    with tf.Graph().as_default():
+        model, acc = _accumulating_graph()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches[1:]])
+            got = values_by_name(sess, tf1_accum.plain_variables())
+
+    assert set(got) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(got[name], value, rtol=1e-5, err_msg=name)
+    assert got["global_step"] == 2
+
+
+def test_accumulating_checkpoint_restores_into_a_plain_graph(tmp_path):
+    batches = make_batches(tf.float32, True, 4, 5)
+    with tf.Graph().as_default():
+        model, acc = _accumulating_graph()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches])
+            sess.run(acc.accum_op, model.feed(batches[0]))  # a partial window
+            path = v1.train.Saver().save(sess, str(tmp_path / "accumulating"))
+            saved = values_by_name(sess, tf1_accum.plain_variables())
+
+    with tf.Graph().as_default():
+        _plain_graph()
+        with v1.Session() as sess:
+            v1.train.Saver().restore(sess, path)
+            restored = values_by_name(sess, v1.global_variables())
+
+    assert set(restored) == set(saved)
+    for name, value in saved.items():
+        np.testing.assert_array_equal(restored[name], value, err_msg=name)
