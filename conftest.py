@@ -23,9 +23,7 @@ if GRAPH_MODE == "v1":
 elif GRAPH_MODE == "resource":
     tf.compat.v1.disable_eager_execution()
 else:
-    raise ValueError(
-        f"TF1_ACCUM_GRAPH_MODE must be 'v1' or 'resource', got {GRAPH_MODE!r}."
-    )
+    raise ValueError(f"TF1_ACCUM_GRAPH_MODE must be 'v1' or 'resource', got {GRAPH_MODE!r}.")
 tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
 
 

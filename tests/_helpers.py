@@ -67,9 +67,7 @@ class Model:
             self.inputs = v1.placeholder(dtype, [None, FEATURES], name="x")
             features = self.inputs
         self.labels = v1.placeholder(dtype, [None, 1], name="y")
-        w1 = v1.get_variable(
-            "w1", initializer=rng.randn(FEATURES, HIDDEN).astype(np_dtype)
-        )
+        w1 = v1.get_variable("w1", initializer=rng.randn(FEATURES, HIDDEN).astype(np_dtype))
         b1 = v1.get_variable("b1", initializer=(0.1 * rng.randn(HIDDEN)).astype(np_dtype))
         w2 = v1.get_variable("w2", initializer=rng.randn(HIDDEN, 1).astype(np_dtype))
         hidden = tf.tanh(tf.matmul(features, w1) + b1)
@@ -155,9 +153,7 @@ def plain_training(optimizer_name, dtype, sparse, windows):
     with tf.Graph().as_default():
         model = Model(dtype, sparse)
         global_step = v1.train.get_or_create_global_step()
-        train_op = OPTIMIZERS[optimizer_name](dtype).minimize(
-            model.loss, global_step=global_step
-        )
+        train_op = OPTIMIZERS[optimizer_name](dtype).minimize(model.loss, global_step=global_step)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             results = []
@@ -192,7 +188,9 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
                     for batch in window:
                         sess.run(acc.accum_op, model.feed(batch))
                         assert_same_values(
-                            values_by_name(sess, trained), before, 0.0,
+                            values_by_name(sess, trained),
+                            before,
+                            0.0,
                             f"window {w}, before apply",
                         )
                     sess.run(acc.apply_op)
@@ -206,12 +204,14 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
 def check_equivalence(optimizer_name, dtype, sparse, path, windows=3, n=4, b=5):
     """Asserts accumulated == large-batch training after each of ``windows``."""
     batches = make_batches(dtype, sparse, windows * n, b)
-    grouped = [batches[i * n:(i + 1) * n] for i in range(windows)]
+    grouped = [batches[i * n : (i + 1) * n] for i in range(windows)]
     expected = plain_training(optimizer_name, dtype, sparse, grouped)
     actual = accumulated_training(optimizer_name, dtype, sparse, grouped, path)
     for w, (got, want) in enumerate(zip(actual, expected)):
         assert_same_values(
-            got, want, RTOL[dtype],
+            got,
+            want,
+            RTOL[dtype],
             f"{optimizer_name}, {dtype.name}, {'sparse' if sparse else 'dense'}, "
             f"{path}: window {w}",
         )

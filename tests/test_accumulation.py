@@ -1,7 +1,5 @@
 """Tests of build_accumulation: equivalence, graph structure, errors."""
 
-import warnings
-
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -131,7 +129,7 @@ def test_optimizer_state_advances_once_per_window():
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             for w in range(windows):
-                for batch in batches[w * n:(w + 1) * n]:
+                for batch in batches[w * n : (w + 1) * n]:
                     sess.run(acc.accum_op, model.feed(batch))
                     assert sess.run(step) == w
                 sess.run(acc.apply_op)
@@ -236,8 +234,16 @@ def _scalar_model():
     "make_loss, error, message",
     [
         (lambda x, w, loss: w * x, ValueError, r"scalar \(shape \[\]\), got .* shape \[None\]"),
-        (lambda x, w, loss: tf.cast(loss, tf.int32), TypeError, "floating-point tensor, got .* int32"),
-        (lambda x, w, loss: 3.0, TypeError, r"scalar floating-point tf.Tensor .*got 3.0 \(a builtins.float\)"),
+        (
+            lambda x, w, loss: tf.cast(loss, tf.int32),
+            TypeError,
+            "floating-point tensor, got .* int32",
+        ),
+        (
+            lambda x, w, loss: 3.0,
+            TypeError,
+            r"scalar floating-point tf.Tensor .*got 3.0 \(a builtins.float\)",
+        ),
     ],
     ids=["not-scalar", "not-float", "not-a-tensor"],
 )
@@ -257,7 +263,8 @@ def test_keras_optimizer_is_rejected_with_the_class_to_use():
         _, _, loss = _scalar_model()
         keras_adam = tf.keras.optimizers.Adam(0.1)
         with pytest.raises(
-            TypeError, match=r"must be a tf.compat.v1.train.Optimizer.*use tf.compat.v1.train.AdamOptimizer"
+            TypeError,
+            match=r"must be a tf.compat.v1.train.Optimizer.*use tf.compat.v1.train.AdamOptimizer",
         ):
             tf1_accum.build_accumulation(loss, keras_adam)
         with pytest.raises(TypeError, match=r"got 'sgd' \(a builtins.str\)"):
@@ -297,9 +304,7 @@ def test_bad_keyword_arguments_are_rejected(kwargs, message):
     with tf.Graph().as_default():
         _, _, loss = _scalar_model()
         with pytest.raises(TypeError, match=message):
-            tf1_accum.build_accumulation(
-                loss, v1.train.GradientDescentOptimizer(0.1), **kwargs
-            )
+            tf1_accum.build_accumulation(loss, v1.train.GradientDescentOptimizer(0.1), **kwargs)
 
 
 def test_float_global_step_is_rejected():
@@ -317,6 +322,4 @@ def test_eager_execution_is_rejected_with_the_call_to_make():
 
     with context.eager_mode():
         with pytest.raises(RuntimeError, match=r"tf.compat.v1.disable_eager_execution\(\)"):
-            tf1_accum.build_accumulation(
-                tf.constant(1.0), v1.train.GradientDescentOptimizer(0.1)
-            )
+            tf1_accum.build_accumulation(tf.constant(1.0), v1.train.GradientDescentOptimizer(0.1))

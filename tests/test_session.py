@@ -72,7 +72,9 @@ def test_n_plus_one_runs_fetches_in_the_same_run_and_apply_is_unfed(sgd_window):
 def test_without_fetches_returns_one_none_per_micro_batch(sgd_window):
     model, acc, sess, batches = sgd_window
     assert tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches]) == [
-        None, None, None
+        None,
+        None,
+        None,
     ]
 
 
@@ -165,7 +167,9 @@ def test_op_error_in_a_micro_batch_keeps_its_type(sgd_window):
     inputs, labels = batches[1]
     nan_batch = (inputs, np.full_like(labels, np.nan))
     feeds = [model.feed(batches[0]), model.feed(nan_batch)]
-    with pytest.raises(tf.errors.InvalidArgumentError, match="micro-batch 1 of the window failed") as info:
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="micro-batch 1 of the window failed"
+    ) as info:
         tf1_accum.run_accumulation(sess, acc, feeds, fetches=guard)
     assert isinstance(info.value.__cause__, tf.errors.InvalidArgumentError)
     assert sess.run(acc.counter) == 0

@@ -5,6 +5,14 @@ Accumulate gradients over several micro-batches with ``tf.compat.v1``,
 the large batch.
 """
 
+try:
+    import tensorflow as _tensorflow  # noqa: F401
+except ImportError as _error:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "tf1_accum needs TensorFlow (2.15 to 2.21), which is not installed. "
+        "Install it with: pip install 'tf1_accum[cpu]' (or tensorflow)."
+    ) from _error
+
 from tf1_accum._accumulation import Accumulation
 from tf1_accum._accumulation import STATE_COLLECTION
 from tf1_accum._accumulation import build_accumulation

@@ -144,14 +144,11 @@ def build_accumulation(
             zero_op = tf.group(
                 *[slot.reset() for slot in slots], _reset_counter(counter), name="zero"
             )
-            check = tf.compat.v1.assert_positive(
-                counter.read_value(), message=_NOTHING_ACCUMULATED
-            )
+            check = tf.compat.v1.assert_positive(counter.read_value(), message=_NOTHING_ACCUMULATED)
             with tf.control_dependencies([check]):
                 count = counter.read_value()
                 grads_and_vars = [
-                    (slot.gradient(count if average else None), slot.var)
-                    for slot in slots
+                    (slot.gradient(count if average else None), slot.var) for slot in slots
                 ]
         # The optimizer builds its update in the caller's name scope, so that its
         # non-slot variables (Adam's beta powers) get the names plain minimize()
@@ -265,9 +262,7 @@ class _VariableAccumulator:
         # Built from a constant, never from the variable's value: nothing
         # here depends on the variable being initialized first.
         with tf.compat.v1.name_scope(var.op.name + "/"):
-            self.accumulator = _state_variable(
-                tf.zeros(self.shape, self.dtype), "accumulator"
-            )
+            self.accumulator = _state_variable(tf.zeros(self.shape, self.dtype), "accumulator")
 
     def add(self, gradient):
         return self.accumulator.assign_add(
@@ -314,9 +309,7 @@ class _SparseAccumulator(_VariableAccumulator):
         indices = gradient.indices
         values = tf.cast(gradient.values, self.dtype)
         return tf.group(
-            self.accumulator.scatter_add(
-                tf.IndexedSlices(values, indices), use_locking=True
-            ),
+            self.accumulator.scatter_add(tf.IndexedSlices(values, indices), use_locking=True),
             self.touched.scatter_update(
                 tf.IndexedSlices(tf.ones_like(indices, dtype=self.dtype), indices),
                 use_locking=True,
@@ -342,9 +335,7 @@ class _SparseAccumulator(_VariableAccumulator):
         row_shape = tf.constant(self.shape[1:], tf.int32)
         zeros = tf.zeros(tf.concat([tf.shape(rows), row_shape], 0), self.dtype)
         return tf.group(
-            self.accumulator.scatter_update(
-                tf.IndexedSlices(zeros, rows), use_locking=True
-            ),
+            self.accumulator.scatter_update(tf.IndexedSlices(zeros, rows), use_locking=True),
             self.touched.scatter_update(
                 tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows),
                 use_locking=True,

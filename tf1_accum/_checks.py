@@ -43,8 +43,7 @@ def check_loss(loss):
     """Checks that ``loss`` is a scalar floating-point graph tensor."""
     if not isinstance(loss, tf.Tensor) or not hasattr(loss, "graph"):
         raise TypeError(
-            "loss must be a scalar floating-point tf.Tensor of a graph, got "
-            f"{describe(loss)}."
+            "loss must be a scalar floating-point tf.Tensor of a graph, got " f"{describe(loss)}."
         )
     dtype = loss.dtype.base_dtype
     if not dtype.is_floating:
@@ -70,10 +69,7 @@ def check_optimizer(optimizer):
     hint = ""
     if "keras" in type(optimizer).__module__ or name in _KERAS_TO_V1:
         use = _KERAS_TO_V1.get(name, "the matching tf.compat.v1.train optimizer")
-        hint = (
-            f" Keras optimizers do not build graph-mode apply ops; use {use} "
-            "instead."
-        )
+        hint = f" Keras optimizers do not build graph-mode apply ops; use {use} " "instead."
     raise TypeError(
         "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, "
         "Momentum, Adam, RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a "
@@ -111,8 +107,7 @@ def check_var_list(var_list, graph):
         var_list, collections.abc.Iterable
     ):
         raise TypeError(
-            f"var_list must be a list of tf.Variable or None, got "
-            f"{describe(var_list)}."
+            f"var_list must be a list of tf.Variable or None, got " f"{describe(var_list)}."
         )
     var_list = list(var_list)
     if not var_list:

@@ -128,9 +128,7 @@ def _name_micro_batch(error, index):
     )
     if isinstance(error, tf.errors.OpError):
         if type(error) is tf.errors.OpError:
-            return tf.errors.OpError(
-                error.node_def, error.op, message, error.error_code
-            )
+            return tf.errors.OpError(error.node_def, error.op, message, error.error_code)
         return type(error)(error.node_def, error.op, message)
     try:
         return type(error)(message)

@@ -1,0 +1,168 @@
+"""Quickstart: one model trained three ways, to see what accumulation buys.
+
+1. small batch:  B examples per update (what fits in memory): noisy.
+2. accumulated:  N micro-batches of B, one update (tf1_accum).
+3. big batch:    N x B examples per update (what you would run with more memory).
+
+The accumulated run makes the same updates as the big-batch run; the table at
+the end shows the largest parameter difference between them, and the plot
+shows their loss curves on top of each other, with the small-batch curve
+beside them. The data is made here, from a fixed seed: nothing is downloaded.
+
+Run:  python examples/quickstart.py   (add --help for the settings)
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import tf1_accum
+
+v1 = tf.compat.v1
+
+FEATURES = 10
+HIDDEN = 32
+
+
+def make_data(examples, seed):
+    """A noisy regression task: a random two-layer network plus noise."""
+    rng = np.random.RandomState(seed)
+    x = rng.randn(examples, FEATURES).astype(np.float32)
+    teacher_1 = rng.randn(FEATURES, 16).astype(np.float32)
+    teacher_2 = rng.randn(16, 1).astype(np.float32)
+    y = np.tanh(x @ teacher_1) @ teacher_2 / 4.0
+    y += 0.5 * rng.randn(examples, 1).astype(np.float32)
+    return x, y
+
+
+def build_model(seed):
+    """Placeholders, an MLP with seeded initial values, and its mean loss."""
+    rng = np.random.RandomState(seed)
+    x = v1.placeholder(tf.float32, [None, FEATURES], name="x")
+    y = v1.placeholder(tf.float32, [None, 1], name="y")
+    w1 = v1.get_variable(
+        "w1", initializer=(rng.randn(FEATURES, HIDDEN) / np.sqrt(FEATURES)).astype(np.float32)
+    )
+    b1 = v1.get_variable("b1", initializer=np.zeros(HIDDEN, np.float32))
+    w2 = v1.get_variable(
+        "w2", initializer=(rng.randn(HIDDEN, 1) / np.sqrt(HIDDEN)).astype(np.float32)
+    )
+    prediction = tf.matmul(tf.tanh(tf.matmul(x, w1) + b1), w2)
+    loss = tf.reduce_mean((prediction - y) ** 2)
+    return x, y, loss
+
+
+def train(mode, data, args):
+    """Trains for args.updates updates; returns (loss per update, final loss, params)."""
+    features, labels = data
+    per_update = args.micro_batch if mode == "small batch" else args.micro_batch * args.steps
+    order = np.random.RandomState(args.seed + 1)
+    with tf.Graph().as_default():
+        x, y, loss = build_model(args.seed)
+        optimizer = v1.train.AdamOptimizer(args.learning_rate)
+        if mode == "accumulated":
+            accumulation = tf1_accum.build_accumulation(loss, optimizer)
+        else:
+            train_op = optimizer.minimize(loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            curve = []
+            for update in range(args.updates):
+                picks = order.randint(0, len(features), size=per_update)
+                if mode == "accumulated":
+                    feeds = (
+                        {x: features[part], y: labels[part]} for part in np.split(picks, args.steps)
+                    )
+                    losses = tf1_accum.run_accumulation(sess, accumulation, feeds, fetches=loss)
+                    curve.append(float(np.mean(losses)))
+                else:
+                    value, _ = sess.run([loss, train_op], {x: features[picks], y: labels[picks]})
+                    curve.append(float(value))
+                if (update + 1) % max(1, args.updates // 5) == 0:
+                    print(
+                        f"  {mode:12s} update {update + 1:4d}/{args.updates}: "
+                        f"loss {curve[-1]:.4f}",
+                        flush=True,
+                    )
+            final = float(sess.run(loss, {x: features, y: labels}))
+            params = sess.run(v1.trainable_variables())
+    return curve, final, params
+
+
+def plot(curves, args):
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install -e '.[examples]'): no plot written.")
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    styles = {
+        "small batch": dict(color="tab:gray", alpha=0.6, linewidth=1),
+        "big batch": dict(color="tab:blue", linewidth=4, alpha=0.5),
+        "accumulated": dict(color="tab:orange", linewidth=1.5, linestyle="--"),
+    }
+    labels = {
+        "small batch": f"small batch, B={args.micro_batch}",
+        "big batch": f"big batch, {args.steps} x {args.micro_batch}",
+        "accumulated": f"accumulated, {args.steps} micro-batches of {args.micro_batch}",
+    }
+    for mode, curve in curves.items():
+        ax.plot(np.arange(1, len(curve) + 1), curve, label=labels[mode], **styles[mode])
+    ax.set_xlabel("update")
+    ax.set_ylabel("training loss of the update's examples")
+    ax.set_yscale("log")
+    ax.set_title("tf1_accum quickstart: accumulated training follows the big batch")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(args.plot, dpi=120)
+    plt.close(fig)
+    print(f"wrote {args.plot}")
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--micro-batch", type=int, default=16, help="B, examples per micro-batch")
+    parser.add_argument("--steps", type=int, default=8, help="N, micro-batches per update")
+    parser.add_argument("--updates", type=int, default=150, help="updates per run")
+    parser.add_argument("--learning-rate", type=float, default=0.01)
+    parser.add_argument("--examples", type=int, default=4096, help="size of the made-up data set")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", default="quickstart.png", help="PNG to write ('' for none)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    v1.disable_eager_execution()
+    data = make_data(args.examples, args.seed)
+    print(
+        f"Training a {FEATURES}-{HIDDEN}-1 MLP with Adam for {args.updates} updates, three ways "
+        f"(B={args.micro_batch}, N={args.steps}):"
+    )
+    curves, finals, params = {}, {}, {}
+    for mode in ("small batch", "accumulated", "big batch"):
+        start = time.perf_counter()
+        curves[mode], finals[mode], params[mode] = train(mode, data, args)
+        print(f"  {mode} done in {time.perf_counter() - start:.1f} s", flush=True)
+    largest = max(
+        float(np.max(np.abs(a - b))) for a, b in zip(params["accumulated"], params["big batch"])
+    )
+    print()
+    print(f"{'run':<14}{'examples/update':>16}{'final loss (all data)':>24}")
+    for mode in curves:
+        per_update = args.micro_batch * (1 if mode == "small batch" else args.steps)
+        print(f"{mode:<14}{per_update:>16}{finals[mode]:>24.6f}")
+    print(f"\nlargest parameter difference, accumulated vs big batch: {largest:.3g}")
+    if args.plot:
+        plot(curves, args)
+    return {"final_loss": finals, "max_param_diff": largest, "curves": curves}
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
