@@ -166,9 +166,10 @@ def plain_training(optimizer_name, dtype, sparse, windows):
 def accumulated_training(optimizer_name, dtype, sparse, windows, path):
     """Trains the same model by accumulation, window by window.
 
-    ``path`` is "ops" (accum_op per micro-batch, then apply_op) or "helper"
-    (run_accumulation). Asserts that no variable moves before the apply.
-    Returns one {variable name: value} dict per window, after its update.
+    ``path`` is "ops" (accum_op per micro-batch, then apply_op), "helper"
+    (run_accumulation) or "fused" (run_accumulation with fused=True). Asserts
+    that no variable moves before the apply. Returns one {variable name:
+    value} dict per window, after its update.
     """
     import tf1_accum
 
@@ -196,7 +197,7 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
                     sess.run(acc.apply_op)
                 else:
                     feeds = (model.feed(batch) for batch in window)
-                    tf1_accum.run_accumulation(sess, acc, feeds)
+                    tf1_accum.run_accumulation(sess, acc, feeds, fused=path == "fused")
                 results.append(values_by_name(sess, v1.global_variables()))
     return results
 

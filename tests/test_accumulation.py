@@ -323,3 +323,51 @@ def test_eager_execution_is_rejected_with_the_call_to_make():
     with context.eager_mode():
         with pytest.raises(RuntimeError, match=r"tf.compat.v1.disable_eager_execution\(\)"):
             tf1_accum.build_accumulation(tf.constant(1.0), v1.train.GradientDescentOptimizer(0.1))
+
+
+def test_built_under_the_callers_control_dependencies():
+    """The batch-norm idiom: build the train ops under the UPDATE_OPS dependencies."""
+    with tf.Graph().as_default():
+        model, opt = _sgd_model()
+        moving = v1.get_variable("moving_mean", initializer=np.zeros(1), trainable=False)
+        update = moving.assign_add(tf.reduce_mean(model.labels, axis=0))
+        with tf.control_dependencies([update]):
+            acc = tf1_accum.build_accumulation(model.loss, opt)
+        batches = make_batches(tf.float64, False, 2, 3)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())  # needs no feed
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches])
+            # The dependency ran with each micro-batch, and not with the apply.
+            expected = sum(b[1].mean() for b in batches)
+            np.testing.assert_allclose(sess.run(moving), [expected], rtol=1e-12)
+            sess.run(acc.zero_op)  # needs no feed either
+
+
+def test_unknown_static_shape_loss_is_checked_when_run():
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, None)
+        w = v1.get_variable("w", initializer=np.float64(2.0))
+        acc = tf1_accum.build_accumulation(
+            tf.reduce_sum(w * x, axis=None, keepdims=None) * tf.ones_like(x),
+            v1.train.GradientDescentOptimizer(0.5),
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            tf1_accum.run_accumulation(sess, acc, [{x: 3.0}, {x: 1.0}])
+            assert sess.run(w) == 2.0 - 0.5 * 2.0
+            with pytest.raises(tf.errors.InvalidArgumentError, match="micro-batch 0"):
+                tf1_accum.run_accumulation(sess, acc, [{x: [1.0, 2.0]}])
+            assert sess.run(w) == 1.0
+
+
+def test_shape_not_fully_defined_is_rejected_before_any_state_is_made():
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None])
+        fixed = v1.get_variable("fixed", initializer=1.0)
+        loose = v1.Variable(tf.ones([2]), shape=tf.TensorShape(None), name="loose")
+        loss = tf.reduce_mean(fixed * x) + tf.reduce_sum(loose)
+        before = list(v1.global_variables())
+        with pytest.raises(ValueError, match="loose has shape .* not fully defined"):
+            tf1_accum.build_accumulation(loss, v1.train.GradientDescentOptimizer(0.1))
+        assert v1.global_variables() == before
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []

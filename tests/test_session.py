@@ -19,8 +19,9 @@ v1 = tf.compat.v1
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=lambda d: d.name)
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
-def test_helper_equals_large_batch_training(optimizer_name, dtype, sparse):
-    check_equivalence(optimizer_name, dtype, sparse, path="helper")
+@pytest.mark.parametrize("path", ["helper", "fused"])
+def test_helper_equals_large_batch_training(path, optimizer_name, dtype, sparse):
+    check_equivalence(optimizer_name, dtype, sparse, path=path)
 
 
 def _one_sgd_step(batches):
@@ -195,3 +196,124 @@ def test_continues_a_window_left_partly_accumulated(sgd_window):
     expected = _one_sgd_step(batches)
     for name in got:
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+
+
+def test_fused_takes_n_runs_and_equals_the_unfused_path_bit_for_bit():
+    batches = make_batches(tf.float32, True, 8, 5)
+    results = {}
+    for fused in (False, True):
+        with tf.Graph().as_default():
+            model = Model(tf.float32, sparse=True)
+            acc = tf1_accum.build_accumulation(
+                model.loss,
+                v1.train.AdamOptimizer(0.05),
+                global_step=v1.train.get_or_create_global_step(),
+            )
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                counting = CountingSession(sess)
+                losses = []
+                for window in (batches[:4], batches[4:]):
+                    feeds = (model.feed(b) for b in window)
+                    losses += tf1_accum.run_accumulation(
+                        counting, acc, feeds, fetches=model.loss, fused=fused
+                    )
+                assert len(counting.calls) == (8 if fused else 10)
+                assert sess.run(acc.counter) == 0
+                results[fused] = (losses, values_by_name(sess, v1.global_variables()))
+    assert results[True][0] == results[False][0]
+    for name, value in results[False][1].items():
+        np.testing.assert_array_equal(results[True][1][name], value, err_msg=name)
+    assert results[True][1]["global_step"] == 2
+
+
+def test_fused_names_the_failing_micro_batch(sgd_window):
+    model, acc, sess, batches = sgd_window
+    before = values_by_name(sess, acc.var_list)
+
+    def feeds():
+        yield model.feed(batches[0])
+        yield model.feed(batches[1])
+        raise OSError("disk went away")
+
+    with pytest.raises(OSError, match="micro-batch 2 of the window failed"):
+        tf1_accum.run_accumulation(sess, acc, feeds(), fused=True)
+    assert sess.run(acc.counter) == 0
+    with pytest.raises(ValueError, match="micro-batch 1 of the window failed"):
+        tf1_accum.run_accumulation(
+            sess, acc, [model.feed(batches[0]), _bad_shape(model, batches[1])], fused=True
+        )
+    after = values_by_name(sess, acc.var_list)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+def test_apply_feed_dict_feeds_a_learning_rate_placeholder(sgd_window):
+    model, _, sess, batches = sgd_window
+    with sess.graph.as_default():
+        rate = v1.placeholder(tf.float64, [], name="rate")
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.GradientDescentOptimizer(rate), name="scheduled"
+        )
+        sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
+    feeds = [model.feed(b) for b in batches]
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"apply of the window failed before the update: the 3 micro-batches stay",
+    ):
+        tf1_accum.run_accumulation(sess, acc, feeds)
+    assert sess.run(acc.counter) == 3
+    sess.run(acc.zero_op)
+    with pytest.raises(TypeError, match=r"apply_feed_dict must be a dict .*got 0.1"):
+        tf1_accum.run_accumulation(sess, acc, feeds, apply_feed_dict=0.1)
+    assert sess.run(acc.counter) == 0
+    # The reference's constant rate is a float32 0.1, cast to float64.
+    tf1_accum.run_accumulation(sess, acc, feeds, apply_feed_dict={rate: np.float32(0.1)})
+    got = values_by_name(sess, acc.var_list)
+    expected = _one_sgd_step(batches)
+    for name in got:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+
+
+def test_a_hook_fetching_the_loss_in_every_run():
+    """MonitoredSession hooks add fetches to the apply run too: feed them."""
+    batches = make_batches(tf.float64, False, 3, 4)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, sparse=False)
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.GradientDescentOptimizer(0.1), global_step=step
+        )
+        hook = v1.train.NanTensorHook(model.loss)
+        with v1.train.MonitoredSession(hooks=[hook]) as sess:
+            feeds = [model.feed(b) for b in batches]
+            try:
+                tf1_accum.run_accumulation(sess, acc, feeds)
+            except tf.errors.InvalidArgumentError as error:
+                # Whichever way the run failed, the message tells the truth.
+                state = sess.run([step, acc.counter], feed_dict=feeds[0])
+                if "after the update" in str(error):
+                    assert state == [1, 0]
+                else:
+                    assert "before the update: the 3 micro-batches" in str(error)
+                    assert state == [0, 3]
+            sess.run(acc.zero_op, feed_dict=feeds[0])
+            start = sess.run(step, feed_dict=feeds[0])
+            tf1_accum.run_accumulation(sess, acc, feeds, apply_feed_dict=feeds[-1])
+            assert sess.run(step, feed_dict=feeds[0]) == start + 1
+
+
+def test_fused_failure_in_the_last_run_says_whether_it_applied(sgd_window):
+    model, acc, sess, batches = sgd_window
+    step = v1.train.get_global_step()
+    guard = tf.debugging.assert_all_finite(model.labels, "labels are not finite")
+    inputs, labels = batches[2]
+    feeds = [model.feed(batches[0]), model.feed(batches[1]), model.feed((inputs, labels * np.nan))]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="micro-batch 2") as info:
+        tf1_accum.run_accumulation(sess, acc, feeds, fetches=guard, fused=True)
+    assert sess.run(acc.counter) == 0
+    if "after the window was applied" in str(info.value):
+        assert sess.run(step) == 1
+    else:
+        assert "no update applied" in str(info.value)
+        assert sess.run(step) == 0

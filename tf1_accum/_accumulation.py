@@ -6,17 +6,8 @@ import warnings
 import tensorflow as tf
 
 from tf1_accum import _checks
-
-#: Graph collection holding every variable tf1_accum creates (accumulators,
-#: touched-row masks, counters). They are also global variables, so a default
-#: ``tf.compat.v1.train.Saver()`` saves them.
-STATE_COLLECTION = "tf1_accum_state"
-
-_NOTHING_ACCUMULATED = (
-    "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
-    "accum_op on at least one micro-batch before apply_op; no variable was "
-    "changed."
-)
+from tf1_accum._window import STATE_COLLECTION
+from tf1_accum._window import Window
 
 
 class Accumulation(typing.NamedTuple):
@@ -48,6 +39,10 @@ class Accumulation(typing.NamedTuple):
             to the optimizer: the accumulated mean (or sum, with
             ``average=False``). A sparse gradient is a ``tf.IndexedSlices`` of
             the rows touched in the window.
+        accum_apply_op: The last micro-batch fused with the apply: adds this
+            micro-batch's gradients, then applies the window and resets it, in
+            one ``session.run`` fed that micro-batch. A window then costs N
+            runs instead of N + 1, with the same result.
     """
 
     zero_op: tf.Operation
@@ -57,6 +52,7 @@ class Accumulation(typing.NamedTuple):
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
     grads_and_vars: typing.List[typing.Tuple[typing.Any, tf.Variable]]
+    accum_apply_op: tf.Operation
 
 
 def build_accumulation(
@@ -131,44 +127,33 @@ def build_accumulation(
     _checks.check_bool("average", average)
     graph = loss.graph
     with graph.as_default():
+        if loss.shape.ndims is None:
+            # Unknown statically: fails at run time unless it holds one value.
+            loss = tf.reshape(loss, [], name="scalar_loss")
         var_list = _checks.check_var_list(var_list, graph)
         pairs = _gradients(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
-            counter = _state_variable(tf.constant(0, tf.int64), "counter")
-            slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
-            accum_op = tf.group(
-                *[slot.add(g) for slot, (g, _) in zip(slots, pairs)],
-                counter.assign_add(1, use_locking=True, read_value=False),
-                name="accumulate",
-            )
-            zero_op = tf.group(
-                *[slot.reset() for slot in slots], _reset_counter(counter), name="zero"
-            )
-            check = tf.compat.v1.assert_positive(counter.read_value(), message=_NOTHING_ACCUMULATED)
-            with tf.control_dependencies([check]):
-                count = counter.read_value()
-                grads_and_vars = [
-                    (slot.gradient(count if average else None), slot.var) for slot in slots
-                ]
-        # The optimizer builds its update in the caller's name scope, so that its
-        # non-slot variables (Adam's beta powers) get the names plain minimize()
-        # gives them.
-        update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-        with tf.compat.v1.name_scope(scope):
-            with tf.control_dependencies([update]):
-                reset = tf.group(
-                    *[slot.reset_after_apply() for slot in slots],
-                    _reset_counter(counter),
-                )
-            apply_op = tf.group(update, reset, name="apply")
+            window = Window(pairs, average, scope)
+        gradients = [g for g, _ in pairs]
+        # accum_op and the fused op keep the caller's control dependencies
+        # (batch-norm updates, say: they run with each micro-batch). zero_op
+        # and apply_op must run without a feed, so they drop them.
+        accum_op = window.accumulate(gradients, name="accumulate")
+        accum_apply_op = window.accumulate_and_apply(
+            gradients, optimizer, global_step, name="accumulate_and_apply"
+        )
+        with tf.control_dependencies(None):
+            zero_op = window.reset(name="zero")
+            grads_and_vars, apply_op = window.apply(optimizer, global_step, name="apply")
     return Accumulation(
         zero_op=zero_op,
         accum_op=accum_op,
         apply_op=apply_op,
-        counter=counter,
-        accumulators=[slot.accumulator for slot in slots],
-        var_list=[slot.var for slot in slots],
+        counter=window.counter,
+        accumulators=window.accumulators,
+        var_list=window.var_list,
         grads_and_vars=grads_and_vars,
+        accum_apply_op=accum_apply_op,
     )
 
 
@@ -218,130 +203,3 @@ def _gradients(loss, optimizer, var_list):
             stacklevel=3,
         )
     return pairs
-
-
-def _accumulator_dtype(dtype):
-    """Float16 and bfloat16 sums lose precision: accumulate them in float32."""
-    dtype = dtype.base_dtype
-    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
-
-
-def _state_variable(initial_value, name):
-    """Creates a non-trainable global variable that tf1_accum owns."""
-    with tf.init_scope():
-        return tf.compat.v1.Variable(
-            initial_value,
-            trainable=False,
-            name=name,
-            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
-        )
-
-
-def _reset_counter(counter):
-    return counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
-
-
-class _VariableAccumulator:
-    """The accumulator of one variable, with its add, mean and reset ops."""
-
-    @staticmethod
-    def create(gradient, var):
-        if isinstance(gradient, tf.IndexedSlices):
-            return _SparseAccumulator(var)
-        return _VariableAccumulator(var)
-
-    def __init__(self, var):
-        self.var = var
-        if not var.shape.is_fully_defined():
-            raise ValueError(
-                f"Variable {var.op.name} has shape {var.shape}, which is not fully "
-                "defined; tf1_accum needs a static shape to build its accumulator."
-            )
-        self.shape = var.shape.as_list()
-        self.dtype = _accumulator_dtype(var.dtype)
-        # Built from a constant, never from the variable's value: nothing
-        # here depends on the variable being initialized first.
-        with tf.compat.v1.name_scope(var.op.name + "/"):
-            self.accumulator = _state_variable(tf.zeros(self.shape, self.dtype), "accumulator")
-
-    def add(self, gradient):
-        return self.accumulator.assign_add(
-            tf.cast(gradient, self.dtype), use_locking=True, read_value=False
-        )
-
-    def gradient(self, count):
-        total = self.accumulator.read_value()
-        return self._to_var_dtype(total if count is None else total / self._cast(count))
-
-    def reset(self):
-        return self.accumulator.assign(
-            tf.zeros(self.shape, self.dtype), use_locking=True, read_value=False
-        )
-
-    def reset_after_apply(self):
-        return self.reset()
-
-    def _cast(self, count):
-        return tf.cast(count, self.dtype)
-
-    def _to_var_dtype(self, tensor):
-        return tf.cast(tensor, self.var.dtype.base_dtype)
-
-
-class _SparseAccumulator(_VariableAccumulator):
-    """Accumulates ``tf.IndexedSlices`` by scatter-add, remembering the rows.
-
-    ``touched`` marks the rows that received a gradient in the window: the
-    apply hands the optimizer exactly those rows (as large-batch training
-    would), and the reset clears only those rows. Untouched rows of the
-    accumulator are always zero.
-    """
-
-    def __init__(self, var):
-        super().__init__(var)
-        with tf.compat.v1.name_scope(var.op.name + "/"):
-            self.touched = _state_variable(
-                tf.zeros(self.shape[:1], self.dtype), "accumulator_touched"
-            )
-        self._applied_rows = None
-
-    def add(self, gradient):
-        indices = gradient.indices
-        values = tf.cast(gradient.values, self.dtype)
-        return tf.group(
-            self.accumulator.scatter_add(tf.IndexedSlices(values, indices), use_locking=True),
-            self.touched.scatter_update(
-                tf.IndexedSlices(tf.ones_like(indices, dtype=self.dtype), indices),
-                use_locking=True,
-            ),
-        )
-
-    def _rows(self):
-        return tf.reshape(tf.where(self.touched.read_value() > 0), [-1])
-
-    def gradient(self, count):
-        rows = self._rows()
-        self._applied_rows = rows
-        total = tf.gather(self.accumulator, rows)
-        values = total if count is None else total / self._cast(count)
-        return tf.IndexedSlices(
-            self._to_var_dtype(values),
-            rows,
-            dense_shape=tf.constant(self.shape, tf.int64),
-        )
-
-    def reset(self, rows=None):
-        rows = self._rows() if rows is None else rows
-        row_shape = tf.constant(self.shape[1:], tf.int32)
-        zeros = tf.zeros(tf.concat([tf.shape(rows), row_shape], 0), self.dtype)
-        return tf.group(
-            self.accumulator.scatter_update(tf.IndexedSlices(zeros, rows), use_locking=True),
-            self.touched.scatter_update(
-                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows),
-                use_locking=True,
-            ),
-        )
-
-    def reset_after_apply(self):
-        # The rows the apply read; the mask cannot change in between.
-        return self.reset(self._applied_rows)

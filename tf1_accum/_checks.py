@@ -6,6 +6,7 @@ graph, its variables and any accumulators exactly as they were.
 
 import collections.abc
 
+import numpy as np
 import tensorflow as tf
 
 # Keras optimizers that users reach for first, and the TF1 class that does the
@@ -51,8 +52,8 @@ def check_loss(loss):
             f"loss must be a floating-point tensor, got {loss.name} of dtype "
             f"{dtype.name}. Cast it, e.g. tf.cast(loss, tf.float32)."
         )
-    if loss.shape.ndims != 0:
-        shape = "unknown" if loss.shape.ndims is None else loss.shape.as_list()
+    if loss.shape.ndims not in (0, None):  # unknown: checked when run
+        shape = loss.shape.as_list()
         raise ValueError(
             f"loss must be a scalar (shape []), got {loss.name} of shape {shape}. "
             "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean "
@@ -137,14 +138,14 @@ def check_global_step(global_step):
 
 def check_bool(name, value):
     """Checks that ``value`` is a Python bool."""
-    if not isinstance(value, bool):
+    if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {describe(value)}.")
 
 
-def check_feed_dict(index, feed_dict):
-    """Checks one micro-batch's feed: a mapping, or None for no feed."""
+def check_feed_dict(label, feed_dict):
+    """Checks one feed: a mapping, or None for no feed. ``label`` names it."""
     if feed_dict is not None and not isinstance(feed_dict, collections.abc.Mapping):
         raise TypeError(
-            f"feed_dicts[{index}] must be a dict (or None for a micro-batch that "
-            f"needs no feed), got {describe(feed_dict)}."
+            f"{label} must be a dict (or None for a run that needs no feed), got "
+            f"{describe(feed_dict)}."
         )

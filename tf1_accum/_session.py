@@ -8,22 +8,35 @@ from tf1_accum import _accumulation
 from tf1_accum import _checks
 
 
-def run_accumulation(sess, accumulation, feed_dicts, fetches=None):
+def run_accumulation(
+    sess, accumulation, feed_dicts, fetches=None, *, fused=False, apply_feed_dict=None
+):
     """Runs one window: accumulates each micro-batch, then applies once.
 
     Each feed dict is run with ``accumulation.accum_op``, and ``fetches`` (a
     loss, a metric, any structure ``Session.run`` accepts) is evaluated in that
     same ``session.run``, so nothing is computed twice. The apply then runs
-    with no feed at all: the last micro-batch is never fed again, so it cannot
-    be counted twice. N micro-batches take exactly N + 1 ``session.run`` calls.
+    with no micro-batch fed: the last micro-batch cannot be counted twice. N
+    micro-batches take exactly N + 1 ``session.run`` calls.
+
+    With ``fused=True``, the last micro-batch runs ``accum_apply_op`` instead:
+    its accumulation, then the apply, in one ``session.run`` fed that
+    micro-batch, so a window takes exactly N calls, with the same result. The
+    helper looks one feed dict ahead to know which one is last. Fetches that
+    read variables outside the gradient path (a metric computed from the
+    weights, say) may then see the updated weights in that last run; the loss
+    and anything the gradients depend on are computed before the update.
 
     A window that a previous call or a checkpoint left partly accumulated is
-    continued, not discarded: the apply averages over ``accumulation.counter``.
+    continued: the apply averages over ``accumulation.counter``.
 
     If micro-batch k fails (a bad feed, an op error, an exception raised by a
-    feed-dict generator), the window is discarded: the accumulators and the
-    counter are reset, no update is applied, and the error is raised again, of
-    the same type where possible, with a message naming k.
+    feed-dict generator), the window is discarded, including micro-batches
+    accumulated before this call: the accumulators and the counter are reset,
+    no update is applied, and the error is raised again, of the same type
+    where possible, with a message naming k. (With ``fused=True``, a failure
+    in the last run that comes after the update says so instead.) If the
+    apply fails, the message says whether the update happened.
 
     Example:
 
@@ -49,6 +62,11 @@ def run_accumulation(sess, accumulation, feed_dicts, fetches=None):
             generator, any iterable. ``None`` entries run a micro-batch with no
             feed (for input pipelines inside the graph).
         fetches: Optional fetches to evaluate with each micro-batch.
+        fused: Run the last micro-batch and the apply in one ``session.run``.
+        apply_feed_dict: Optional feed for the apply run alone: a placeholder
+            the optimizer reads (a learning rate), or what a
+            ``MonitoredSession`` hook fetches in every run. Never a micro-batch:
+            the apply reads only the accumulators.
 
     Returns:
         A list with one entry per micro-batch: the fetched values, or ``None``
@@ -56,11 +74,11 @@ def run_accumulation(sess, accumulation, feed_dicts, fetches=None):
 
     Raises:
         TypeError: If ``accumulation`` is not an `Accumulation`,
-            ``feed_dicts`` is a single dict or not iterable, or a feed dict is
-            not a dict.
+            ``feed_dicts`` is a single dict or not iterable, a feed dict is not
+            a dict, or ``apply_feed_dict`` is not a dict.
         ValueError: If ``feed_dicts`` holds no micro-batch.
-        Exception: Whatever micro-batch k raised, its message prefixed with
-            the micro-batch's index; the window is discarded.
+        Exception: Whatever micro-batch k or the apply raised, its message
+            saying which and what became of the window.
     """
     if not isinstance(accumulation, _accumulation.Accumulation):
         raise TypeError(
@@ -77,60 +95,108 @@ def run_accumulation(sess, accumulation, feed_dicts, fetches=None):
             "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
             f"got {_checks.describe(feed_dicts)}."
         )
+    _checks.check_feed_dict("apply_feed_dict", apply_feed_dict)
     if isinstance(feed_dicts, collections.abc.Sequence):
         # Known up front: reject bad input before anything runs.
         if not feed_dicts:
-            raise ValueError(_empty_window_message())
+            raise ValueError(_EMPTY_WINDOW)
         for index, feed in enumerate(feed_dicts):
-            _checks.check_feed_dict(index, feed)
+            _checks.check_feed_dict(f"feed_dicts[{index}]", feed)
 
     results = []
+    last_feed = None
+    iterator = iter(feed_dicts)
+    failing = 0  # the micro-batch being fetched from feed_dicts or run
+    last_run = False  # whether the failing run is the fused accumulate-and-apply
     try:
-        for feed in feed_dicts:
-            _checks.check_feed_dict(len(results), feed)
+        feed = next(iterator, _END)
+        while feed is not _END:
+            index = failing
+            _checks.check_feed_dict(f"feed_dicts[{index}]", feed)
+            failing = index + 1
+            following = next(iterator, _END) if fused else None
+            failing = index
+            last_run = fused and following is _END
+            op = accumulation.accum_apply_op if last_run else accumulation.accum_op
             if fetches is None:
-                sess.run(accumulation.accum_op, feed_dict=feed)
+                sess.run(op, feed_dict=feed)
                 results.append(None)
             else:
-                _, value = sess.run((accumulation.accum_op, fetches), feed_dict=feed)
+                _, value = sess.run((op, fetches), feed_dict=feed)
                 results.append(value)
+            failing = index + 1
+            last_feed = feed
+            feed = following if fused else next(iterator, _END)
     except Exception as error:  # noqa: BLE001 - re-raised below, typed.
-        _discard_window(sess, accumulation, error)
-        named = _name_micro_batch(error, len(results))
-        if named is None:
-            raise
-        raise named from error
+        if last_run and failing > 0 and _counter(sess, accumulation, feed) == 0:
+            # The counter held the earlier micro-batches; only the apply resets it.
+            what = "after the window was applied (the update happened; the window is done)"
+        else:
+            what = _discard_window(sess, accumulation)
+        _reraise(error, f"micro-batch {failing} of the window failed {what}")
     if not results:
-        raise ValueError(_empty_window_message())
-    sess.run(accumulation.apply_op)
+        raise ValueError(_EMPTY_WINDOW)
+    if not fused:
+        try:
+            sess.run(accumulation.apply_op, feed_dict=apply_feed_dict)
+        except Exception as error:  # noqa: BLE001 - re-raised below, typed.
+            count = _counter(sess, accumulation, apply_feed_dict or last_feed)
+            if count == 0:
+                what = "after the update: the window was applied and reset; do not apply it again"
+            elif count is None:
+                what = "and the window's state could not be read"
+            else:
+                what = (
+                    f"before the update: the {count} micro-batches stay accumulated; "
+                    "run apply_op (with the feed it needs) or zero_op"
+                )
+            _reraise(error, f"the apply of the window failed {what}")
     return results
 
 
-def _empty_window_message():
-    return (
-        "feed_dicts holds no micro-batch: a window needs at least one feed dict "
-        "(or None, for a micro-batch that needs no feed). Nothing was run."
-    )
+_END = object()
+
+_EMPTY_WINDOW = (
+    "feed_dicts holds no micro-batch: a window needs at least one feed dict "
+    "(or None, for a micro-batch that needs no feed). Nothing was run."
+)
 
 
-def _discard_window(sess, accumulation, error):
+def _counter(sess, accumulation, feed):
+    """Returns the window's counter, or None if it cannot be read.
+
+    ``feed`` is a micro-batch's: the counter needs none, but the hooks of a
+    ``MonitoredSession`` add their fetches to every run.
+    """
+    try:
+        return int(sess.run(accumulation.counter, feed_dict=feed))
+    except Exception:  # noqa: BLE001 - reporting on a failure already raised.
+        return None
+
+
+def _discard_window(sess, accumulation):
+    """Resets the window; returns what became of it, for the error message."""
     try:
         sess.run(accumulation.zero_op)
     except Exception as zero_error:  # noqa: BLE001 - the first error matters.
-        error.args = error.args + (f"(resetting the window also failed: {zero_error})",)
+        return (
+            "and resetting the window failed too, so its accumulators are in an "
+            f"unknown state (run zero_op before the next window): {zero_error}"
+        )
+    return "so the window was discarded (accumulators and counter reset, no update applied)"
 
 
-def _name_micro_batch(error, index):
-    """Returns a copy of ``error`` naming ``index``, or None if none can be made."""
-    message = (
-        f"micro-batch {index} of the window failed, so the window was discarded "
-        f"(accumulators and counter reset, no update applied): {error}"
-    )
+def _reraise(error, context):
+    """Raises ``error`` again, of the same type where possible, with ``context``."""
+    message = f"{context}: {error.message if isinstance(error, tf.errors.OpError) else error}"
     if isinstance(error, tf.errors.OpError):
         if type(error) is tf.errors.OpError:
-            return tf.errors.OpError(error.node_def, error.op, message, error.error_code)
-        return type(error)(error.node_def, error.op, message)
-    try:
-        return type(error)(message)
-    except Exception:  # noqa: BLE001 - a type that takes other arguments.
-        return None
+            named = tf.errors.OpError(error.node_def, error.op, message, error.error_code)
+        else:
+            named = type(error)(error.node_def, error.op, message)
+    else:
+        try:
+            named = type(error)(message)
+        except Exception:  # noqa: BLE001 - a type that takes other arguments.
+            raise error from None
+    raise named from error

@@ -1,0 +1,240 @@
+"""The graph state of one accumulation window, shared by every way in.
+
+A `Window` owns the accumulators and the counter, and builds the ops that add
+a micro-batch's gradients, read their mean (or sum), apply it through an
+optimizer and reset. `build_accumulation`, `AccumulationOptimizer` and the
+in-graph dataset loop all drive one.
+"""
+
+import tensorflow as tf
+
+#: Graph collection holding every variable tf1_accum creates (accumulators,
+#: touched-row masks, counters). They are also global variables, so a default
+#: ``tf.compat.v1.train.Saver()`` saves them.
+STATE_COLLECTION = "tf1_accum_state"
+
+_NOTHING_ACCUMULATED = (
+    "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
+    "accum_op on at least one micro-batch before apply_op; no variable was "
+    "changed."
+)
+
+
+class Window:
+    """Accumulators, a counter, and the ops on them.
+
+    Build it inside the accumulation's name scope; ``scope`` is that scope's
+    full name, re-entered for the ops built later.
+    """
+
+    def __init__(self, pairs, average, scope):
+        for _, var in pairs:  # before creating anything: a failed build leaves no state
+            if not var.shape.is_fully_defined():
+                raise ValueError(
+                    f"Variable {var.op.name} has shape {var.shape}, which is not fully "
+                    "defined; tf1_accum needs a static shape to build its accumulator."
+                )
+        self.average = average
+        self.scope = scope
+        self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+        self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+
+    @property
+    def var_list(self):
+        return [slot.var for slot in self.slots]
+
+    @property
+    def accumulators(self):
+        return [slot.accumulator for slot in self.slots]
+
+    def accumulate(self, gradients, name=None):
+        """Adds one micro-batch's gradients (aligned with ``var_list``) and counts it."""
+        op, _ = self._add(gradients, name)
+        return op
+
+    def accumulate_and_apply(self, gradients, optimizer, global_step=None, name=None):
+        """Adds one micro-batch, then applies the window and resets it, in one op.
+
+        Forward pass, gradients and update share one ``session.run``, so the
+        order is built from dependencies Grappler keeps. With reference
+        variables, Grappler's arithmetic optimizer removes identity reads
+        together with the control dependencies on them, so "read after the
+        add" and "update after every gradient" are not built that way: the
+        apply reads what the adds return (data dependencies), the counter's
+        increment waits for every add, and the optimizer's update ops wait for
+        the increment (control dependencies between stateful ops).
+        """
+        _, totals = self._add(gradients)
+        _, op = self.apply(optimizer, global_step, name, totals=totals)
+        return op
+
+    def _add(self, gradients, name=None):
+        """Returns the add op, and (per-slot values after the add, count op)."""
+        with tf.compat.v1.name_scope(self.scope):
+            totals = [slot.add(g) for slot, g in zip(self.slots, gradients)]
+            with tf.control_dependencies([t for total in totals for t in total]):
+                count = self.counter.assign_add(1, use_locking=True)
+            return tf.group(count, name=name), (totals, count)
+
+    def reset(self, name=None):
+        """Zeroes the accumulators and the counter."""
+        with tf.compat.v1.name_scope(self.scope):
+            return tf.group(
+                *[slot.reset() for slot in self.slots], self._reset_counter(), name=name
+            )
+
+    def apply(self, optimizer, global_step=None, name=None, totals=None):
+        """Builds the apply: mean (or sum) through ``optimizer``, then reset.
+
+        Args:
+            optimizer: the optimizer to apply through.
+            global_step: incremented once by the optimizer, if given.
+            name: name of the returned op.
+            totals: what ``_add`` returned, to apply right after that add in
+                the same ``session.run``; None reads the variables.
+
+        Returns:
+            ``(grads_and_vars, op)``: what the optimizer is handed, and the op
+            that applies it and then resets the window.
+        """
+        with tf.compat.v1.name_scope(self.scope):
+            per_slot, count = totals or ([None] * len(self.slots), self.counter)
+            count = tf.identity(count)  # a value, not a reference
+            check = tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)
+            with tf.control_dependencies([check]):
+                count = tf.identity(count) if self.average else None
+                reads = [slot.gradient(count, t) for slot, t in zip(self.slots, per_slot)]
+        grads_and_vars = [(grad, slot.var) for slot, (grad, _) in zip(self.slots, reads)]
+        # The optimizer builds its update in the caller's name scope, so that
+        # its non-slot variables (Adam's beta powers) get the names plain
+        # minimize() gives them.
+        with tf.control_dependencies([] if totals is None else [totals[1]]):
+            update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        with tf.compat.v1.name_scope(self.scope):
+            with tf.control_dependencies([update]):
+                reset = tf.group(
+                    *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, reads)],
+                    self._reset_counter(),
+                )
+            return grads_and_vars, tf.group(update, reset, name=name)
+
+    def _reset_counter(self):
+        return self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
+
+
+def state_variable(make_initial_value, name):
+    """Creates a non-trainable global variable that tf1_accum owns.
+
+    The initial value is made inside ``init_scope``, clear of the caller's
+    control dependencies and control flow, so the initializer never needs a
+    feed and a window can be built inside a loop body or a conditional branch.
+    """
+    with tf.init_scope():
+        return tf.compat.v1.Variable(
+            make_initial_value(),
+            trainable=False,
+            name=name,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
+        )
+
+
+def _accumulator_dtype(dtype):
+    """Float16 and bfloat16 sums lose precision: accumulate them in float32."""
+    dtype = dtype.base_dtype
+    return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
+
+
+class _VariableAccumulator:
+    """The accumulator of one variable with a dense gradient."""
+
+    @staticmethod
+    def create(gradient, var):
+        if isinstance(gradient, tf.IndexedSlices):
+            return _SparseAccumulator(var)
+        return _VariableAccumulator(var)
+
+    def __init__(self, var):
+        self.var = var
+        self.shape = var.shape.as_list()
+        self.dtype = _accumulator_dtype(var.dtype)
+        # Built from a constant, never from the variable's value: nothing
+        # here depends on the variable being initialized first.
+        with tf.compat.v1.name_scope(var.op.name + "/"):
+            self.accumulator = state_variable(
+                lambda: tf.zeros(self.shape, self.dtype), "accumulator"
+            )
+
+    def add(self, gradient):
+        """Adds ``gradient``; returns the accumulator's value after the add, as a tuple."""
+        return (self.accumulator.assign_add(tf.cast(gradient, self.dtype), use_locking=True),)
+
+    def gradient(self, count, totals=None):
+        """Returns ``(mean or sum, None)``, in the variable's dtype.
+
+        ``totals`` is what `add` returned, or None to read the accumulator.
+        """
+        total = self.accumulator.read_value() if totals is None else totals[0]
+        return self._finish(total, count), None
+
+    def reset(self, rows=None):
+        del rows  # every element is reset
+        return self.accumulator.assign(
+            tf.zeros(self.shape, self.dtype), use_locking=True, read_value=False
+        )
+
+    def _finish(self, total, count):
+        mean = total if count is None else total / tf.cast(count, self.dtype)
+        return tf.cast(mean, self.var.dtype.base_dtype)
+
+
+class _SparseAccumulator(_VariableAccumulator):
+    """Accumulates ``tf.IndexedSlices`` by scatter-add, remembering the rows.
+
+    ``touched`` marks the rows that received a gradient in the window: the
+    apply hands the optimizer exactly those rows (as large-batch training
+    would), and the reset clears only those rows. Untouched rows of the
+    accumulator are always zero.
+    """
+
+    def __init__(self, var):
+        super().__init__(var)
+        with tf.compat.v1.name_scope(var.op.name + "/"):
+            self.touched = state_variable(
+                lambda: tf.zeros(self.shape[:1], self.dtype), "accumulator_touched"
+            )
+
+    def add(self, gradient):
+        """Scatter-adds ``gradient``; returns (accumulator, touched) after the add."""
+        indices = gradient.indices
+        values = tf.cast(gradient.values, self.dtype)
+        return (
+            self.accumulator.scatter_add(tf.IndexedSlices(values, indices), use_locking=True),
+            self.touched.scatter_update(
+                tf.IndexedSlices(tf.ones_like(indices, dtype=self.dtype), indices),
+                use_locking=True,
+            ),
+        )
+
+    def _rows(self, touched=None):
+        touched = self.touched.read_value() if touched is None else touched
+        return tf.reshape(tf.where(touched > 0), [-1])
+
+    def gradient(self, count, totals=None):
+        """Returns ``(IndexedSlices of the touched rows, those rows)``."""
+        accumulator, touched = (self.accumulator, None) if totals is None else totals
+        rows = self._rows(touched)
+        values = self._finish(tf.gather(accumulator, rows), count)
+        dense_shape = tf.constant(self.shape, tf.int64)
+        return tf.IndexedSlices(values, rows, dense_shape=dense_shape), rows
+
+    def reset(self, rows=None):
+        rows = self._rows() if rows is None else rows
+        row_shape = tf.constant(self.shape[1:], tf.int32)
+        zeros = tf.zeros(tf.concat([tf.shape(rows), row_shape], 0), self.dtype)
+        return tf.group(
+            self.accumulator.scatter_update(tf.IndexedSlices(zeros, rows), use_locking=True),
+            self.touched.scatter_update(
+                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows),
+                use_locking=True,
+            ),
+        )
