@@ -167,7 +167,8 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
     """Trains the same model by accumulation, window by window.
 
     ``path`` is "ops" (accum_op per micro-batch, then apply_op), "helper"
-    (run_accumulation) or "fused" (run_accumulation with fused=True). Asserts
+    (run_accumulation), "fused" (run_accumulation with fused=True) or
+    "optimizer" (AccumulationOptimizer's train op per micro-batch). Asserts
     that no variable moves before the apply. Returns one {variable name:
     value} dict per window, after its update.
     """
@@ -176,25 +177,36 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
     with tf.Graph().as_default():
         model = Model(dtype, sparse)
         global_step = v1.train.get_or_create_global_step()
-        acc = tf1_accum.build_accumulation(
-            model.loss, OPTIMIZERS[optimizer_name](dtype), global_step=global_step
-        )
+        if path == "optimizer":
+            wrapper = tf1_accum.AccumulationOptimizer(
+                OPTIMIZERS[optimizer_name](dtype), steps=len(windows[0])
+            )
+            train_op = wrapper.minimize(model.loss, global_step=global_step)
+        else:
+            acc = tf1_accum.build_accumulation(
+                model.loss, OPTIMIZERS[optimizer_name](dtype), global_step=global_step
+            )
         trained = tf1_accum.plain_variables()
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             results = []
             for w, window in enumerate(windows):
                 before = values_by_name(sess, trained)
-                if path == "ops":
-                    for batch in window:
-                        sess.run(acc.accum_op, model.feed(batch))
+                if path in ("ops", "optimizer"):
+                    for batch in window[:-1]:
+                        op = acc.accum_op if path == "ops" else train_op
+                        sess.run(op, model.feed(batch))
                         assert_same_values(
                             values_by_name(sess, trained),
                             before,
                             0.0,
                             f"window {w}, before apply",
                         )
-                    sess.run(acc.apply_op)
+                    if path == "ops":
+                        sess.run(acc.accum_op, model.feed(window[-1]))
+                        sess.run(acc.apply_op)
+                    else:
+                        sess.run(train_op, model.feed(window[-1]))
                 else:
                     feeds = (model.feed(batch) for batch in window)
                     tf1_accum.run_accumulation(sess, acc, feeds, fused=path == "fused")

@@ -17,12 +17,14 @@ from tf1_accum._accumulation import Accumulation
 from tf1_accum._accumulation import STATE_COLLECTION
 from tf1_accum._accumulation import build_accumulation
 from tf1_accum._accumulation import plain_variables
+from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._session import run_accumulation
 
 __version__ = "0.1.0"
 
 __all__ = (
     "Accumulation",
+    "AccumulationOptimizer",
     "STATE_COLLECTION",
     "build_accumulation",
     "plain_variables",

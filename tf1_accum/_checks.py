@@ -142,6 +142,14 @@ def check_bool(name, value):
         raise TypeError(f"{name} must be True or False, got {describe(value)}.")
 
 
+def check_steps(steps):
+    """Checks that ``steps`` is an int of at least 1."""
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
+        raise TypeError(f"steps must be an int (micro-batches per update), got {describe(steps)}.")
+    if steps < 1:
+        raise ValueError(f"steps must be at least 1 (micro-batches per update), got {steps}.")
+
+
 def check_feed_dict(label, feed_dict):
     """Checks one feed: a mapping, or None for no feed. ``label`` names it."""
     if feed_dict is not None and not isinstance(feed_dict, collections.abc.Mapping):

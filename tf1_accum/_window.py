@@ -68,6 +68,32 @@ class Window:
         _, op = self.apply(optimizer, global_step, name, totals=totals)
         return op
 
+    def accumulate_and_apply_every(self, steps, gradients, optimizer, global_step=None):
+        """Adds one micro-batch; when it is the ``steps``-th, also applies and resets.
+
+        Returns a bool tensor: whether this run applied. The apply sits in a
+        ``tf.cond`` whose predicate reads the counter's increment, which waits
+        for every add: everything in the branch, reads and update, comes after
+        this micro-batch's gradients (the update of one variable must not race
+        a gradient that reads it). The optimizer creates its slots inside
+        ``init_scope``, outside the conditional.
+        """
+        caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
+        _, (_, count) = self._add(gradients)
+        with tf.compat.v1.name_scope(self.scope):
+            due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
+
+        def apply_now():
+            # Back in the caller's name scope: the optimizer's non-slot
+            # variables (Adam's beta powers) must not take the cond's name.
+            branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
+            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+                _, op = self.apply(optimizer, global_step)
+            with tf.control_dependencies([op]):
+                return tf.constant(True)
+
+        return tf.cond(due, apply_now, lambda: tf.constant(False), name="apply_if_due")
+
     def _add(self, gradients, name=None):
         """Returns the add op, and (per-slot values after the add, count op)."""
         with tf.compat.v1.name_scope(self.scope):

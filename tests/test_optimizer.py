@@ -1,0 +1,195 @@
+"""Tests of AccumulationOptimizer."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf1_accum
+from _helpers import OPTIMIZERS
+from _helpers import RTOL
+from _helpers import Model
+from _helpers import assert_same_values
+from _helpers import check_equivalence
+from _helpers import concat
+from _helpers import make_batches
+from _helpers import values_by_name
+
+v1 = tf.compat.v1
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=lambda d: d.name)
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_optimizer_equals_large_batch_training(optimizer_name, dtype, sparse):
+    check_equivalence(optimizer_name, dtype, sparse, path="optimizer")
+
+
+def test_state_is_created_outside_the_conditional_with_plain_names():
+    def names(accumulate):
+        with tf.Graph().as_default() as graph:
+            model = Model(tf.float32, True)
+            opt = v1.train.AdamOptimizer(0.1)
+            step = v1.train.get_or_create_global_step()
+            if accumulate:
+                tf1_accum.AccumulationOptimizer(opt, 3).minimize(model.loss, global_step=step)
+                variables = v1.global_variables()
+                for v in variables:
+                    assert v.op.graph is graph
+                    assert v.op._get_control_flow_context() is None, v.op.name
+                    assert v.initializer._get_control_flow_context() is None, v.op.name
+                return {v.op.name for v in tf1_accum.plain_variables()}
+            opt.minimize(model.loss, global_step=step)
+            return {v.op.name for v in v1.global_variables()}
+
+    assert names(True) == names(False)
+
+
+def test_micro_step_counts_within_the_window_and_global_step_counts_updates():
+    batches = make_batches(tf.float64, False, 7, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), steps=3)
+        with pytest.raises(ValueError, match="call minimize"):
+            opt.micro_step
+        train_op = opt.minimize(model.loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            seen = []
+            for batch in batches:
+                sess.run(train_op, model.feed(batch))
+                seen.append(tuple(int(x) for x in sess.run([step, opt.micro_step])))
+    assert seen == [(0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
+
+
+def test_sum_with_average_false():
+    batches = make_batches(tf.float64, False, 4, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        opt = tf1_accum.AccumulationOptimizer(
+            v1.train.GradientDescentOptimizer(0.1), steps=4, average=False
+        )
+        train_op = opt.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches:
+                sess.run(train_op, model.feed(batch))
+            got = values_by_name(sess, v1.trainable_variables())
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        # The sum of 4 micro-batch means is 4 x the mean over the 4: SGD at 0.4.
+        train_op = v1.train.GradientDescentOptimizer(0.4).minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_op, model.feed(concat(batches)))
+            expected = values_by_name(sess, v1.trainable_variables())
+    assert_same_values(got, expected, 1e-12, "average=False")
+
+
+def test_monitored_training_session_with_its_hooks(tmp_path):
+    n, updates = 3, 4
+    batches = make_batches(tf.float32, False, n * updates + 5, 4)
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), steps=n)
+        train_op = opt.minimize(model.loss, global_step=step)
+        hooks = [
+            v1.train.StopAtStepHook(last_step=updates),
+            v1.train.StepCounterHook(every_n_steps=1, output_dir=str(tmp_path / "steps")),
+        ]
+        saver_hook = v1.train.CheckpointSaverHook(str(tmp_path / "ckpt"), save_steps=2)
+        used = 0
+        with v1.train.MonitoredTrainingSession(
+            hooks=hooks, chief_only_hooks=[saver_hook], save_summaries_steps=None
+        ) as sess:
+            while not sess.should_stop():
+                sess.run(train_op, model.feed(batches[used]))
+                used += 1
+    assert used == n * updates
+    path = tf.train.latest_checkpoint(str(tmp_path / "ckpt"))
+    assert path is not None and path.endswith(f"-{updates}")
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        step = v1.train.get_or_create_global_step()
+        train_op = v1.train.AdamOptimizer(0.05).minimize(model.loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for u in range(updates):
+                sess.run(train_op, model.feed(concat(batches[u * n : (u + 1) * n])))
+            expected = values_by_name(sess, v1.global_variables())
+        with v1.Session() as sess:
+            v1.train.Saver().restore(sess, path)  # the plain graph reads the checkpoint
+            restored = values_by_name(sess, v1.global_variables())
+    assert_same_values(restored, expected, RTOL[tf.float32], "after MonitoredTrainingSession")
+    assert restored["global_step"] == updates
+
+
+def test_outermost_over_a_mixed_precision_loss_scale_optimizer():
+    batches = make_batches(tf.float32, True, 6, 5)
+
+    def loss_scaled(opt):
+        return v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, loss_scale=128.0)
+
+    with tf.Graph().as_default():
+        model = Model(tf.float32, True)
+        opt = tf1_accum.AccumulationOptimizer(loss_scaled(v1.train.AdamOptimizer(0.05)), 3)
+        train_op = opt.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches:
+                sess.run(train_op, model.feed(batch))
+            got = values_by_name(sess, tf1_accum.plain_variables())
+    with tf.Graph().as_default():
+        model = Model(tf.float32, True)
+        train_op = loss_scaled(v1.train.AdamOptimizer(0.05)).minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for window in (batches[:3], batches[3:]):
+                sess.run(train_op, model.feed(concat(window)))
+            expected = values_by_name(sess, v1.global_variables())
+    assert_same_values(got, expected, RTOL[tf.float32], "loss-scaled Adam, 2 windows")
+
+
+@pytest.mark.parametrize(
+    "args, error, message",
+    [
+        (
+            (v1.train.GradientDescentOptimizer(0.1), 0),
+            ValueError,
+            r"steps must be at least 1 \(micro-batches per update\), got 0",
+        ),
+        (
+            (v1.train.GradientDescentOptimizer(0.1), "4"),
+            TypeError,
+            r"steps must be an int .*got '4'",
+        ),
+        ((v1.train.GradientDescentOptimizer(0.1), 2.0), TypeError, "steps must be an int"),
+        (("adam", 4), TypeError, "optimizer must be a tf.compat.v1.train.Optimizer"),
+    ],
+    ids=["zero-steps", "str-steps", "float-steps", "not-an-optimizer"],
+)
+def test_bad_arguments(args, error, message):
+    with pytest.raises(error, match=message):
+        tf1_accum.AccumulationOptimizer(*args)
+
+
+def test_no_gradients_and_bad_global_step():
+    with tf.Graph().as_default():
+        w = v1.get_variable("w", initializer=1.0)
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+        with pytest.raises(ValueError, match=r"No gradients provided for any variable: \['w'\]"):
+            opt.apply_gradients([(None, w)])
+        with pytest.raises(TypeError, match="global_step must be an integer tf.Variable"):
+            opt.apply_gradients([(tf.constant(1.0), w)], global_step=1)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+@pytest.mark.parametrize("path", ["fused", "optimizer"])
+def test_many_windows_in_one_run_each_never_race(path):
+    """Where forward, gradients and update share one session.run, order holds.
+
+    Regression test: with reference variables, Grappler once let an update
+    run before a gradient that reads the updated variable.
+    """
+    check_equivalence("momentum", tf.float64, False, path=path, windows=25, n=2, b=3)

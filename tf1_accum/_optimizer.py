@@ -1,0 +1,144 @@
+"""A drop-in optimizer that accumulates: for code that cannot change its loop."""
+
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum._window import Window
+
+
+class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
+    """Wraps an optimizer so that its train op accumulates ``steps`` micro-batches.
+
+    Each run of the train op adds its micro-batch's gradients; every
+    ``steps``-th run also applies their mean (or sum) through the wrapped
+    optimizer and resets, in that same ``session.run``. The updates equal plain
+    training on batches ``steps`` times larger. ``global_step``, if given,
+    counts updates, so schedules and hooks driven by it (``StopAtStepHook``,
+    ``CheckpointSaverHook``, learning-rate decay) follow updates. Optimizer
+    slots and Adam's beta powers are created outside the conditional, with the
+    names plain training gives them.
+
+    Compose it outermost: ``AccumulationOptimizer(
+    tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, ...))``
+    checks the window's mean gradient for overflow and adjusts the loss scale
+    once per update. The other nesting would check and rescale each
+    micro-batch, and skip single micro-batches instead of windows.
+
+    Example:
+
+    >>> import numpy as np
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     step = tf.compat.v1.train.get_or_create_global_step()
+    ...     opt = tf1_accum.AccumulationOptimizer(
+    ...         tf.compat.v1.train.GradientDescentOptimizer(0.1), steps=2)
+    ...     train_op = opt.minimize(loss, global_step=step)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
+    ...             _ = sess.run(train_op, {x: np.array(batch)})
+    ...             print([int(v) for v in sess.run([step, opt.micro_step])])
+    ...         print(round(float(sess.run(w)), 4))
+    [0, 1]
+    [1, 0]
+    2.5
+
+    Args:
+        optimizer: The ``tf.compat.v1.train.Optimizer`` that applies the updates.
+        steps: Micro-batches per update, an int of at least 1.
+        average: True (the default) applies the mean of the micro-batch
+            gradients; False applies their sum, which for SGD and Momentum
+            multiplies the effective learning rate by ``steps``.
+        name: Name scope of the accumulation ops.
+
+    Raises:
+        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``,
+            ``steps`` is not an int, or ``average`` is not a bool.
+        ValueError: If ``steps`` is less than 1.
+    """
+
+    def __init__(self, optimizer, steps, *, average=True, name="Accumulation"):
+        _checks.check_optimizer(optimizer)
+        _checks.check_steps(steps)
+        _checks.check_bool("average", average)
+        super().__init__(use_locking=False, name=name)
+        self._optimizer = optimizer
+        self._steps = int(steps)
+        self._average = average
+        self._windows = []
+
+    @property
+    def optimizer(self):
+        """The wrapped optimizer."""
+        return self._optimizer
+
+    @property
+    def steps(self):
+        """Micro-batches per update."""
+        return self._steps
+
+    @property
+    def micro_step(self):
+        """The ``int64`` counter of micro-batches accumulated since the last update.
+
+        Raises:
+            ValueError: If no train op was built yet.
+        """
+        if not self._windows:
+            raise ValueError(
+                "micro_step exists once the train op is built: call minimize() or "
+                "apply_gradients() first."
+            )
+        return self._windows[-1].counter
+
+    def compute_gradients(self, *args, **kwargs):
+        """The wrapped optimizer's ``compute_gradients`` (loss scaling included)."""
+        return self._optimizer.compute_gradients(*args, **kwargs)
+
+    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+        """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
+
+        Args:
+            grads_and_vars: ``(gradient, variable)`` pairs, as from
+                `compute_gradients`; pairs whose gradient is None are skipped.
+            global_step: Optional integer variable, incremented once per update.
+            name: Name scope of the ops; defaults to the optimizer's name.
+
+        Returns:
+            The train op. Each run accumulates one micro-batch; every
+            ``steps``-th run also applies and resets.
+
+        Raises:
+            RuntimeError: If eager execution is active.
+            TypeError: If ``global_step`` is not an integer variable.
+            ValueError: If no gradient is given for any variable.
+        """
+        _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
+        _checks.check_global_step(global_step)
+        grads_and_vars = list(grads_and_vars)
+        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        if not pairs:
+            raise ValueError(
+                "No gradients provided for any variable: "
+                f"{[v.op.name for _, v in grads_and_vars]}."
+            )
+        with tf.compat.v1.name_scope(name, self._name) as scope:
+            window = Window(pairs, self._average, scope)
+        applied = window.accumulate_and_apply_every(
+            self._steps, [g for g, _ in pairs], self._optimizer, global_step
+        )
+        self._windows.append(window)
+        with tf.compat.v1.name_scope(scope):
+            return tf.group(applied, name="train")
+
+    def get_slot(self, var, name):
+        return self._optimizer.get_slot(var, name)
+
+    def get_slot_names(self):
+        return self._optimizer.get_slot_names()
+
+    def variables(self):
+        """The wrapped optimizer's variables (tf1_accum's state is in STATE_COLLECTION)."""
+        return self._optimizer.variables()
