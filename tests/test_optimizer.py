@@ -1,6 +1,5 @@
 """Tests of AccumulationOptimizer."""
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
