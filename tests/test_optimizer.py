@@ -50,7 +50,7 @@ def test_micro_step_counts_within_the_window_and_global_step_counts_updates():
         step = v1.train.get_or_create_global_step()
         opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), steps=3)
         with pytest.raises(ValueError, match="call minimize"):
-            opt.micro_step
+            _ = opt.micro_step
         train_op = opt.minimize(model.loss, global_step=step)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
