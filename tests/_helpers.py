@@ -54,22 +54,28 @@ class Model:
         loss: mean squared error over the batch.
     """
 
-    def __init__(self, dtype, sparse, seed=0):
+    def __init__(self, dtype, sparse, seed=0, inputs=None, labels=None):
         rng = np.random.RandomState(seed)
         np_dtype = dtype.as_numpy_dtype
         if sparse:
-            self.inputs = v1.placeholder(tf.int32, [None], name="ids")
+            self.inputs = v1.placeholder(tf.int32, [None], name="ids") if inputs is None else inputs
             table = v1.get_variable(
-                "embedding", initializer=rng.randn(VOCAB, FEATURES).astype(np_dtype)
+                "embedding", initializer=rng.randn(VOCAB, FEATURES).astype(np_dtype), dtype=dtype
             )
             features = tf.nn.embedding_lookup(table, self.inputs)
         else:
-            self.inputs = v1.placeholder(dtype, [None, FEATURES], name="x")
+            self.inputs = (
+                v1.placeholder(dtype, [None, FEATURES], name="x") if inputs is None else inputs
+            )
             features = self.inputs
-        self.labels = v1.placeholder(dtype, [None, 1], name="y")
-        w1 = v1.get_variable("w1", initializer=rng.randn(FEATURES, HIDDEN).astype(np_dtype))
-        b1 = v1.get_variable("b1", initializer=(0.1 * rng.randn(HIDDEN)).astype(np_dtype))
-        w2 = v1.get_variable("w2", initializer=rng.randn(HIDDEN, 1).astype(np_dtype))
+        self.labels = v1.placeholder(dtype, [None, 1], name="y") if labels is None else labels
+        w1 = v1.get_variable(
+            "w1", initializer=rng.randn(FEATURES, HIDDEN).astype(np_dtype), dtype=dtype
+        )
+        b1 = v1.get_variable(
+            "b1", initializer=(0.1 * rng.randn(HIDDEN)).astype(np_dtype), dtype=dtype
+        )
+        w2 = v1.get_variable("w2", initializer=rng.randn(HIDDEN, 1).astype(np_dtype), dtype=dtype)
         hidden = tf.tanh(tf.matmul(features, w1) + b1)
         self.loss = tf.reduce_mean((tf.matmul(hidden, w2) - self.labels) ** 2)
 

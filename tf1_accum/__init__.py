@@ -17,6 +17,8 @@ from tf1_accum._accumulation import Accumulation
 from tf1_accum._accumulation import STATE_COLLECTION
 from tf1_accum._accumulation import build_accumulation
 from tf1_accum._accumulation import plain_variables
+from tf1_accum._dataset import DatasetAccumulation
+from tf1_accum._dataset import build_dataset_accumulation
 from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._session import run_accumulation
 
@@ -25,8 +27,10 @@ __version__ = "0.1.0"
 __all__ = (
     "Accumulation",
     "AccumulationOptimizer",
+    "DatasetAccumulation",
     "STATE_COLLECTION",
     "build_accumulation",
+    "build_dataset_accumulation",
     "plain_variables",
     "run_accumulation",
 )

@@ -131,7 +131,7 @@ def build_accumulation(
             # Unknown statically: fails at run time unless it holds one value.
             loss = tf.reshape(loss, [], name="scalar_loss")
         var_list = _checks.check_var_list(var_list, graph)
-        pairs = _gradients(loss, optimizer, var_list)
+        pairs = gradients_of(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
             window = Window(pairs, average, scope)
         gradients = [g for g, _ in pairs]
@@ -184,7 +184,7 @@ def plain_variables(graph=None):
     ]
 
 
-def _gradients(loss, optimizer, var_list):
+def gradients_of(loss, optimizer, var_list):
     """Returns ``(gradient, variable)`` pairs, without the None gradients."""
     pairs = optimizer.compute_gradients(loss, var_list=var_list)
     missing = [v.op.name for g, v in pairs if g is None]

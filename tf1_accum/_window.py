@@ -49,7 +49,7 @@ class Window:
 
     def accumulate(self, gradients, name=None):
         """Adds one micro-batch's gradients (aligned with ``var_list``) and counts it."""
-        op, _ = self._add(gradients, name)
+        op, _ = self.add(gradients, name)
         return op
 
     def accumulate_and_apply(self, gradients, optimizer, global_step=None, name=None):
@@ -64,7 +64,7 @@ class Window:
         increment waits for every add, and the optimizer's update ops wait for
         the increment (control dependencies between stateful ops).
         """
-        _, totals = self._add(gradients)
+        _, totals = self.add(gradients)
         _, op = self.apply(optimizer, global_step, name, totals=totals)
         return op
 
@@ -79,7 +79,7 @@ class Window:
         ``init_scope``, outside the conditional.
         """
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        _, (_, count) = self._add(gradients)
+        _, (_, count) = self.add(gradients)
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
 
@@ -94,7 +94,7 @@ class Window:
 
         return tf.cond(due, apply_now, lambda: tf.constant(False), name="apply_if_due")
 
-    def _add(self, gradients, name=None):
+    def add(self, gradients, name=None):
         """Returns the add op, and (per-slot values after the add, count op)."""
         with tf.compat.v1.name_scope(self.scope):
             totals = [slot.add(g) for slot, g in zip(self.slots, gradients)]
@@ -116,7 +116,7 @@ class Window:
             optimizer: the optimizer to apply through.
             global_step: incremented once by the optimizer, if given.
             name: name of the returned op.
-            totals: what ``_add`` returned, to apply right after that add in
+            totals: what ``add`` returned, to apply right after that add in
                 the same ``session.run``; None reads the variables.
 
         Returns:

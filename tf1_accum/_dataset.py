@@ -1,0 +1,223 @@
+"""The in-graph loop: one session.run draws a window from a tf.data.Dataset."""
+
+import typing
+
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum._accumulation import gradients_of
+from tf1_accum._window import Window
+
+# Collections of ops that model code may add to; ops that the loop body adds
+# live inside the loop and cannot be fetched from outside it.
+_OP_COLLECTIONS = (
+    tf.compat.v1.GraphKeys.UPDATE_OPS,
+    tf.compat.v1.GraphKeys.SUMMARIES,
+    tf.compat.v1.GraphKeys.LOSSES,
+)
+
+
+class DatasetAccumulation(typing.NamedTuple):
+    """The train op and state of `build_dataset_accumulation`.
+
+    Attributes:
+        train_op: One run draws up to ``steps`` micro-batches from the dataset
+            inside a ``tf.while_loop``, accumulates their gradients, and applies
+            once. A window cut short by the end of the dataset is applied with
+            its true count; the run after that raises
+            ``tf.errors.OutOfRangeError``.
+        loss: Mean of the micro-batch losses of the window, evaluated in the
+            same run when fetched with ``train_op``.
+        micro_batches: ``int64``: how many micro-batches the window held.
+        counter: The window's counter (0 between runs).
+        accumulators: Accumulator variables, aligned with ``var_list``.
+        var_list: The variables trained.
+    """
+
+    train_op: tf.Operation
+    loss: tf.Tensor
+    micro_batches: tf.Tensor
+    counter: tf.Variable
+    accumulators: typing.List[tf.Variable]
+    var_list: typing.List[tf.Variable]
+
+
+def build_dataset_accumulation(
+    loss_fn,
+    optimizer,
+    dataset,
+    steps,
+    *,
+    var_list=None,
+    global_step=None,
+    average=True,
+    name=None,
+):
+    """Builds a train op that runs a whole window inside the graph.
+
+    For models bound by per-run overhead: a window of N micro-batches costs one
+    ``session.run`` instead of N + 1, and no feed dict. The update equals one
+    step of ``optimizer`` on the N micro-batches together.
+
+    ``loss_fn(batch)`` is ordinary TF1 model code: it takes one element of
+    ``dataset`` and returns the scalar mean loss of that micro-batch, creating
+    its variables with ``tf.compat.v1.get_variable``. It is called twice while
+    building: once outside the loop, which creates the variables (its ops
+    never run), and once inside, reusing them. So the variables are created
+    once, with the names they would have without accumulation; variables made
+    with ``tf.Variable`` inside ``loss_fn`` would be made twice, so use
+    ``get_variable``. The ``UPDATE_OPS`` that the loop's call adds (batch-norm
+    moving averages) run with each micro-batch.
+
+    The dataset is read through a one-shot iterator, so it must not capture
+    placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.
+
+    Example:
+
+    >>> import numpy as np
+    >>> def loss_fn(batch):
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     return tf.reduce_mean((w * batch - 2.0 * batch) ** 2)
+    >>> with tf.Graph().as_default():
+    ...     data = tf.data.Dataset.from_tensor_slices(
+    ...         np.array([1.0, 2.0, 3.0, 4.0, 5.0], np.float32)).batch(2)
+    ...     acc = tf1_accum.build_dataset_accumulation(
+    ...         loss_fn, tf.compat.v1.train.GradientDescentOptimizer(0.01), data, steps=2)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         print(sess.run([acc.train_op, acc.micro_batches])[1])
+    ...         print(sess.run([acc.train_op, acc.micro_batches])[1])
+    ...         try:
+    ...             sess.run(acc.train_op)
+    ...         except tf.errors.OutOfRangeError:
+    ...             print("end of data")
+    2
+    1
+    end of data
+
+    Args:
+        loss_fn: Callable taking one dataset element, returning a scalar
+            floating-point loss tensor.
+        optimizer: A ``tf.compat.v1.train.Optimizer``.
+        dataset: A ``tf.data.Dataset`` of micro-batches.
+        steps: Micro-batches per update, an int of at least 1.
+        var_list: Variables to train; defaults to the trainable variables
+            after ``loss_fn`` has built them.
+        global_step: Optional integer variable, incremented once per update.
+        average: True (the default) applies the mean of the micro-batch
+            gradients over the micro-batches in the window; False, their sum.
+        name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
+
+    Returns:
+        A `DatasetAccumulation`.
+
+    Raises:
+        RuntimeError: If eager execution is active.
+        TypeError: If ``loss_fn`` is not callable, ``dataset`` is not a
+            ``tf.data.Dataset``, or an argument is of the wrong type (as for
+            `build_accumulation`).
+        ValueError: If ``steps`` is less than 1, or the loss, variables or
+            gradients are unusable (as for `build_accumulation`).
+    """
+    _checks.check_graph_mode("build_dataset_accumulation")
+    if not callable(loss_fn):
+        raise TypeError(
+            "loss_fn must be a callable taking one dataset element and returning a "
+            f"scalar loss, got {_checks.describe(loss_fn)}."
+        )
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(f"dataset must be a tf.data.Dataset, got {_checks.describe(dataset)}.")
+    _checks.check_optimizer(optimizer)
+    _checks.check_steps(steps)
+    _checks.check_global_step(global_step)
+    _checks.check_bool("average", average)
+    graph = tf.compat.v1.get_default_graph()
+    caller_scope = graph.get_name_scope()
+    with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
+        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+        probe_batch = iterator.get_next(name="probe")
+    # The probe call creates the variables in the caller's variable scope.
+    # Its ops never run; what it adds to op collections is taken back, so that
+    # nothing fetched from a collection pulls a batch off the iterator.
+    kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
+    probe_loss = loss_fn(probe_batch)
+    _restore_collections(graph, kept)
+    _checks.check_loss(probe_loss)
+    var_list = _checks.check_var_list(var_list, graph)
+    pairs = gradients_of(probe_loss, optimizer, var_list)
+    with tf.compat.v1.name_scope(scope):
+        window = Window(pairs, average, scope)
+    trained = window.var_list
+    variable_scope = tf.compat.v1.get_variable_scope()
+    loss_dtype = probe_loss.dtype.base_dtype
+
+    def keep_drawing(count, more, loss_sum, drawn):
+        del loss_sum, drawn
+        return tf.logical_and(more, count < steps)
+
+    def draw_one(count, more, loss_sum, drawn):
+        del more
+        element = iterator.get_next_as_optional()
+
+        def accumulate():
+            with tf.compat.v1.variable_scope(variable_scope, reuse=True):
+                loss = loss_fn(element.get_value())
+            before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
+            added = [
+                op
+                for op in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+                if id(op) not in before
+            ]
+            _restore_collections(tf.compat.v1.get_default_graph(), kept)
+            grads = [g for g, _ in optimizer.compute_gradients(loss, var_list=trained)]
+            with tf.control_dependencies(added):
+                _, (_, new_count) = window.add(grads)
+            return tf.identity(new_count), loss_sum + tf.cast(loss, loss_dtype), drawn + 1
+
+        def nothing_left():
+            return tf.identity(count), loss_sum, drawn
+
+        has_value = element.has_value()
+        count, loss_sum, drawn = tf.cond(has_value, accumulate, nothing_left)
+        return count, has_value, loss_sum, drawn
+
+    with tf.compat.v1.name_scope(scope):
+        start = window.counter.read_value()
+        count, _, loss_sum, drawn = tf.compat.v1.while_loop(
+            keep_drawing,
+            draw_one,
+            [start, tf.constant(True), tf.constant(0.0, loss_dtype), tf.constant(0, tf.int64)],
+            back_prop=False,
+            name="draw",
+        )
+
+    def apply_window():
+        branch_graph = tf.compat.v1.get_default_graph()
+        with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+            _, op = window.apply(optimizer, global_step)
+        with tf.control_dependencies([op]):
+            return tf.constant(True)
+
+    def end_of_data():
+        # The iterator is exhausted: get_next() raises OutOfRangeError.
+        with tf.control_dependencies(tf.nest.flatten(iterator.get_next())):
+            return tf.constant(False)
+
+    with tf.compat.v1.name_scope(scope):
+        applied = tf.cond(count > 0, apply_window, end_of_data, name="apply_or_stop")
+        train_op = tf.group(applied, name="train")
+        mean_loss = loss_sum / tf.cast(tf.maximum(drawn, 1), loss_dtype)
+    return DatasetAccumulation(
+        train_op=train_op,
+        loss=mean_loss,
+        micro_batches=drawn,
+        counter=window.counter,
+        accumulators=window.accumulators,
+        var_list=trained,
+    )
+
+
+def _restore_collections(graph, kept):
+    for key, items in kept.items():
+        collection = graph.get_collection_ref(key)
+        collection[:] = items
