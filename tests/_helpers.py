@@ -190,7 +190,10 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
             train_op = wrapper.minimize(model.loss, global_step=global_step)
         else:
             acc = tf1_accum.build_accumulation(
-                model.loss, OPTIMIZERS[optimizer_name](dtype), global_step=global_step
+                model.loss,
+                OPTIMIZERS[optimizer_name](dtype),
+                global_step=global_step,
+                fused=path == "fused",
             )
         trained = tf1_accum.plain_variables()
         with v1.Session() as sess:
@@ -215,7 +218,7 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
                         sess.run(train_op, model.feed(window[-1]))
                 else:
                     feeds = (model.feed(batch) for batch in window)
-                    tf1_accum.run_accumulation(sess, acc, feeds, fused=path == "fused")
+                    tf1_accum.run_accumulation(sess, acc, feeds)
                 results.append(values_by_name(sess, v1.global_variables()))
     return results
 

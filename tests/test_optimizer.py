@@ -192,3 +192,11 @@ def test_many_windows_in_one_run_each_never_race(path):
     run before a gradient that reads the updated variable.
     """
     check_equivalence("momentum", tf.float64, False, path=path, windows=25, n=2, b=3)
+
+
+def test_a_sync_replicas_optimizer_cannot_be_wrapped():
+    sync = v1.train.SyncReplicasOptimizer(
+        v1.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=1
+    )
+    with pytest.raises(TypeError, match="cannot wrap a SyncReplicasOptimizer.*build_accumulation"):
+        tf1_accum.AccumulationOptimizer(sync, 2)

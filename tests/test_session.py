@@ -38,12 +38,23 @@ def _one_sgd_step(batches):
 @pytest.fixture
 def sgd_window():
     """A float64 model, its accumulation, a session, and 3 micro-batches."""
+    yield from _sgd_window(fused=False)
+
+
+@pytest.fixture
+def fused_window():
+    """The same, built with fused=True."""
+    yield from _sgd_window(fused=True)
+
+
+def _sgd_window(fused):
     with tf.Graph().as_default():
         model = Model(tf.float64, sparse=False)
         acc = tf1_accum.build_accumulation(
             model.loss,
             v1.train.GradientDescentOptimizer(0.1),
             global_step=v1.train.get_or_create_global_step(),
+            fused=fused,
         )
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
@@ -208,6 +219,7 @@ def test_fused_takes_n_runs_and_equals_the_unfused_path_bit_for_bit():
                 model.loss,
                 v1.train.AdamOptimizer(0.05),
                 global_step=v1.train.get_or_create_global_step(),
+                fused=True,
             )
             with v1.Session() as sess:
                 sess.run(v1.global_variables_initializer())
@@ -227,8 +239,8 @@ def test_fused_takes_n_runs_and_equals_the_unfused_path_bit_for_bit():
     assert results[True][1]["global_step"] == 2
 
 
-def test_fused_names_the_failing_micro_batch(sgd_window):
-    model, acc, sess, batches = sgd_window
+def test_fused_names_the_failing_micro_batch(fused_window):
+    model, acc, sess, batches = fused_window
     before = values_by_name(sess, acc.var_list)
 
     def feeds():
@@ -303,8 +315,8 @@ def test_a_hook_fetching_the_loss_in_every_run():
             assert sess.run(step, feed_dict=feeds[0]) == start + 1
 
 
-def test_fused_failure_in_the_last_run_says_whether_it_applied(sgd_window):
-    model, acc, sess, batches = sgd_window
+def test_fused_failure_in_the_last_run_says_whether_it_applied(fused_window):
+    model, acc, sess, batches = fused_window
     step = v1.train.get_global_step()
     guard = tf.debugging.assert_all_finite(model.labels, "labels are not finite")
     inputs, labels = batches[2]
@@ -317,3 +329,26 @@ def test_fused_failure_in_the_last_run_says_whether_it_applied(sgd_window):
     else:
         assert "no update applied" in str(info.value)
         assert sess.run(step) == 0
+
+
+def test_fused_needs_the_fused_op(sgd_window, fused_window):
+    model, acc, sess, batches = sgd_window
+    with pytest.raises(ValueError, match="build_accumulation makes only when called with fused"):
+        tf1_accum.run_accumulation(sess, acc, [model.feed(batches[0])], fused=True)
+    assert acc.accum_apply_op is None
+    model, acc, sess, batches = fused_window
+    counting = CountingSession(sess)
+    tf1_accum.run_accumulation(counting, acc, [model.feed(b) for b in batches], fused=False)
+    assert len(counting.calls) == 4 and counting.calls[-1] is None
+
+
+def test_sync_replicas_optimizer_allows_no_fused_op():
+    with tf.Graph().as_default():
+        model = Model(tf.float64, sparse=False)
+        sync = v1.train.SyncReplicasOptimizer(
+            v1.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=1
+        )
+        with pytest.raises(ValueError, match="SyncReplicasOptimizer allows one apply_gradients"):
+            tf1_accum.build_accumulation(
+                model.loss, sync, global_step=v1.train.get_or_create_global_step(), fused=True
+            )

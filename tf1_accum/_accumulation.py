@@ -39,10 +39,11 @@ class Accumulation(typing.NamedTuple):
             to the optimizer: the accumulated mean (or sum, with
             ``average=False``). A sparse gradient is a ``tf.IndexedSlices`` of
             the rows touched in the window.
-        accum_apply_op: The last micro-batch fused with the apply: adds this
-            micro-batch's gradients, then applies the window and resets it, in
-            one ``session.run`` fed that micro-batch. A window then costs N
-            runs instead of N + 1, with the same result.
+        accum_apply_op: With ``fused=True``, the last micro-batch fused with
+            the apply: adds this micro-batch's gradients, then applies the
+            window and resets it, in one ``session.run`` fed that micro-batch.
+            A window then costs N runs instead of N + 1, with the same result.
+            None when built without ``fused=True``.
     """
 
     zero_op: tf.Operation
@@ -52,11 +53,11 @@ class Accumulation(typing.NamedTuple):
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
     grads_and_vars: typing.List[typing.Tuple[typing.Any, tf.Variable]]
-    accum_apply_op: tf.Operation
+    accum_apply_op: typing.Optional[tf.Operation]
 
 
 def build_accumulation(
-    loss, optimizer, var_list=None, *, global_step=None, average=True, name=None
+    loss, optimizer, var_list=None, *, global_step=None, average=True, fused=False, name=None
 ):
     """Builds the ops that accumulate gradients over micro-batches and apply once.
 
@@ -105,6 +106,10 @@ def build_accumulation(
             over micro-batches: for SGD and Momentum that multiplies the
             effective learning rate by N; Adam, RMSProp and Adagrad are nearly
             scale-invariant, apart from their epsilon.
+        fused: Also build ``accum_apply_op``, for windows of N runs (see
+            `run_accumulation`). It builds the optimizer's update a second
+            time, so it is off by default; ``SyncReplicasOptimizer``, whose
+            ``apply_gradients`` may be called only once, does not allow it.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:
@@ -115,16 +120,22 @@ def build_accumulation(
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
-            variable, or ``average`` is not a bool.
+            variable, or ``average`` or ``fused`` is not a bool.
         ValueError: If ``loss`` is not a scalar, there are no variables to
-            train, no variable has a gradient, or a variable's shape is not
-            fully defined.
+            train, no variable has a gradient, a variable's shape is not fully
+            defined, or ``fused=True`` with a ``SyncReplicasOptimizer``.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
     _checks.check_optimizer(optimizer)
     _checks.check_global_step(global_step)
     _checks.check_bool("average", average)
+    _checks.check_bool("fused", fused)
+    if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+        raise ValueError(
+            "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
+            "allows one apply_gradients call: build with fused=False (the default)."
+        )
     graph = loss.graph
     with graph.as_default():
         if loss.shape.ndims is None:
@@ -139,12 +150,14 @@ def build_accumulation(
         # (batch-norm updates, say: they run with each micro-batch). zero_op
         # and apply_op must run without a feed, so they drop them.
         accum_op = window.accumulate(gradients, name="accumulate")
-        accum_apply_op = window.accumulate_and_apply(
-            gradients, optimizer, global_step, name="accumulate_and_apply"
-        )
         with tf.control_dependencies(None):
             zero_op = window.reset(name="zero")
             grads_and_vars, apply_op = window.apply(optimizer, global_step, name="apply")
+        accum_apply_op = None
+        if fused:
+            accum_apply_op = window.accumulate_and_apply(
+                gradients, optimizer, global_step, name="accumulate_and_apply"
+            )
     return Accumulation(
         zero_op=zero_op,
         accum_op=accum_op,

@@ -54,13 +54,22 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: Name scope of the accumulation ops.
 
     Raises:
-        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``,
-            ``steps`` is not an int, or ``average`` is not a bool.
+        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
+            or is a ``SyncReplicasOptimizer``, ``steps`` is not an int, or
+            ``average`` is not a bool.
         ValueError: If ``steps`` is less than 1.
     """
 
     def __init__(self, optimizer, steps, *, average=True, name="Accumulation"):
         _checks.check_optimizer(optimizer)
+        if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+            raise TypeError(
+                "AccumulationOptimizer cannot wrap a SyncReplicasOptimizer: its "
+                "apply_gradients builds queues and initialization ops, which cannot "
+                "live inside the conditional that applies every steps-th run. Use "
+                "tf1_accum.build_accumulation(loss, sync_optimizer) with "
+                "run_accumulation, whose apply_op pushes one window per update."
+            )
         _checks.check_steps(steps)
         _checks.check_bool("average", average)
         super().__init__(use_locking=False, name=name)

@@ -9,7 +9,7 @@ from tf1_accum import _checks
 
 
 def run_accumulation(
-    sess, accumulation, feed_dicts, fetches=None, *, fused=False, apply_feed_dict=None
+    sess, accumulation, feed_dicts, fetches=None, *, fused=None, apply_feed_dict=None
 ):
     """Runs one window: accumulates each micro-batch, then applies once.
 
@@ -19,7 +19,8 @@ def run_accumulation(
     with no micro-batch fed: the last micro-batch cannot be counted twice. N
     micro-batches take exactly N + 1 ``session.run`` calls.
 
-    With ``fused=True``, the last micro-batch runs ``accum_apply_op`` instead:
+    When the accumulation was built with ``fused=True`` (and unless this call
+    says ``fused=False``), the last micro-batch runs ``accum_apply_op`` instead:
     its accumulation, then the apply, in one ``session.run`` fed that
     micro-batch, so a window takes exactly N calls, with the same result. The
     helper looks one feed dict ahead to know which one is last. Fetches that
@@ -62,7 +63,9 @@ def run_accumulation(
             generator, any iterable. ``None`` entries run a micro-batch with no
             feed (for input pipelines inside the graph).
         fetches: Optional fetches to evaluate with each micro-batch.
-        fused: Run the last micro-batch and the apply in one ``session.run``.
+        fused: Run the last micro-batch and the apply in one ``session.run``;
+            None (the default) does so when ``accumulation.accum_apply_op``
+            was built.
         apply_feed_dict: Optional feed for the apply run alone: a placeholder
             the optimizer reads (a learning rate), or what a
             ``MonitoredSession`` hook fetches in every run. Never a micro-batch:
@@ -76,7 +79,8 @@ def run_accumulation(
         TypeError: If ``accumulation`` is not an `Accumulation`,
             ``feed_dicts`` is a single dict or not iterable, a feed dict is not
             a dict, or ``apply_feed_dict`` is not a dict.
-        ValueError: If ``feed_dicts`` holds no micro-batch.
+        ValueError: If ``feed_dicts`` holds no micro-batch, or ``fused=True``
+            for an accumulation built without ``fused=True``.
         Exception: Whatever micro-batch k or the apply raised, its message
             saying which and what became of the window.
     """
@@ -96,6 +100,14 @@ def run_accumulation(
             f"got {_checks.describe(feed_dicts)}."
         )
     _checks.check_feed_dict("apply_feed_dict", apply_feed_dict)
+    if fused is None:
+        fused = accumulation.accum_apply_op is not None
+    _checks.check_bool("fused", fused)
+    if fused and accumulation.accum_apply_op is None:
+        raise ValueError(
+            "fused=True needs accum_apply_op, which build_accumulation makes only "
+            "when called with fused=True."
+        )
     if isinstance(feed_dicts, collections.abc.Sequence):
         # Known up front: reject bad input before anything runs.
         if not feed_dicts:
