@@ -191,20 +191,18 @@ def build_dataset_accumulation(
             name="draw",
         )
 
-    def apply_window():
-        branch_graph = tf.compat.v1.get_default_graph()
-        with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-            _, op = window.apply(optimizer, global_step)
-        with tf.control_dependencies([op]):
-            return tf.constant(True)
-
     def end_of_data():
         # The iterator is exhausted: get_next() raises OutOfRangeError.
         with tf.control_dependencies(tf.nest.flatten(iterator.get_next())):
             return tf.constant(False)
 
     with tf.compat.v1.name_scope(scope):
-        applied = tf.cond(count > 0, apply_window, end_of_data, name="apply_or_stop")
+        applied = tf.cond(
+            count > 0,
+            lambda: window.apply_in_branch(optimizer, global_step, caller_scope),
+            end_of_data,
+            name="apply_or_stop",
+        )
         train_op = tf.group(applied, name="train")
         mean_loss = loss_sum / tf.cast(tf.maximum(drawn, 1), loss_dtype)
     return DatasetAccumulation(

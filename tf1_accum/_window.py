@@ -83,16 +83,24 @@ class Window:
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
 
-        def apply_now():
-            # Back in the caller's name scope: the optimizer's non-slot
-            # variables (Adam's beta powers) must not take the cond's name.
-            branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
-            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-                _, op = self.apply(optimizer, global_step)
-            with tf.control_dependencies([op]):
-                return tf.constant(True)
+        return tf.cond(
+            due,
+            lambda: self.apply_in_branch(optimizer, global_step, caller_scope),
+            lambda: tf.constant(False),
+            name="apply_if_due",
+        )
 
-        return tf.cond(due, apply_now, lambda: tf.constant(False), name="apply_if_due")
+    def apply_in_branch(self, optimizer, global_step, caller_scope):
+        """The apply as a ``tf.cond`` branch: returns True once it has run.
+
+        It re-enters the caller's name scope, so that the optimizer's non-slot
+        variables (Adam's beta powers) do not take the cond's name.
+        """
+        branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
+        with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+            _, op = self.apply(optimizer, global_step)
+        with tf.control_dependencies([op]):
+            return tf.constant(True)
 
     def add(self, gradients, name=None):
         """Returns the add op, and (per-slot values after the add, count op)."""
