@@ -6,11 +6,14 @@ import tensorflow as tf
 
 import tf1_accum
 from _helpers import OPTIMIZERS
+from _helpers import RTOL
 from _helpers import CountingSession
 from _helpers import Model
 from _helpers import check_equivalence
 from _helpers import concat
+from _helpers import assert_same_values
 from _helpers import make_batches
+from _helpers import plain_training
 from _helpers import values_by_name
 
 v1 = tf.compat.v1
@@ -352,3 +355,43 @@ def test_sync_replicas_optimizer_allows_no_fused_op():
             tf1_accum.build_accumulation(
                 model.loss, sync, global_step=v1.train.get_or_create_global_step(), fused=True
             )
+
+
+# At close, the chief's queue-runner thread is cancelled while it waits for the
+# next window; pytest may report that thread's exit.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_with_a_sync_replicas_optimizer_one_window_per_update(optimizer_name):
+    """The composition with SyncReplicasOptimizer: it is the builder's optimizer.
+
+    One worker here (the chief): each apply_op pushes the window's mean and
+    waits for the chief's aggregated update, so global_step reads the update
+    count right after it. num_tokens=0: the hook's default primes the token
+    queue, and a pushed window then counts as stale and is dropped.
+    """
+    n, windows = 3, 3
+    batches = make_batches(tf.float32, False, n * windows, 5)
+    grouped = [batches[i * n:(i + 1) * n] for i in range(windows)]
+    expected = plain_training(optimizer_name, tf.float32, False, grouped)
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        step = v1.train.get_or_create_global_step()
+        sync = v1.train.SyncReplicasOptimizer(
+            OPTIMIZERS[optimizer_name](tf.float32), replicas_to_aggregate=1, total_num_replicas=1
+        )
+        acc = tf1_accum.build_accumulation(model.loss, sync, global_step=step)
+        hook = sync.make_session_run_hook(is_chief=True, num_tokens=0)
+        with v1.train.MonitoredTrainingSession(
+            is_chief=True,
+            hooks=[hook],
+            stop_grace_period_secs=1,
+            save_checkpoint_secs=None,
+            save_summaries_steps=None,
+            log_step_count_steps=None,
+        ) as sess:
+            for w, window in enumerate(grouped):
+                tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
+                got = values_by_name(sess, tf1_accum.plain_variables())
+                assert got["global_step"] == w + 1
+                want = {k: v for k, v in expected[w].items() if k in got}
+                assert_same_values(got, want, RTOL[tf.float32], f"SyncReplicas, window {w}")
