@@ -85,11 +85,15 @@ class Model:
 
 
 def make_batches(dtype, sparse, count, size, seed=1):
-    """Returns ``count`` micro-batches of ``size`` examples, as (inputs, labels)."""
+    """Returns ``count`` micro-batches of ``size`` examples, as (inputs, labels).
+
+    ``size`` is an int, or a list of ``count`` sizes.
+    """
     rng = np.random.RandomState(seed)
     np_dtype = dtype.as_numpy_dtype
+    sizes = size if isinstance(size, (list, tuple)) else [size] * count
     batches = []
-    for _ in range(count):
+    for size in sizes:
         if sparse:
             inputs = rng.randint(0, 20, size=size).astype(np.int32)
         else:

@@ -371,7 +371,7 @@ def test_with_a_sync_replicas_optimizer_one_window_per_update(optimizer_name):
     """
     n, windows = 3, 3
     batches = make_batches(tf.float32, False, n * windows, 5)
-    grouped = [batches[i * n:(i + 1) * n] for i in range(windows)]
+    grouped = [batches[i * n : (i + 1) * n] for i in range(windows)]
     expected = plain_training(optimizer_name, tf.float32, False, grouped)
     with tf.Graph().as_default():
         model = Model(tf.float32, sparse=False)

@@ -57,7 +57,15 @@ class Accumulation(typing.NamedTuple):
 
 
 def build_accumulation(
-    loss, optimizer, var_list=None, *, global_step=None, average=True, fused=False, name=None
+    loss,
+    optimizer,
+    var_list=None,
+    *,
+    global_step=None,
+    average=True,
+    weight=None,
+    fused=False,
+    name=None,
 ):
     """Builds the ops that accumulate gradients over micro-batches and apply once.
 
@@ -106,6 +114,13 @@ def build_accumulation(
             over micro-batches: for SGD and Momentum that multiplies the
             effective learning rate by N; Adam, RMSProp and Adagrad are nearly
             scale-invariant, apart from their epsilon.
+        weight: Optional scalar tensor, computed from each micro-batch: its
+            number of examples, or of non-padding tokens. The apply then uses
+            sum(weight_i * gradient_i) / sum(weight_i) over the window, which is
+            the gradient of the mean loss over all examples (or tokens) of the
+            window when micro-batches differ in size, provided ``loss`` is the
+            mean over its own micro-batch. Without it, every micro-batch counts
+            the same, which is exact only for equal sizes.
         fused: Also build ``accum_apply_op``, for windows of N runs (see
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose
@@ -120,10 +135,12 @@ def build_accumulation(
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
-            variable, or ``average`` or ``fused`` is not a bool.
+            variable, ``average`` or ``fused`` is not a bool, or ``weight`` is
+            not a real tensor.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
-            defined, or ``fused=True`` with a ``SyncReplicasOptimizer``.
+            defined, ``weight`` is not a scalar of the loss's graph, or
+            ``fused=True`` with a ``SyncReplicasOptimizer``.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
@@ -137,6 +154,7 @@ def build_accumulation(
             "allows one apply_gradients call: build with fused=False (the default)."
         )
     graph = loss.graph
+    _checks.check_weight(weight, graph)
     with graph.as_default():
         if loss.shape.ndims is None:
             # Unknown statically: fails at run time unless it holds one value.
@@ -144,19 +162,21 @@ def build_accumulation(
         var_list = _checks.check_var_list(var_list, graph)
         pairs = gradients_of(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
-            window = Window(pairs, average, scope)
+            window = Window(pairs, average, scope, weighted=weight is not None)
+        if weight is not None and weight.shape.ndims is None:
+            weight = tf.reshape(weight, [], name="scalar_weight")
         gradients = [g for g, _ in pairs]
         # accum_op and the fused op keep the caller's control dependencies
         # (batch-norm updates, say: they run with each micro-batch). zero_op
         # and apply_op must run without a feed, so they drop them.
-        accum_op = window.accumulate(gradients, name="accumulate")
+        accum_op = window.accumulate(gradients, weight, name="accumulate")
         with tf.control_dependencies(None):
             zero_op = window.reset(name="zero")
             grads_and_vars, apply_op = window.apply(optimizer, global_step, name="apply")
         accum_apply_op = None
         if fused:
             accum_apply_op = window.accumulate_and_apply(
-                gradients, optimizer, global_step, name="accumulate_and_apply"
+                gradients, optimizer, global_step, name="accumulate_and_apply", weight=weight
             )
     return Accumulation(
         zero_op=zero_op,

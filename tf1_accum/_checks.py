@@ -142,6 +142,29 @@ def check_bool(name, value):
         raise TypeError(f"{name} must be True or False, got {describe(value)}.")
 
 
+def check_weight(weight, graph):
+    """Checks that ``weight`` is None or a scalar real tensor of ``graph``."""
+    if weight is None:
+        return
+    if not isinstance(weight, tf.Tensor) or not hasattr(weight, "graph"):
+        raise TypeError(
+            "weight must be a scalar tensor computed from the micro-batch (its number "
+            f"of examples or of non-padding tokens), got {describe(weight)}."
+        )
+    dtype = weight.dtype.base_dtype
+    if not (dtype.is_floating or dtype.is_integer):
+        raise TypeError(
+            f"weight must be a real number tensor, got {weight.name} of dtype {dtype.name}."
+        )
+    if weight.shape.ndims not in (0, None):
+        raise ValueError(
+            f"weight must be a scalar (one weight per micro-batch), got {weight.name} of "
+            f"shape {weight.shape.as_list()}."
+        )
+    if weight.graph is not graph:
+        raise ValueError(f"weight {weight.name} is not in the graph of the loss.")
+
+
 def check_steps(steps):
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):

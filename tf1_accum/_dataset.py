@@ -26,8 +26,9 @@ class DatasetAccumulation(typing.NamedTuple):
             once. A window cut short by the end of the dataset is applied with
             its true count; the run after that raises
             ``tf.errors.OutOfRangeError``.
-        loss: Mean of the micro-batch losses of the window, evaluated in the
-            same run when fetched with ``train_op``.
+        loss: Mean of the micro-batch losses of the window (weighted, with
+            ``weight``), evaluated in the same run when fetched with
+            ``train_op``.
         micro_batches: ``int64``: how many micro-batches the window held.
         counter: The window's counter (0 between runs).
         accumulators: Accumulator variables, aligned with ``var_list``.
@@ -51,6 +52,7 @@ def build_dataset_accumulation(
     var_list=None,
     global_step=None,
     average=True,
+    weight=None,
     name=None,
 ):
     """Builds a train op that runs a whole window inside the graph.
@@ -106,6 +108,10 @@ def build_dataset_accumulation(
         global_step: Optional integer variable, incremented once per update.
         average: True (the default) applies the mean of the micro-batch
             gradients over the micro-batches in the window; False, their sum.
+        weight: Optional callable taking one dataset element and returning
+            its scalar weight (number of examples or tokens): the update then
+            uses the weighted mean, as in `build_accumulation`. The mean loss
+            reported is weighted the same way.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:
@@ -124,6 +130,11 @@ def build_dataset_accumulation(
         raise TypeError(
             "loss_fn must be a callable taking one dataset element and returning a "
             f"scalar loss, got {_checks.describe(loss_fn)}."
+        )
+    if weight is not None and not callable(weight):
+        raise TypeError(
+            "weight must be a callable taking one dataset element and returning its "
+            f"scalar weight, got {_checks.describe(weight)}."
         )
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_checks.describe(dataset)}.")
@@ -146,22 +157,23 @@ def build_dataset_accumulation(
     var_list = _checks.check_var_list(var_list, graph)
     pairs = gradients_of(probe_loss, optimizer, var_list)
     with tf.compat.v1.name_scope(scope):
-        window = Window(pairs, average, scope)
+        window = Window(pairs, average, scope, weighted=weight is not None)
     trained = window.var_list
     variable_scope = tf.compat.v1.get_variable_scope()
     loss_dtype = probe_loss.dtype.base_dtype
 
-    def keep_drawing(count, more, loss_sum, drawn):
-        del loss_sum, drawn
+    def keep_drawing(count, more, loss_sum, weight_sum, drawn):
+        del loss_sum, weight_sum, drawn
         return tf.logical_and(more, count < steps)
 
-    def draw_one(count, more, loss_sum, drawn):
+    def draw_one(count, more, loss_sum, weight_sum, drawn):
         del more
         element = iterator.get_next_as_optional()
 
         def accumulate():
+            batch = element.get_value()
             with tf.compat.v1.variable_scope(variable_scope, reuse=True):
-                loss = loss_fn(element.get_value())
+                loss = loss_fn(batch)
             before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
             added = [
                 op
@@ -170,23 +182,37 @@ def build_dataset_accumulation(
             ]
             _restore_collections(tf.compat.v1.get_default_graph(), kept)
             grads = [g for g, _ in optimizer.compute_gradients(loss, var_list=trained)]
-            with tf.control_dependencies(added):
-                _, (_, new_count) = window.add(grads)
-            return tf.identity(new_count), loss_sum + tf.cast(loss, loss_dtype), drawn + 1
+            if weight is None:
+                w = tf.constant(1.0, loss_dtype)
+                with tf.control_dependencies(added):
+                    _, (_, new_count, _) = window.add(grads)
+            else:
+                w = weight(batch)
+                _checks.check_weight(w, tf.compat.v1.get_default_graph())
+                with tf.control_dependencies(added):
+                    _, (_, new_count, _) = window.add(grads, w)
+                w = tf.cast(w, loss_dtype)
+            return (
+                tf.identity(new_count),
+                loss_sum + w * tf.cast(loss, loss_dtype),
+                weight_sum + w,
+                drawn + 1,
+            )
 
         def nothing_left():
-            return tf.identity(count), loss_sum, drawn
+            return tf.identity(count), loss_sum, weight_sum, drawn
 
         has_value = element.has_value()
-        count, loss_sum, drawn = tf.cond(has_value, accumulate, nothing_left)
-        return count, has_value, loss_sum, drawn
+        count, loss_sum, weight_sum, drawn = tf.cond(has_value, accumulate, nothing_left)
+        return count, has_value, loss_sum, weight_sum, drawn
 
     with tf.compat.v1.name_scope(scope):
         start = window.counter.read_value()
-        count, _, loss_sum, drawn = tf.compat.v1.while_loop(
+        zero = tf.constant(0.0, loss_dtype)
+        count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
             keep_drawing,
             draw_one,
-            [start, tf.constant(True), tf.constant(0.0, loss_dtype), tf.constant(0, tf.int64)],
+            [start, tf.constant(True), zero, zero, tf.constant(0, tf.int64)],
             back_prop=False,
             name="draw",
         )
@@ -204,7 +230,7 @@ def build_dataset_accumulation(
             name="apply_or_stop",
         )
         train_op = tf.group(applied, name="train")
-        mean_loss = loss_sum / tf.cast(tf.maximum(drawn, 1), loss_dtype)
+        mean_loss = tf.math.divide_no_nan(loss_sum, weight_sum)
     return DatasetAccumulation(
         train_op=train_op,
         loss=mean_loss,

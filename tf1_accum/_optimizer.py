@@ -51,6 +51,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         average: True (the default) applies the mean of the micro-batch
             gradients; False applies their sum, which for SGD and Momentum
             multiplies the effective learning rate by ``steps``.
+        weight: Optional scalar tensor computed from each micro-batch (its
+            number of examples or tokens), or a zero-argument callable that
+            returns one when the train op is built: the update then uses the
+            weighted mean sum(w_i g_i) / sum(w_i), as in `build_accumulation`.
         name: Name scope of the accumulation ops.
 
     Raises:
@@ -60,7 +64,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         ValueError: If ``steps`` is less than 1.
     """
 
-    def __init__(self, optimizer, steps, *, average=True, name="Accumulation"):
+    def __init__(self, optimizer, steps, *, average=True, weight=None, name="Accumulation"):
         _checks.check_optimizer(optimizer)
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             raise TypeError(
@@ -75,7 +79,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
+        if weight is not None and not callable(weight):
+            _checks.check_weight(weight, weight.graph if hasattr(weight, "graph") else None)
         self._average = average
+        self._weight = weight
         self._windows = []
 
     @property
@@ -133,10 +140,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 "No gradients provided for any variable: "
                 f"{[v.op.name for _, v in grads_and_vars]}."
             )
+        weight = self._weight() if callable(self._weight) else self._weight
+        _checks.check_weight(weight, tf.compat.v1.get_default_graph())
         with tf.compat.v1.name_scope(name, self._name) as scope:
-            window = Window(pairs, self._average, scope)
+            window = Window(pairs, self._average, scope, weighted=weight is not None)
         applied = window.accumulate_and_apply_every(
-            self._steps, [g for g, _ in pairs], self._optimizer, global_step
+            self._steps, [g for g, _ in pairs], self._optimizer, global_step, weight
         )
         self._windows.append(window)
         with tf.compat.v1.name_scope(scope):

@@ -13,6 +13,11 @@ import tensorflow as tf
 #: ``tf.compat.v1.train.Saver()`` saves them.
 STATE_COLLECTION = "tf1_accum_state"
 
+_ZERO_WEIGHT = (
+    "tf1_accum: the micro-batch weights of the window sum to 0, so their weighted "
+    "mean is undefined; no variable was changed."
+)
+
 _NOTHING_ACCUMULATED = (
     "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
     "accum_op on at least one micro-batch before apply_op; no variable was "
@@ -27,7 +32,7 @@ class Window:
     full name, re-entered for the ops built later.
     """
 
-    def __init__(self, pairs, average, scope):
+    def __init__(self, pairs, average, scope, weighted=False):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -37,6 +42,9 @@ class Window:
         self.average = average
         self.scope = scope
         self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+        self.weight_total = None
+        if weighted:
+            self.weight_total = state_variable(lambda: tf.constant(0.0, tf.float64), "weight_total")
         self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
 
     @property
@@ -47,12 +55,12 @@ class Window:
     def accumulators(self):
         return [slot.accumulator for slot in self.slots]
 
-    def accumulate(self, gradients, name=None):
+    def accumulate(self, gradients, weight=None, name=None):
         """Adds one micro-batch's gradients (aligned with ``var_list``) and counts it."""
-        op, _ = self.add(gradients, name)
+        op, _ = self.add(gradients, weight, name)
         return op
 
-    def accumulate_and_apply(self, gradients, optimizer, global_step=None, name=None):
+    def accumulate_and_apply(self, gradients, optimizer, global_step=None, name=None, weight=None):
         """Adds one micro-batch, then applies the window and resets it, in one op.
 
         Forward pass, gradients and update share one ``session.run``, so the
@@ -64,11 +72,13 @@ class Window:
         increment waits for every add, and the optimizer's update ops wait for
         the increment (control dependencies between stateful ops).
         """
-        _, totals = self.add(gradients)
+        _, totals = self.add(gradients, weight)
         _, op = self.apply(optimizer, global_step, name, totals=totals)
         return op
 
-    def accumulate_and_apply_every(self, steps, gradients, optimizer, global_step=None):
+    def accumulate_and_apply_every(
+        self, steps, gradients, optimizer, global_step=None, weight=None
+    ):
         """Adds one micro-batch; when it is the ``steps``-th, also applies and resets.
 
         Returns a bool tensor: whether this run applied. The apply sits in a
@@ -79,7 +89,7 @@ class Window:
         ``init_scope``, outside the conditional.
         """
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        _, (_, count) = self.add(gradients)
+        _, (_, count, _) = self.add(gradients, weight)
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
 
@@ -102,20 +112,36 @@ class Window:
         with tf.control_dependencies([op]):
             return tf.constant(True)
 
-    def add(self, gradients, name=None):
-        """Returns the add op, and (per-slot values after the add, count op)."""
+    def add(self, gradients, weight=None, name=None):
+        """Adds one micro-batch, its gradients scaled by ``weight`` if weighted.
+
+        Returns:
+            The add op, and what it leaves: (per-slot values after the add,
+            the counter's increment, the weight total after the add or None).
+            The increment waits for every other add.
+        """
         with tf.compat.v1.name_scope(self.scope):
-            totals = [slot.add(g) for slot, g in zip(self.slots, gradients)]
-            with tf.control_dependencies([t for total in totals for t in total]):
+            stateful = []
+            weight_after = None
+            if self.weight_total is not None:
+                weight = tf.cast(weight, tf.float64)
+                check = tf.compat.v1.assert_non_negative(
+                    weight, message="tf1_accum: a micro-batch weight is negative"
+                )
+                with tf.control_dependencies([check]):
+                    weight = tf.identity(weight)
+                    weight_after = self.weight_total.assign_add(weight, use_locking=True)
+                stateful.append(weight_after)
+            totals = [slot.add(g, weight) for slot, g in zip(self.slots, gradients)]
+            stateful += [t for total in totals for t in total]
+            with tf.control_dependencies(stateful):
                 count = self.counter.assign_add(1, use_locking=True)
-            return tf.group(count, name=name), (totals, count)
+            return tf.group(count, name=name), (totals, count, weight_after)
 
     def reset(self, name=None):
         """Zeroes the accumulators and the counter."""
         with tf.compat.v1.name_scope(self.scope):
-            return tf.group(
-                *[slot.reset() for slot in self.slots], self._reset_counter(), name=name
-            )
+            return tf.group(*[slot.reset() for slot in self.slots], self._reset_totals(), name=name)
 
     def apply(self, optimizer, global_step=None, name=None, totals=None):
         """Builds the apply: mean (or sum) through ``optimizer``, then reset.
@@ -132,12 +158,22 @@ class Window:
             that applies it and then resets the window.
         """
         with tf.compat.v1.name_scope(self.scope):
-            per_slot, count = totals or ([None] * len(self.slots), self.counter)
+            per_slot, count, weight = totals or (
+                [None] * len(self.slots),
+                self.counter,
+                self.weight_total,
+            )
             count = tf.identity(count)  # a value, not a reference
-            check = tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)
-            with tf.control_dependencies([check]):
-                count = tf.identity(count) if self.average else None
-                reads = [slot.gradient(count, t) for slot, t in zip(self.slots, per_slot)]
+            checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
+            if weight is not None:
+                weight = tf.identity(weight)
+                checks.append(tf.compat.v1.assert_positive(weight, message=_ZERO_WEIGHT))
+            with tf.control_dependencies(checks):
+                if not self.average:
+                    denominator = None
+                else:
+                    denominator = tf.identity(count if weight is None else weight)
+                reads = [slot.gradient(denominator, t) for slot, t in zip(self.slots, per_slot)]
         grads_and_vars = [(grad, slot.var) for slot, (grad, _) in zip(self.slots, reads)]
         # The optimizer builds its update in the caller's name scope, so that
         # its non-slot variables (Adam's beta powers) get the names plain
@@ -148,12 +184,19 @@ class Window:
             with tf.control_dependencies([update]):
                 reset = tf.group(
                     *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, reads)],
-                    self._reset_counter(),
+                    self._reset_totals(),
                 )
             return grads_and_vars, tf.group(update, reset, name=name)
 
-    def _reset_counter(self):
-        return self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
+    def _reset_totals(self):
+        resets = [self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)]
+        if self.weight_total is not None:
+            resets.append(
+                self.weight_total.assign(
+                    tf.constant(0.0, tf.float64), use_locking=True, read_value=False
+                )
+            )
+        return tf.group(*resets)
 
 
 def state_variable(make_initial_value, name):
@@ -198,9 +241,9 @@ class _VariableAccumulator:
                 lambda: tf.zeros(self.shape, self.dtype), "accumulator"
             )
 
-    def add(self, gradient):
-        """Adds ``gradient``; returns the accumulator's value after the add, as a tuple."""
-        return (self.accumulator.assign_add(tf.cast(gradient, self.dtype), use_locking=True),)
+    def add(self, gradient, weight=None):
+        """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple."""
+        return (self.accumulator.assign_add(self._scaled(gradient, weight), use_locking=True),)
 
     def gradient(self, count, totals=None):
         """Returns ``(mean or sum, None)``, in the variable's dtype.
@@ -215,6 +258,10 @@ class _VariableAccumulator:
         return self.accumulator.assign(
             tf.zeros(self.shape, self.dtype), use_locking=True, read_value=False
         )
+
+    def _scaled(self, values, weight):
+        values = tf.cast(values, self.dtype)
+        return values if weight is None else values * tf.cast(weight, self.dtype)
 
     def _finish(self, total, count):
         mean = total if count is None else total / tf.cast(count, self.dtype)
@@ -237,10 +284,10 @@ class _SparseAccumulator(_VariableAccumulator):
                 lambda: tf.zeros(self.shape[:1], self.dtype), "accumulator_touched"
             )
 
-    def add(self, gradient):
-        """Scatter-adds ``gradient``; returns (accumulator, touched) after the add."""
+    def add(self, gradient, weight=None):
+        """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after."""
         indices = gradient.indices
-        values = tf.cast(gradient.values, self.dtype)
+        values = self._scaled(gradient.values, weight)
         return (
             self.accumulator.scatter_add(tf.IndexedSlices(values, indices), use_locking=True),
             self.touched.scatter_update(
