@@ -18,7 +18,7 @@ release = re.search(
 ).group(1)
 version = release
 
-extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon"]
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.mathjax", "sphinx.ext.napoleon"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_member_order = "bysource"
