@@ -39,6 +39,10 @@ class Accumulation(typing.NamedTuple):
             to the optimizer: the accumulated mean (or sum, with
             ``average=False``). A sparse gradient is a ``tf.IndexedSlices`` of
             the rows touched in the window.
+        global_norm: float64 global norm of the window's gradient (the mean,
+            or the sum) before any clipping. Fetch it in the same
+            ``session.run`` as ``apply_op``: after the apply the window is
+            reset.
         accum_apply_op: With ``fused=True``, the last micro-batch fused with
             the apply: adds this micro-batch's gradients, then applies the
             window and resets it, in one ``session.run`` fed that micro-batch.
@@ -53,6 +57,7 @@ class Accumulation(typing.NamedTuple):
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
     grads_and_vars: typing.List[typing.Tuple[typing.Any, tf.Variable]]
+    global_norm: tf.Tensor
     accum_apply_op: typing.Optional[tf.Operation]
 
 
@@ -64,6 +69,7 @@ def build_accumulation(
     global_step=None,
     average=True,
     weight=None,
+    clip_norm=None,
     fused=False,
     name=None,
 ):
@@ -121,6 +127,10 @@ def build_accumulation(
             window when micro-batches differ in size, provided ``loss`` is the
             mean over its own micro-batch. Without it, every micro-batch counts
             the same, which is exact only for equal sizes.
+        clip_norm: Optional positive number: the window's gradient (mean or
+            sum) is rescaled to this global norm when its norm is larger, just
+            before the apply; micro-batches are never clipped one by one. The
+            norm before clipping is ``global_norm``.
         fused: Also build ``accum_apply_op``, for windows of N runs (see
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose
@@ -136,11 +146,12 @@ def build_accumulation(
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
             variable, ``average`` or ``fused`` is not a bool, or ``weight`` is
-            not a real tensor.
+            not a real tensor, or ``clip_norm`` is not a number.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
             defined, ``weight`` is not a scalar of the loss's graph, or
-            ``fused=True`` with a ``SyncReplicasOptimizer``.
+            ``fused=True`` with a ``SyncReplicasOptimizer``, or ``clip_norm`` is
+            not positive.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
@@ -148,6 +159,7 @@ def build_accumulation(
     _checks.check_global_step(global_step)
     _checks.check_bool("average", average)
     _checks.check_bool("fused", fused)
+    _checks.check_clip_norm(clip_norm)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
@@ -162,7 +174,7 @@ def build_accumulation(
         var_list = _checks.check_var_list(var_list, graph)
         pairs = gradients_of(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
-            window = Window(pairs, average, scope, weighted=weight is not None)
+            window = Window(pairs, average, scope, weighted=weight is not None, clip_norm=clip_norm)
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         gradients = [g for g, _ in pairs]
@@ -172,7 +184,9 @@ def build_accumulation(
         accum_op = window.accumulate(gradients, weight, name="accumulate")
         with tf.control_dependencies(None):
             zero_op = window.reset(name="zero")
-            grads_and_vars, apply_op = window.apply(optimizer, global_step, name="apply")
+            grads_and_vars, apply_op, global_norm = window.apply(
+                optimizer, global_step, name="apply"
+            )
         accum_apply_op = None
         if fused:
             accum_apply_op = window.accumulate_and_apply(
@@ -186,6 +200,7 @@ def build_accumulation(
         accumulators=window.accumulators,
         var_list=window.var_list,
         grads_and_vars=grads_and_vars,
+        global_norm=global_norm,
         accum_apply_op=accum_apply_op,
     )
 

@@ -165,6 +165,16 @@ def check_weight(weight, graph):
         raise ValueError(f"weight {weight.name} is not in the graph of the loss.")
 
 
+def check_clip_norm(clip_norm):
+    """Checks that ``clip_norm`` is None or a positive number."""
+    if clip_norm is None:
+        return
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float, np.number)):
+        raise TypeError(f"clip_norm must be a positive number or None, got {describe(clip_norm)}.")
+    if not clip_norm > 0:
+        raise ValueError(f"clip_norm must be positive, got {clip_norm}.")
+
+
 def check_steps(steps):
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):

@@ -30,6 +30,8 @@ class DatasetAccumulation(typing.NamedTuple):
             ``weight``), evaluated in the same run when fetched with
             ``train_op``.
         micro_batches: ``int64``: how many micro-batches the window held.
+        global_norm: float64 global norm of the window's gradient before
+            clipping, evaluated with ``train_op`` (0 when the data has ended).
         counter: The window's counter (0 between runs).
         accumulators: Accumulator variables, aligned with ``var_list``.
         var_list: The variables trained.
@@ -38,6 +40,7 @@ class DatasetAccumulation(typing.NamedTuple):
     train_op: tf.Operation
     loss: tf.Tensor
     micro_batches: tf.Tensor
+    global_norm: tf.Tensor
     counter: tf.Variable
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
@@ -53,6 +56,7 @@ def build_dataset_accumulation(
     global_step=None,
     average=True,
     weight=None,
+    clip_norm=None,
     name=None,
 ):
     """Builds a train op that runs a whole window inside the graph.
@@ -112,6 +116,9 @@ def build_dataset_accumulation(
             its scalar weight (number of examples or tokens): the update then
             uses the weighted mean, as in `build_accumulation`. The mean loss
             reported is weighted the same way.
+        clip_norm: Optional positive number: the window's gradient is clipped
+            to this global norm just before the apply, as in
+            `build_accumulation`.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:
@@ -142,6 +149,7 @@ def build_dataset_accumulation(
     _checks.check_steps(steps)
     _checks.check_global_step(global_step)
     _checks.check_bool("average", average)
+    _checks.check_clip_norm(clip_norm)
     graph = tf.compat.v1.get_default_graph()
     caller_scope = graph.get_name_scope()
     with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
@@ -157,7 +165,7 @@ def build_dataset_accumulation(
     var_list = _checks.check_var_list(var_list, graph)
     pairs = gradients_of(probe_loss, optimizer, var_list)
     with tf.compat.v1.name_scope(scope):
-        window = Window(pairs, average, scope, weighted=weight is not None)
+        window = Window(pairs, average, scope, weighted=weight is not None, clip_norm=clip_norm)
     trained = window.var_list
     variable_scope = tf.compat.v1.get_variable_scope()
     loss_dtype = probe_loss.dtype.base_dtype
@@ -220,10 +228,10 @@ def build_dataset_accumulation(
     def end_of_data():
         # The iterator is exhausted: get_next() raises OutOfRangeError.
         with tf.control_dependencies(tf.nest.flatten(iterator.get_next())):
-            return tf.constant(False)
+            return tf.constant(False), tf.constant(0.0, tf.float64)
 
     with tf.compat.v1.name_scope(scope):
-        applied = tf.cond(
+        applied, norm = tf.cond(
             count > 0,
             lambda: window.apply_in_branch(optimizer, global_step, caller_scope),
             end_of_data,
@@ -235,6 +243,7 @@ def build_dataset_accumulation(
         train_op=train_op,
         loss=mean_loss,
         micro_batches=drawn,
+        global_norm=norm,
         counter=window.counter,
         accumulators=window.accumulators,
         var_list=trained,

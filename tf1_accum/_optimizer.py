@@ -55,16 +55,24 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             number of examples or tokens), or a zero-argument callable that
             returns one when the train op is built: the update then uses the
             weighted mean sum(w_i g_i) / sum(w_i), as in `build_accumulation`.
+        clip_norm: Optional positive number: the window's gradient is clipped
+            to this global norm just before the apply, as in
+            `build_accumulation`; the ``global_norm`` property is its norm
+            before clipping.
         name: Name scope of the accumulation ops.
 
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or is a ``SyncReplicasOptimizer``, ``steps`` is not an int, or
-            ``average`` is not a bool.
-        ValueError: If ``steps`` is less than 1.
+            ``average`` is not a bool, or ``weight`` or ``clip_norm`` has the
+            wrong type.
+        ValueError: If ``steps`` is less than 1 or ``clip_norm`` is not
+            positive.
     """
 
-    def __init__(self, optimizer, steps, *, average=True, weight=None, name="Accumulation"):
+    def __init__(
+        self, optimizer, steps, *, average=True, weight=None, clip_norm=None, name="Accumulation"
+    ):
         _checks.check_optimizer(optimizer)
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             raise TypeError(
@@ -76,6 +84,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             )
         _checks.check_steps(steps)
         _checks.check_bool("average", average)
+        _checks.check_clip_norm(clip_norm)
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
@@ -83,7 +92,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             _checks.check_weight(weight, weight.graph if hasattr(weight, "graph") else None)
         self._average = average
         self._weight = weight
+        self._clip_norm = clip_norm
         self._windows = []
+        self._norms = []
 
     @property
     def optimizer(self):
@@ -108,6 +119,23 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 "apply_gradients() first."
             )
         return self._windows[-1].counter
+
+    @property
+    def global_norm(self):
+        """float64 global norm of the window's gradient before clipping.
+
+        Evaluated with the train op: the norm of the window applied in that
+        run, or 0 in runs that only accumulate.
+
+        Raises:
+            ValueError: If no train op was built yet.
+        """
+        if not self._norms:
+            raise ValueError(
+                "global_norm exists once the train op is built: call minimize() or "
+                "apply_gradients() first."
+            )
+        return self._norms[-1]
 
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's ``compute_gradients`` (loss scaling included)."""
@@ -143,11 +171,18 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         weight = self._weight() if callable(self._weight) else self._weight
         _checks.check_weight(weight, tf.compat.v1.get_default_graph())
         with tf.compat.v1.name_scope(name, self._name) as scope:
-            window = Window(pairs, self._average, scope, weighted=weight is not None)
-        applied = window.accumulate_and_apply_every(
+            window = Window(
+                pairs,
+                self._average,
+                scope,
+                weighted=weight is not None,
+                clip_norm=self._clip_norm,
+            )
+        applied, norm = window.accumulate_and_apply_every(
             self._steps, [g for g, _ in pairs], self._optimizer, global_step, weight
         )
         self._windows.append(window)
+        self._norms.append(norm)
         with tf.compat.v1.name_scope(scope):
             return tf.group(applied, name="train")
 

@@ -32,7 +32,7 @@ class Window:
     full name, re-entered for the ops built later.
     """
 
-    def __init__(self, pairs, average, scope, weighted=False):
+    def __init__(self, pairs, average, scope, weighted=False, clip_norm=None):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -40,6 +40,7 @@ class Window:
                     "defined; tf1_accum needs a static shape to build its accumulator."
                 )
         self.average = average
+        self.clip_norm = clip_norm
         self.scope = scope
         self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
         self.weight_total = None
@@ -73,7 +74,7 @@ class Window:
         the increment (control dependencies between stateful ops).
         """
         _, totals = self.add(gradients, weight)
-        _, op = self.apply(optimizer, global_step, name, totals=totals)
+        _, op, _ = self.apply(optimizer, global_step, name, totals=totals)
         return op
 
     def accumulate_and_apply_every(
@@ -81,7 +82,9 @@ class Window:
     ):
         """Adds one micro-batch; when it is the ``steps``-th, also applies and resets.
 
-        Returns a bool tensor: whether this run applied. The apply sits in a
+        Returns bool and float64 tensors: whether this run applied, and the
+        global norm of the window's gradient before clipping (0 in runs that
+        do not apply). The apply sits in a
         ``tf.cond`` whose predicate reads the counter's increment, which waits
         for every add: everything in the branch, reads and update, comes after
         this micro-batch's gradients (the update of one variable must not race
@@ -96,21 +99,21 @@ class Window:
         return tf.cond(
             due,
             lambda: self.apply_in_branch(optimizer, global_step, caller_scope),
-            lambda: tf.constant(False),
+            lambda: (tf.constant(False), tf.constant(0.0, tf.float64)),
             name="apply_if_due",
         )
 
     def apply_in_branch(self, optimizer, global_step, caller_scope):
-        """The apply as a ``tf.cond`` branch: returns True once it has run.
+        """The apply as a ``tf.cond`` branch: returns (True, norm) once it has run.
 
         It re-enters the caller's name scope, so that the optimizer's non-slot
         variables (Adam's beta powers) do not take the cond's name.
         """
         branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
         with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-            _, op = self.apply(optimizer, global_step)
+            _, op, norm = self.apply(optimizer, global_step)
         with tf.control_dependencies([op]):
-            return tf.constant(True)
+            return tf.constant(True), tf.identity(norm)
 
     def add(self, gradients, weight=None, name=None):
         """Adds one micro-batch, its gradients scaled by ``weight`` if weighted.
@@ -154,8 +157,9 @@ class Window:
                 the same ``session.run``; None reads the variables.
 
         Returns:
-            ``(grads_and_vars, op)``: what the optimizer is handed, and the op
-            that applies it and then resets the window.
+            ``(grads_and_vars, op, norm)``: what the optimizer is handed, the
+            op that applies it and then resets the window, and the float64
+            global norm of the window's gradient before clipping.
         """
         with tf.compat.v1.name_scope(self.scope):
             per_slot, count, weight = totals or (
@@ -174,7 +178,11 @@ class Window:
                 else:
                     denominator = tf.identity(count if weight is None else weight)
                 reads = [slot.gradient(denominator, t) for slot, t in zip(self.slots, per_slot)]
-        grads_and_vars = [(grad, slot.var) for slot, (grad, _) in zip(self.slots, reads)]
+                grads = [grad for grad, _ in reads]
+                norm = _global_norm(grads)
+                if self.clip_norm is not None:
+                    grads = _scale(grads, self.clip_norm / tf.maximum(norm, self.clip_norm))
+        grads_and_vars = [(grad, slot.var) for grad, slot in zip(grads, self.slots)]
         # The optimizer builds its update in the caller's name scope, so that
         # its non-slot variables (Adam's beta powers) get the names plain
         # minimize() gives them.
@@ -186,7 +194,7 @@ class Window:
                     *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, reads)],
                     self._reset_totals(),
                 )
-            return grads_and_vars, tf.group(update, reset, name=name)
+            return grads_and_vars, tf.group(update, reset, name=name), norm
 
     def _reset_totals(self):
         resets = [self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)]
@@ -213,6 +221,32 @@ def state_variable(make_initial_value, name):
             name=name,
             collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
         )
+
+
+def _values(gradient):
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def _global_norm(gradients):
+    """The global L2 norm of ``gradients``, in float64 whatever their dtypes.
+
+    A sparse gradient holds each touched row once, so the norm of its values
+    is the norm of the dense gradient.
+    """
+    squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float64))) for g in gradients]
+    return tf.sqrt(tf.add_n(squares), name="global_norm")
+
+
+def _scale(gradients, factor):
+    """Multiplies each gradient (dense or sparse) by the float64 ``factor``."""
+    scaled = []
+    for g in gradients:
+        f = tf.cast(factor, _values(g).dtype)
+        if isinstance(g, tf.IndexedSlices):
+            scaled.append(tf.IndexedSlices(g.values * f, g.indices, g.dense_shape))
+        else:
+            scaled.append(g * f)
+    return scaled
 
 
 def _accumulator_dtype(dtype):
