@@ -43,6 +43,8 @@ class Accumulation(typing.NamedTuple):
             or the sum) before any clipping. Fetch it in the same
             ``session.run`` as ``apply_op``: after the apply the window is
             reset.
+        skipped_windows: ``int64`` variable: windows not applied because their
+            gradient held a NaN or an Inf (see ``skip_nonfinite``).
         accum_apply_op: With ``fused=True``, the last micro-batch fused with
             the apply: adds this micro-batch's gradients, then applies the
             window and resets it, in one ``session.run`` fed that micro-batch.
@@ -58,6 +60,7 @@ class Accumulation(typing.NamedTuple):
     var_list: typing.List[tf.Variable]
     grads_and_vars: typing.List[typing.Tuple[typing.Any, tf.Variable]]
     global_norm: tf.Tensor
+    skipped_windows: tf.Variable
     accum_apply_op: typing.Optional[tf.Operation]
 
 
@@ -70,6 +73,7 @@ def build_accumulation(
     average=True,
     weight=None,
     clip_norm=None,
+    skip_nonfinite=True,
     fused=False,
     name=None,
 ):
@@ -131,6 +135,14 @@ def build_accumulation(
             sum) is rescaled to this global norm when its norm is larger, just
             before the apply; micro-batches are never clipped one by one. The
             norm before clipping is ``global_norm``.
+        skip_nonfinite: True (the default): a window whose gradient holds a
+            NaN or an Inf is not applied; its accumulators and counter reset,
+            variables, optimizer state and ``global_step`` stay as they were,
+            and ``skipped_windows`` counts it. One bad micro-batch would
+            otherwise turn every weight into NaN. False applies it, as plain
+            training would. A ``MixedPrecisionLossScaleOptimizer`` always gets
+            the window (it lowers its loss scale and skips it itself), and so
+            does a ``SyncReplicasOptimizer``; both still count it.
         fused: Also build ``accum_apply_op``, for windows of N runs (see
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose
@@ -145,13 +157,14 @@ def build_accumulation(
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
-            variable, ``average`` or ``fused`` is not a bool, or ``weight`` is
-            not a real tensor, or ``clip_norm`` is not a number.
+            variable, ``average``, ``skip_nonfinite`` or ``fused`` is not a
+            bool, ``weight`` is not a real tensor, or ``clip_norm`` is not a
+            number.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
-            defined, ``weight`` is not a scalar of the loss's graph, or
-            ``fused=True`` with a ``SyncReplicasOptimizer``, or ``clip_norm`` is
-            not positive.
+            defined, ``weight`` is not a scalar of the loss's graph,
+            ``clip_norm`` is not positive, or ``fused=True`` with a
+            ``SyncReplicasOptimizer``.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
@@ -160,6 +173,7 @@ def build_accumulation(
     _checks.check_bool("average", average)
     _checks.check_bool("fused", fused)
     _checks.check_clip_norm(clip_norm)
+    _checks.check_bool("skip_nonfinite", skip_nonfinite)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
@@ -174,7 +188,14 @@ def build_accumulation(
         var_list = _checks.check_var_list(var_list, graph)
         pairs = gradients_of(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
-            window = Window(pairs, average, scope, weighted=weight is not None, clip_norm=clip_norm)
+            window = Window(
+                pairs,
+                average,
+                scope,
+                weighted=weight is not None,
+                clip_norm=clip_norm,
+                skip_nonfinite=skip_nonfinite,
+            )
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         gradients = [g for g, _ in pairs]
@@ -201,6 +222,7 @@ def build_accumulation(
         var_list=window.var_list,
         grads_and_vars=grads_and_vars,
         global_norm=global_norm,
+        skipped_windows=window.skipped,
         accum_apply_op=accum_apply_op,
     )
 

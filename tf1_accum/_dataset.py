@@ -32,6 +32,7 @@ class DatasetAccumulation(typing.NamedTuple):
         micro_batches: ``int64``: how many micro-batches the window held.
         global_norm: float64 global norm of the window's gradient before
             clipping, evaluated with ``train_op`` (0 when the data has ended).
+        skipped_windows: ``int64`` variable: windows skipped as non-finite.
         counter: The window's counter (0 between runs).
         accumulators: Accumulator variables, aligned with ``var_list``.
         var_list: The variables trained.
@@ -41,6 +42,7 @@ class DatasetAccumulation(typing.NamedTuple):
     loss: tf.Tensor
     micro_batches: tf.Tensor
     global_norm: tf.Tensor
+    skipped_windows: tf.Variable
     counter: tf.Variable
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
@@ -57,6 +59,7 @@ def build_dataset_accumulation(
     average=True,
     weight=None,
     clip_norm=None,
+    skip_nonfinite=True,
     name=None,
 ):
     """Builds a train op that runs a whole window inside the graph.
@@ -119,6 +122,8 @@ def build_dataset_accumulation(
         clip_norm: Optional positive number: the window's gradient is clipped
             to this global norm just before the apply, as in
             `build_accumulation`.
+        skip_nonfinite: True (the default) skips a window whose gradient holds
+            a NaN or an Inf, as in `build_accumulation`.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:
@@ -150,6 +155,7 @@ def build_dataset_accumulation(
     _checks.check_global_step(global_step)
     _checks.check_bool("average", average)
     _checks.check_clip_norm(clip_norm)
+    _checks.check_bool("skip_nonfinite", skip_nonfinite)
     graph = tf.compat.v1.get_default_graph()
     caller_scope = graph.get_name_scope()
     with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
@@ -165,7 +171,14 @@ def build_dataset_accumulation(
     var_list = _checks.check_var_list(var_list, graph)
     pairs = gradients_of(probe_loss, optimizer, var_list)
     with tf.compat.v1.name_scope(scope):
-        window = Window(pairs, average, scope, weighted=weight is not None, clip_norm=clip_norm)
+        window = Window(
+            pairs,
+            average,
+            scope,
+            weighted=weight is not None,
+            clip_norm=clip_norm,
+            skip_nonfinite=skip_nonfinite,
+        )
     trained = window.var_list
     variable_scope = tf.compat.v1.get_variable_scope()
     loss_dtype = probe_loss.dtype.base_dtype
@@ -244,6 +257,7 @@ def build_dataset_accumulation(
         loss=mean_loss,
         micro_batches=drawn,
         global_norm=norm,
+        skipped_windows=window.skipped,
         counter=window.counter,
         accumulators=window.accumulators,
         var_list=trained,

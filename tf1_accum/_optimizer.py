@@ -59,6 +59,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             to this global norm just before the apply, as in
             `build_accumulation`; the ``global_norm`` property is its norm
             before clipping.
+        skip_nonfinite: True (the default) skips a window whose gradient holds
+            a NaN or an Inf, as in `build_accumulation`, and counts it in
+            ``skipped_windows``.
         name: Name scope of the accumulation ops.
 
     Raises:
@@ -71,7 +74,15 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     """
 
     def __init__(
-        self, optimizer, steps, *, average=True, weight=None, clip_norm=None, name="Accumulation"
+        self,
+        optimizer,
+        steps,
+        *,
+        average=True,
+        weight=None,
+        clip_norm=None,
+        skip_nonfinite=True,
+        name="Accumulation",
     ):
         _checks.check_optimizer(optimizer)
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
@@ -85,6 +96,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _checks.check_steps(steps)
         _checks.check_bool("average", average)
         _checks.check_clip_norm(clip_norm)
+        _checks.check_bool("skip_nonfinite", skip_nonfinite)
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
@@ -93,6 +105,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._average = average
         self._weight = weight
         self._clip_norm = clip_norm
+        self._skip_nonfinite = skip_nonfinite
         self._windows = []
         self._norms = []
 
@@ -113,12 +126,24 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         Raises:
             ValueError: If no train op was built yet.
         """
+        return self._last_window("micro_step").counter
+
+    def _last_window(self, what):
         if not self._windows:
             raise ValueError(
-                "micro_step exists once the train op is built: call minimize() or "
+                f"{what} exists once the train op is built: call minimize() or "
                 "apply_gradients() first."
             )
-        return self._windows[-1].counter
+        return self._windows[-1]
+
+    @property
+    def skipped_windows(self):
+        """The ``int64`` count of windows skipped as non-finite.
+
+        Raises:
+            ValueError: If no train op was built yet.
+        """
+        return self._last_window("skipped_windows").skipped
 
     @property
     def global_norm(self):
@@ -130,11 +155,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         Raises:
             ValueError: If no train op was built yet.
         """
-        if not self._norms:
-            raise ValueError(
-                "global_norm exists once the train op is built: call minimize() or "
-                "apply_gradients() first."
-            )
+        self._last_window("global_norm")
         return self._norms[-1]
 
     def compute_gradients(self, *args, **kwargs):
@@ -177,6 +198,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 scope,
                 weighted=weight is not None,
                 clip_norm=self._clip_norm,
+                skip_nonfinite=self._skip_nonfinite,
             )
         applied, norm = window.accumulate_and_apply_every(
             self._steps, [g for g, _ in pairs], self._optimizer, global_step, weight

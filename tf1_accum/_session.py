@@ -142,7 +142,10 @@ def run_accumulation(
     except Exception as error:  # noqa: BLE001 - re-raised below, typed.
         if last_run and failing > 0 and _counter(sess, accumulation, feed) == 0:
             # The counter held the earlier micro-batches; only the apply resets it.
-            what = "after the window was applied (the update happened; the window is done)"
+            what = (
+                "after the window's apply ran (the window is done: the variables were "
+                "updated, unless it was skipped as non-finite)"
+            )
         else:
             what = _discard_window(sess, accumulation)
         _reraise(error, f"micro-batch {failing} of the window failed {what}")
@@ -154,7 +157,10 @@ def run_accumulation(
         except Exception as error:  # noqa: BLE001 - re-raised below, typed.
             count = _counter(sess, accumulation, apply_feed_dict or last_feed)
             if count == 0:
-                what = "after the update: the window was applied and reset; do not apply it again"
+                what = (
+                    "after the update: the window was applied (or skipped as non-finite) "
+                    "and reset; do not apply it again"
+                )
             elif count is None:
                 what = "and the window's state could not be read"
             else:

@@ -32,7 +32,7 @@ class Window:
     full name, re-entered for the ops built later.
     """
 
-    def __init__(self, pairs, average, scope, weighted=False, clip_norm=None):
+    def __init__(self, pairs, average, scope, weighted=False, clip_norm=None, skip_nonfinite=True):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -41,8 +41,10 @@ class Window:
                 )
         self.average = average
         self.clip_norm = clip_norm
+        self.skip_nonfinite = skip_nonfinite
         self.scope = scope
         self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+        self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
         self.weight_total = None
         if weighted:
             self.weight_total = state_variable(lambda: tf.constant(0.0, tf.float64), "weight_total")
@@ -187,7 +189,7 @@ class Window:
         # its non-slot variables (Adam's beta powers) get the names plain
         # minimize() gives them.
         with tf.control_dependencies([] if totals is None else [totals[1]]):
-            update = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+            update = self._apply_if_finite(optimizer, grads_and_vars, global_step, norm)
         with tf.compat.v1.name_scope(self.scope):
             with tf.control_dependencies([update]):
                 reset = tf.group(
@@ -195,6 +197,46 @@ class Window:
                     self._reset_totals(),
                 )
             return grads_and_vars, tf.group(update, reset, name=name), norm
+
+    def _apply_if_finite(self, optimizer, grads_and_vars, global_step, norm):
+        """Hands the window to the optimizer, unless it must be skipped.
+
+        The global norm is finite exactly when every gradient element is. A
+        loss-scale optimizer gets every window: it must see an overflow to
+        lower its loss scale, and it skips that window itself. So does a
+        ``SyncReplicasOptimizer``, whose apply cannot sit in a conditional
+        (its chief waits for every worker's push): there a non-finite window
+        is counted, not skipped.
+        """
+        finite = tf.math.is_finite(norm)
+        count_skip = lambda: self.skipped.assign_add(  # noqa: E731
+            tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
+        )
+        if (
+            not self.skip_nonfinite
+            or _scales_loss(optimizer)
+            or isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)
+        ):
+            return tf.group(
+                optimizer.apply_gradients(grads_and_vars, global_step=global_step), count_skip()
+            )
+        caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
+
+        def apply():
+            # The caller's name scope again, so that the optimizer's non-slot
+            # variables (Adam's beta powers) do not take the cond's name.
+            branch_graph = tf.compat.v1.get_default_graph()
+            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+                op = optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+            with tf.control_dependencies([op]):
+                return tf.constant(True)
+
+        def skip():
+            with tf.control_dependencies([count_skip()]):
+                return tf.constant(False)
+
+        with tf.compat.v1.name_scope(self.scope):
+            return tf.cond(finite, apply, skip, name="apply_if_finite").op
 
     def _reset_totals(self):
         resets = [self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)]
@@ -221,6 +263,15 @@ def state_variable(make_initial_value, name):
             name=name,
             collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
         )
+
+
+def _scales_loss(optimizer):
+    """Whether ``optimizer`` is (or wraps) a loss-scale optimizer."""
+    while optimizer is not None:
+        if "LossScale" in type(optimizer).__name__:
+            return True
+        optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
+    return False
 
 
 def _values(gradient):

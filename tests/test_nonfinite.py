@@ -1,0 +1,131 @@
+"""skip_nonfinite: a window holding a NaN or an Inf is skipped, in every path."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf1_accum
+from _helpers import OPTIMIZERS
+from _helpers import RTOL
+from _helpers import Model
+from _helpers import assert_same_values
+from _helpers import make_batches
+from _helpers import plain_training
+from _helpers import values_by_name
+
+v1 = tf.compat.v1
+
+
+def _poisoned(batch):
+    inputs, labels = batch
+    return inputs, np.full_like(labels, np.nan)
+
+
+def _run(path, windows, skip_nonfinite=True):
+    """Adam through ``path``; returns (values after each window, skipped counts)."""
+    n = len(windows[0])
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        opt = OPTIMIZERS["adam"](tf.float64)
+        kwargs = {"skip_nonfinite": skip_nonfinite}
+        if path == "dataset":
+            batches = [b for window in windows for b in window]
+            dataset = tf.data.Dataset.from_tensor_slices(
+                tuple(np.stack(part) for part in zip(*batches))
+            )
+            acc = tf1_accum.build_dataset_accumulation(
+                lambda b: Model(tf.float64, True, inputs=b[0], labels=b[1]).loss,
+                opt,
+                dataset,
+                n,
+                global_step=step,
+                **kwargs,
+            )
+            skipped = acc.skipped_windows
+        else:
+            model = Model(tf.float64, True)
+            if path == "optimizer":
+                wrapper = tf1_accum.AccumulationOptimizer(opt, n, **kwargs)
+                train_op = wrapper.minimize(model.loss, global_step=step)
+                skipped = wrapper.skipped_windows
+            else:
+                acc = tf1_accum.build_accumulation(model.loss, opt, global_step=step, **kwargs)
+                skipped = acc.skipped_windows
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            values, counts = [], []
+            for window in windows:
+                if path == "dataset":
+                    sess.run(acc.train_op)
+                elif path == "optimizer":
+                    for batch in window:
+                        sess.run(train_op, model.feed(batch))
+                else:
+                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
+                values.append(values_by_name(sess, v1.global_variables()))
+                counts.append(int(sess.run(skipped)))
+                if path != "optimizer":
+                    assert sess.run(acc.counter) == 0
+    return values, counts
+
+
+@pytest.mark.parametrize("path", ["helper", "optimizer", "dataset"])
+def test_a_nan_window_is_skipped_and_training_goes_on(path):
+    batches = make_batches(tf.float64, True, 6, 4)
+    bad = [batches[0], _poisoned(batches[1]), batches[2]]
+    good = batches[3:]
+    values, counts = _run(path, [bad, good])
+    expected = plain_training("adam", tf.float64, True, [good])[0]
+    # After the skipped window nothing moved (global_step included), so the
+    # next window equals one large-batch step from the start.
+    assert counts == [1, 1]
+    assert values[0]["global_step"] == 0
+    assert_same_values(values[1], expected, RTOL[tf.float64], f"{path}: window after the skip")
+
+
+def test_without_skipping_a_nan_window_is_applied_as_plain_training_would():
+    batches = make_batches(tf.float64, True, 3, 4)
+    values, counts = _run("helper", [[batches[0], _poisoned(batches[1]), batches[2]]], False)
+    assert counts == [1]  # counted all the same
+    assert values[0]["global_step"] == 1
+    assert np.isnan(values[0]["w2"]).all()
+
+
+def test_dynamic_loss_scale_lowers_on_an_overflowing_window_and_training_goes_on():
+    batches = make_batches(tf.float32, False, 6, 4)
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        inner = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            v1.train.GradientDescentOptimizer(0.1), loss_scale="dynamic"
+        )
+        scale = inner._loss_scale()
+        wrapper = tf1_accum.AccumulationOptimizer(inner, 3)
+        train_op = wrapper.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            start_scale = sess.run(scale)
+            before = values_by_name(sess, v1.trainable_variables())
+            inputs, labels = batches[1]
+            overflowing = (inputs, np.full_like(labels, np.inf))
+            for batch in [batches[0], overflowing, batches[2]]:
+                sess.run(train_op, model.feed(batch))
+            after_bad = values_by_name(sess, v1.trainable_variables())
+            assert sess.run(scale) == start_scale / 2
+            assert sess.run(wrapper.skipped_windows) == 1
+            for batch in batches[3:]:
+                sess.run(train_op, model.feed(batch))
+            after_good = values_by_name(sess, v1.trainable_variables())
+    for name, value in before.items():
+        np.testing.assert_array_equal(after_bad[name], value, err_msg=name)
+        assert np.isfinite(after_good[name]).all()
+        assert np.abs(after_good[name] - value).max() > 1e-4, name
+
+
+def test_skip_nonfinite_must_be_a_bool():
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        opt = OPTIMIZERS["sgd"](tf.float32)
+        with pytest.raises(TypeError, match="skip_nonfinite must be True or False, got 'no'"):
+            tf1_accum.build_accumulation(model.loss, opt, skip_nonfinite="no")
+        with pytest.raises(TypeError, match="skip_nonfinite must be True or False"):
+            tf1_accum.AccumulationOptimizer(opt, 2, skip_nonfinite=1)
