@@ -371,3 +371,24 @@ def test_shape_not_fully_defined_is_rejected_before_any_state_is_made():
             tf1_accum.build_accumulation(loss, v1.train.GradientDescentOptimizer(0.1))
         assert v1.global_variables() == before
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_sparse_gradients_are_scatter_added_never_densified():
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=True)
+        acc = tf1_accum.build_accumulation(model.loss, v1.train.AdagradOptimizer(0.1))
+        reached, stack = set(), [acc.accum_op]
+        while stack:
+            current = stack.pop()
+            if current in reached:
+                continue
+            reached.add(current)
+            stack.extend(t.op for t in current.inputs)
+            stack.extend(current.control_inputs)
+        types = {o.type for o in reached}
+        # IndexedSlices become dense tensors through UnsortedSegmentSum.
+        assert "UnsortedSegmentSum" not in types
+        assert types & {"ScatterAdd", "ResourceScatterAdd"}
+        # The optimizer is handed the touched rows, not a dense gradient.
+        embedding = [g for g, v in acc.grads_and_vars if v.op.name == "embedding"][0]
+        assert isinstance(embedding, tf.IndexedSlices)
