@@ -129,3 +129,49 @@ def test_skip_nonfinite_must_be_a_bool():
             tf1_accum.build_accumulation(model.loss, opt, skip_nonfinite="no")
         with pytest.raises(TypeError, match="skip_nonfinite must be True or False"):
             tf1_accum.AccumulationOptimizer(opt, 2, skip_nonfinite=1)
+
+
+def test_a_fixed_loss_scale_gets_the_guard_like_any_optimizer():
+    batches = make_batches(tf.float32, False, 3, 4)
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+            v1.train.GradientDescentOptimizer(0.1), loss_scale=128.0
+        )
+        acc = tf1_accum.build_accumulation(model.loss, opt)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, acc.var_list)
+            feeds = [model.feed(batches[0]), model.feed(_poisoned(batches[1]))]
+            tf1_accum.run_accumulation(sess, acc, feeds)
+            assert sess.run(acc.skipped_windows) == 1
+            after = values_by_name(sess, acc.var_list)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+def test_dataset_loop_skips_a_zero_weight_window_and_goes_on():
+    batches = make_batches(tf.float64, False, 4, 3)
+    weights = np.array([0.0, 0.0, 1.0, 1.0])
+    with tf.Graph().as_default():
+        dataset = tf.data.Dataset.from_tensor_slices(
+            (np.stack([b[0] for b in batches]), np.stack([b[1] for b in batches]), weights)
+        )
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_dataset_accumulation(
+            lambda b: Model(tf.float64, False, inputs=b[0], labels=b[1]).loss,
+            OPTIMIZERS["sgd"](tf.float64),
+            dataset,
+            2,
+            global_step=step,
+            weight=lambda b: b[2],
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(acc.train_op)
+            assert sess.run([step, acc.skipped_windows, acc.counter]) == [0, 1, 0]
+            sess.run(acc.train_op)
+            assert sess.run([step, acc.skipped_windows]) == [1, 1]
+            got = values_by_name(sess, tf1_accum.plain_variables())
+    expected = plain_training("sgd", tf.float64, False, [batches[2:]])[0]
+    assert_same_values(got, expected, RTOL[tf.float64], "the window after the skipped one")

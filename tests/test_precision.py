@@ -31,7 +31,7 @@ def _trained(dtype, batches, n, accumulate):
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             for w in range(len(batches) // n):
-                window = batches[w * n:(w + 1) * n]
+                window = batches[w * n : (w + 1) * n]
                 if accumulate:
                     tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
                 else:

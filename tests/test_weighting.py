@@ -148,25 +148,31 @@ def test_token_masked_sequence_loss_equals_the_token_mean_of_the_window():
     np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-def test_zero_total_weight_raises_in_graph_and_changes_nothing():
+def test_a_zero_weight_window_is_skipped_and_a_negative_weight_raises():
     with tf.Graph().as_default():
         model = Model(tf.float64, False)
         scale = v1.placeholder(tf.float64, [])
-        acc = tf1_accum.build_accumulation(model.loss, OPTIMIZERS["sgd"](tf.float64), weight=scale)
-        batch = make_batches(tf.float64, False, 1, 4)[0]
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_accumulation(
+            model.loss, OPTIMIZERS["sgd"](tf.float64), global_step=step, weight=scale
+        )
+        batches = make_batches(tf.float64, False, 2, 4)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             before = values_by_name(sess, acc.var_list)
+            # 0 / 0 has no mean: the window is skipped and counted.
+            tf1_accum.run_accumulation(sess, acc, [{**model.feed(b), scale: 0.0} for b in batches])
+            assert sess.run([step, acc.skipped_windows, acc.counter]) == [0, 1, 0]
+            feeds = [{**model.feed(b), scale: w} for b, w in zip(batches, [1.0, -1.0])]
             with pytest.raises(
-                tf.errors.InvalidArgumentError, match="weights of the window sum to 0"
+                tf.errors.InvalidArgumentError, match="(?s)micro-batch 1 .*weight is negative"
             ):
-                tf1_accum.run_accumulation(sess, acc, [{**model.feed(batch), scale: 0.0}])
-            with pytest.raises(
-                tf.errors.InvalidArgumentError, match="(?s)micro-batch 0 .*weight is negative"
-            ):
-                tf1_accum.run_accumulation(sess, acc, [{**model.feed(batch), scale: -1.0}])
+                tf1_accum.run_accumulation(sess, acc, feeds)
             assert sess.run(acc.counter) == 0
             after = values_by_name(sess, acc.var_list)
+            # Training goes on.
+            tf1_accum.run_accumulation(sess, acc, [{**model.feed(b), scale: 1.0} for b in batches])
+            assert sess.run(step) == 1
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value)
 

@@ -41,8 +41,9 @@ class Accumulation(typing.NamedTuple):
             the rows touched in the window.
         global_norm: float64 global norm of the window's gradient (the mean,
             or the sum) before any clipping. Fetch it in the same
-            ``session.run`` as ``apply_op``: after the apply the window is
-            reset.
+            ``session.run`` as ``apply_op``, and only with it: after the apply
+            the window is reset, and it is not ordered against
+            ``accum_apply_op``.
         skipped_windows: ``int64`` variable: windows not applied because their
             gradient held a NaN or an Inf (see ``skip_nonfinite``).
         accum_apply_op: With ``fused=True``, the last micro-batch fused with
@@ -130,7 +131,10 @@ def build_accumulation(
             the gradient of the mean loss over all examples (or tokens) of the
             window when micro-batches differ in size, provided ``loss`` is the
             mean over its own micro-batch. Without it, every micro-batch counts
-            the same, which is exact only for equal sizes.
+            the same, which is exact only for equal sizes. With
+            ``average=False``, the apply uses sum(weight_i * gradient_i). A
+            window whose weights sum to zero has no mean: it is skipped as
+            non-finite (see ``skip_nonfinite``).
         clip_norm: Optional positive number: the window's gradient (mean or
             sum) is rescaled to this global norm when its norm is larger, just
             before the apply; micro-batches are never clipped one by one. The
@@ -141,8 +145,9 @@ def build_accumulation(
             and ``skipped_windows`` counts it. One bad micro-batch would
             otherwise turn every weight into NaN. False applies it, as plain
             training would. A ``MixedPrecisionLossScaleOptimizer`` always gets
-            the window (it lowers its loss scale and skips it itself), and so
-            does a ``SyncReplicasOptimizer``; both still count it.
+            the window when its loss scale is dynamic (it lowers the scale and
+            skips the window itself), and so does a ``SyncReplicasOptimizer``;
+            both still count it.
         fused: Also build ``accum_apply_op``, for windows of N runs (see
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose

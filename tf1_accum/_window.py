@@ -13,11 +13,6 @@ import tensorflow as tf
 #: ``tf.compat.v1.train.Saver()`` saves them.
 STATE_COLLECTION = "tf1_accum_state"
 
-_ZERO_WEIGHT = (
-    "tf1_accum: the micro-batch weights of the window sum to 0, so their weighted "
-    "mean is undefined; no variable was changed."
-)
-
 _NOTHING_ACCUMULATED = (
     "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
     "accum_op on at least one micro-batch before apply_op; no variable was "
@@ -170,10 +165,9 @@ class Window:
                 self.weight_total,
             )
             count = tf.identity(count)  # a value, not a reference
+            # Weights summing to zero leave 0 / 0: a NaN mean, which the
+            # non-finite guard skips (and counts), as it would any NaN window.
             checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
-            if weight is not None:
-                weight = tf.identity(weight)
-                checks.append(tf.compat.v1.assert_positive(weight, message=_ZERO_WEIGHT))
             with tf.control_dependencies(checks):
                 if not self.average:
                     denominator = None
@@ -266,10 +260,15 @@ def state_variable(make_initial_value, name):
 
 
 def _scales_loss(optimizer):
-    """Whether ``optimizer`` is (or wraps) a loss-scale optimizer."""
+    """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer.
+
+    Only a dynamic loss scale checks gradients for overflow; a fixed one
+    applies whatever it is given.
+    """
     while optimizer is not None:
         if "LossScale" in type(optimizer).__name__:
-            return True
+            scale = getattr(optimizer, "_loss_scale", None)
+            return "Dynamic" in type(scale).__name__
         optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
     return False
 
