@@ -358,9 +358,6 @@ def test_sync_replicas_optimizer_allows_no_fused_op():
             )
 
 
-# At close, the chief's queue-runner thread is cancelled while it waits for the
-# next window; pytest may report that thread's exit.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
 def test_with_a_sync_replicas_optimizer_one_window_per_update(optimizer_name):
     """The composition with SyncReplicasOptimizer: it is the builder's optimizer.
