@@ -298,6 +298,7 @@ def test_no_gradients_is_rejected_naming_the_variables():
     [
         ({"global_step": 3}, "global_step must be an integer tf.Variable"),
         ({"average": "yes"}, r"average must be True or False, got 'yes'"),
+        ({"fused": "yes"}, r"fused must be True or False, got 'yes'"),
     ],
 )
 def test_bad_keyword_arguments_are_rejected(kwargs, message):
@@ -392,3 +393,23 @@ def test_sparse_gradients_are_scatter_added_never_densified():
         # The optimizer is handed the touched rows, not a dense gradient.
         embedding = [g for g, v in acc.grads_and_vars if v.op.name == "embedding"][0]
         assert isinstance(embedding, tf.IndexedSlices)
+
+
+def test_weight_from_another_graph_is_rejected():
+    with tf.Graph().as_default():
+        elsewhere = tf.constant(1.0)
+    with tf.Graph().as_default():
+        _, _, loss = _scalar_model()
+        with pytest.raises(ValueError, match="is not in the graph of the loss"):
+            tf1_accum.build_accumulation(
+                loss, v1.train.GradientDescentOptimizer(0.1), weight=elsewhere
+            )
+
+
+def test_optimizer_wrapper_in_eager_mode_says_what_to_call():
+    from tensorflow.python.eager import context
+
+    opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+    with context.eager_mode():
+        with pytest.raises(RuntimeError, match=r"disable_eager_execution\(\)"):
+            opt.apply_gradients([(tf.constant(1.0), None)])
