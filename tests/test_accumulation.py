@@ -21,6 +21,18 @@ def test_ops_equal_large_batch_training(optimizer_name, dtype, sparse):
     check_equivalence(optimizer_name, dtype, sparse, path="ops")
 
 
+def _ancestors(op):
+    """``op`` and every op it depends on, through inputs or control inputs."""
+    reached, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current not in reached:
+            reached.add(current)
+            stack.extend(t.op for t in current.inputs)
+            stack.extend(current.control_inputs)
+    return reached
+
+
 def _sgd_model(dtype=tf.float64, sparse=False, lr=0.1):
     model = Model(dtype, sparse)
     return model, v1.train.GradientDescentOptimizer(lr)
@@ -59,14 +71,7 @@ def test_apply_has_no_path_to_placeholders_or_accumulate():
                     var_list=v1.trainable_variables(scope),
                     global_step=v1.train.get_or_create_global_step(),
                 )
-            reached, stack = set(), [acc.apply_op]
-            while stack:
-                op = stack.pop()
-                if op in reached:
-                    continue
-                reached.add(op)
-                stack.extend(t.op for t in op.inputs)
-                stack.extend(op.control_inputs)
+            reached = _ancestors(acc.apply_op)
             placeholders = [op.name for op in reached if op.type.startswith("Placeholder")]
             assert placeholders == []
             assert acc.accum_op not in reached
@@ -378,15 +383,7 @@ def test_sparse_gradients_are_scatter_added_never_densified():
     with tf.Graph().as_default():
         model = Model(tf.float32, sparse=True)
         acc = tf1_accum.build_accumulation(model.loss, v1.train.AdagradOptimizer(0.1))
-        reached, stack = set(), [acc.accum_op]
-        while stack:
-            current = stack.pop()
-            if current in reached:
-                continue
-            reached.add(current)
-            stack.extend(t.op for t in current.inputs)
-            stack.extend(current.control_inputs)
-        types = {o.type for o in reached}
+        types = {o.type for o in _ancestors(acc.accum_op)}
         # IndexedSlices become dense tensors through UnsortedSegmentSum.
         assert "UnsortedSegmentSum" not in types
         assert types & {"ScatterAdd", "ResourceScatterAdd"}

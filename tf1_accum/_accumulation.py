@@ -175,10 +175,8 @@ def build_accumulation(
     _checks.check_loss(loss)
     _checks.check_optimizer(optimizer)
     _checks.check_global_step(global_step)
-    _checks.check_bool("average", average)
+    _checks.check_window_options(average, clip_norm, skip_nonfinite)
     _checks.check_bool("fused", fused)
-    _checks.check_clip_norm(clip_norm)
-    _checks.check_bool("skip_nonfinite", skip_nonfinite)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "

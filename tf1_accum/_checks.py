@@ -165,6 +165,13 @@ def check_weight(weight, graph):
         raise ValueError(f"weight {weight.name} is not in the graph of the loss.")
 
 
+def check_window_options(average, clip_norm, skip_nonfinite):
+    """Checks the options every way in shares."""
+    check_bool("average", average)
+    check_clip_norm(clip_norm)
+    check_bool("skip_nonfinite", skip_nonfinite)
+
+
 def check_clip_norm(clip_norm):
     """Checks that ``clip_norm`` is None or a positive number."""
     if clip_norm is None:

@@ -153,9 +153,7 @@ def build_dataset_accumulation(
     _checks.check_optimizer(optimizer)
     _checks.check_steps(steps)
     _checks.check_global_step(global_step)
-    _checks.check_bool("average", average)
-    _checks.check_clip_norm(clip_norm)
-    _checks.check_bool("skip_nonfinite", skip_nonfinite)
+    _checks.check_window_options(average, clip_norm, skip_nonfinite)
     graph = tf.compat.v1.get_default_graph()
     caller_scope = graph.get_name_scope()
     with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:

@@ -94,9 +94,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 "run_accumulation, whose apply_op pushes one window per update."
             )
         _checks.check_steps(steps)
-        _checks.check_bool("average", average)
-        _checks.check_clip_norm(clip_norm)
-        _checks.check_bool("skip_nonfinite", skip_nonfinite)
+        _checks.check_window_options(average, clip_norm, skip_nonfinite)
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
