@@ -19,6 +19,8 @@ from tf1_accum._accumulation import build_accumulation
 from tf1_accum._accumulation import plain_variables
 from tf1_accum._dataset import DatasetAccumulation
 from tf1_accum._dataset import build_dataset_accumulation
+from tf1_accum._graph_check import GraphFinding
+from tf1_accum._graph_check import check_graph
 from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._session import run_accumulation
 
@@ -28,9 +30,11 @@ __all__ = (
     "Accumulation",
     "AccumulationOptimizer",
     "DatasetAccumulation",
+    "GraphFinding",
     "STATE_COLLECTION",
     "build_accumulation",
     "build_dataset_accumulation",
+    "check_graph",
     "plain_variables",
     "run_accumulation",
 )

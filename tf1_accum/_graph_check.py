@@ -1,0 +1,549 @@
+"""A graph-level check for hand-written gradient accumulation.
+
+`check_graph` walks the ops that fetching an apply runs (and those that each
+micro-batch's fetch runs) and reports the known bugs of hand-written
+accumulation as `GraphFinding` tuples.
+
+Terms used here:
+
+* a *variable* is a ``VariableV2`` (reference) or ``VarHandleOp`` (resource)
+  op, reached from a ref or resource tensor through identities, control-flow
+  forwarding (``Switch``, ``Merge``, ``Enter``...) and the inputs of
+  ``tf.cond`` / ``tf.while_loop`` function bodies;
+* an *accumulate op* adds into a variable: ``AssignAdd``, ``ScatterAdd``,
+  ``ScatterNdAdd`` and their resource forms, or an assign whose value reads
+  the variable itself (``acc.assign(acc + g)``, a running average);
+* an *accumulator* is a floating-point variable that is not trainable, not
+  a metric's, and that some accumulate op in the graph adds fresh data to:
+  a value computed from a placeholder or a ``tf.data`` iterator without
+  passing through another accumulate op. Optimizer slots and counters
+  (``global_step += 1``) are therefore not accumulators;
+* a *reset* of a variable is an assign to it (``Assign``,
+  ``AssignVariableOp``, ``ScatterUpdate`` and their forms) that is not its
+  initializer and whose value does not read the variable;
+* an *update op* is an optimizer's ``Apply*``, ``SparseApply*``,
+  ``ResourceApply*`` or ``ResourceSparseApply*`` op; its gradient is the
+  input named ``grad`` (``delta`` for ``ApplyGradientDescent``).
+"""
+
+import typing
+
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum._window import STATE_COLLECTION
+
+APPLY_NEEDS_FEED = "apply_needs_feed"
+APPLY_ACCUMULATES = "apply_accumulates"
+NEVER_RESET = "never_reset"
+SUM_NOT_MEAN = "sum_not_mean"
+_KINDS = (APPLY_NEEDS_FEED, APPLY_ACCUMULATES, NEVER_RESET, SUM_NOT_MEAN)
+
+_VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
+# Ops that hand a ref or resource tensor on unchanged (input 0).
+_FORWARDING_OPS = frozenset(
+    {
+        "Identity",
+        "RefIdentity",
+        "Switch",
+        "RefSwitch",
+        "Merge",
+        "RefMerge",
+        "Enter",
+        "RefEnter",
+        "Exit",
+        "RefExit",
+        "NextIteration",
+        "RefNextIteration",
+    }
+)
+# Ops whose output is a variable's value, unchanged (input 0 is the variable,
+# or a tensor holding it): a gradient that reaches an accumulator through
+# these alone is the accumulator's value, a sum.
+_VALUE_OPS = _FORWARDING_OPS | frozenset(
+    {
+        "ReadVariableOp",
+        "Cast",
+        "Snapshot",
+        "StopGradient",
+        "Reshape",
+        "Gather",
+        "GatherV2",
+        "ResourceGather",
+        "AssignAdd",
+        "ScatterAdd",
+    }
+)
+# Accumulate ops: input 0 is the variable, ``_ADDED[type]`` the added value.
+_ADDED = {
+    "AssignAdd": 1,
+    "AssignAddVariableOp": 1,
+    "ScatterAdd": 2,
+    "ResourceScatterAdd": 2,
+    "ScatterNdAdd": 2,
+    "ResourceScatterNdAdd": 2,
+}
+# Assigns: input 0 is the variable, ``_ASSIGNED[type]`` the value written.
+_ASSIGNED = {
+    "Assign": 1,
+    "AssignVariableOp": 1,
+    "ScatterUpdate": 2,
+    "ResourceScatterUpdate": 2,
+    "ScatterNdUpdate": 2,
+    "ResourceScatterNdUpdate": 2,
+}
+# Ops that read a tensor's shape, not its values.
+_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
+_CONTROL_FLOW_OPS = frozenset({"If", "StatelessIf", "While", "StatelessWhile"})
+
+
+class GraphFinding(typing.NamedTuple):
+    """One problem that `check_graph` found.
+
+    Attributes:
+        kind: What is wrong, one of:
+
+            * ``"apply_needs_feed"``: a gradient that the apply hands to the
+              optimizer depends on a placeholder, so fetching the apply needs
+              a ``feed_dict`` and runs the forward and backward pass again;
+            * ``"apply_accumulates"``: fetching the apply runs an accumulate
+              op again, so the micro-batch fed with it is added a second time;
+            * ``"never_reset"``: nothing in the graph resets an accumulator,
+              so it sums over all of training, not over one window;
+            * ``"sum_not_mean"``: an optimizer's update op gets an
+              accumulator's value as it is, the sum over the micro-batches,
+              where it expects the mean.
+
+        op_name: The op at fault: the placeholder, the accumulate op, the
+            accumulator variable, or the optimizer's update op.
+        message: What goes wrong, and the tf1_accum replacement.
+    """
+
+    kind: str
+    op_name: str
+    message: str
+
+
+def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
+    """Finds the known bugs of hand-written gradient accumulation in a graph.
+
+    Give it what your loop fetches to apply an update and, if you have them,
+    what it fetches for each micro-batch. It walks the ops those fetches run,
+    into ``tf.cond`` and ``tf.while_loop`` (version 1 control flow, and the
+    function bodies of version 2 ``If`` and ``While`` ops built in this
+    process), and reports:
+
+    * ``"apply_needs_feed"``: a gradient handed to an optimizer depends on a
+      placeholder. Fetching the apply then needs a ``feed_dict``: it runs the
+      forward and backward pass again, and (with ``"apply_accumulates"``) the
+      accumulation. Placeholders that reach the update otherwise, such as a
+      learning rate, are fine.
+    * ``"apply_accumulates"``: fetching the apply runs an accumulate op that
+      the micro-batch fetches also run, so the last micro-batch is added
+      twice. Without ``accum_ops``, an accumulate op of fresh data that the
+      apply runs is reported unless the apply also resets that accumulator:
+      an op that adds one micro-batch, applies and resets, run once per
+      window's last micro-batch, is a correct fused step (tf1_accum's
+      ``accum_apply_op`` and ``AccumulationOptimizer``'s train op are such
+      steps).
+    * ``"never_reset"``: an accumulator that these fetches read or add to is
+      never assigned anything except by its initializer, so after the first
+      update it holds the sum over all of training (a running average keyed
+      on the step behaves the same).
+    * ``"sum_not_mean"``: an optimizer's update op takes an accumulator's
+      value unchanged (read, cast or gathered only): the sum of the
+      micro-batch gradients, where the optimizer expects the mean. tf1_accum's
+      own accumulators are not reported: with ``average=False`` they apply
+      the sum on purpose.
+
+    tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
+    train op and ``build_dataset_accumulation``'s train op give no findings.
+    Functions called with ``tf.function`` (``PartitionedCall``) are not
+    entered, nor are function bodies of graphs imported from a ``GraphDef``.
+
+    Example:
+
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+    ...     (grad, _), = opt.compute_gradients(loss)
+    ...     total = tf.Variable(tf.zeros_like(w), trainable=False)
+    ...     accum_op = total.assign_add(grad)
+    ...     apply_op = opt.apply_gradients([(total, w)])
+    ...     findings = tf1_accum.check_graph(apply_op, [accum_op])
+    >>> [finding.kind for finding in findings]
+    ['never_reset', 'sum_not_mean']
+    >>> findings[0].op_name
+    'Variable'
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     acc = tf1_accum.build_accumulation(
+    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    ...     tf1_accum.check_graph(acc.apply_op, acc.accum_op)
+    []
+
+    Args:
+        apply_op: What you fetch to apply an update: a ``tf.Operation`` or
+            ``tf.Tensor``, or a list of them.
+        accum_ops: Optional: what you fetch for each micro-batch, in the same
+            form. Given, ``"apply_accumulates"`` reports exactly the
+            accumulate ops that both run.
+        raise_on_findings: True raises ``ValueError`` listing the findings
+            instead of returning them.
+
+    Returns:
+        A list of `GraphFinding`, ordered by kind and op name; empty when
+        nothing was found.
+
+    Raises:
+        TypeError: If ``apply_op`` or ``accum_ops`` holds something other
+            than graph ops and tensors, or ``raise_on_findings`` is not a bool.
+        ValueError: If ``accum_ops`` belongs to another graph than
+            ``apply_op``, or ``raise_on_findings=True`` and there are findings.
+    """
+    apply_fetches = _fetch_ops("apply_op", apply_op)
+    if not apply_fetches:
+        raise TypeError(f"apply_op must not be empty, got {_checks.describe(apply_op)}.")
+    accum_fetches = [] if accum_ops is None else _fetch_ops("accum_ops", accum_ops)
+    _checks.check_bool("raise_on_findings", raise_on_findings)
+    graph = apply_fetches[0].graph
+    for op in apply_fetches + accum_fetches:
+        if op.graph is not graph:
+            raise ValueError(
+                f"apply_op and accum_ops must come from one graph: {op.name} is in "
+                f"another graph than {apply_fetches[0].name}."
+            )
+    findings = _Checker(graph, apply_fetches, accum_fetches, accum_ops is not None).run()
+    if findings and raise_on_findings:
+        lines = "\n".join(f"  {f.kind} at {f.op_name}: {f.message}" for f in findings)
+        raise ValueError(
+            f"check_graph found {len(findings)} problem(s) in the accumulation "
+            f"applied by {_names(apply_fetches)}:\n{lines}"
+        )
+    return findings
+
+
+def _fetch_ops(label, fetches):
+    """Returns the ops of ``fetches`` (an op, a tensor, or a list of them)."""
+    items = list(fetches) if isinstance(fetches, (list, tuple)) else [fetches]
+    ops = []
+    for item in items:
+        if isinstance(item, tf.Operation):
+            ops.append(item)
+        elif isinstance(item, (tf.Tensor, tf.Variable)) and isinstance(
+            getattr(item, "op", None), tf.Operation
+        ):
+            # A variable's op is its variable op, or (for what assign_add
+            # returns) the assign op that a fetch runs before reading.
+            ops.append(item.op)
+        else:
+            raise TypeError(
+                f"{label} must be a tf.Operation, tf.Tensor or tf.Variable of a graph, "
+                f"or a list of them, got {_checks.describe(item)}."
+            )
+    return ops
+
+
+def _names(ops):
+    return ", ".join(op.name for op in ops)
+
+
+def _bodies(op):
+    """The function graphs of a version 2 ``If`` or ``While`` op, with their inputs.
+
+    Returns ``(graph, [outer tensor for each of the graph's inputs])`` pairs.
+    """
+    if op.type in ("If", "StatelessIf"):
+        branches = [getattr(op, "_true_graph", None), getattr(op, "_false_graph", None)]
+        outer = list(op.inputs)[1:]
+    elif op.type in ("While", "StatelessWhile"):
+        branches = [getattr(op, "_cond_graph", None), getattr(op, "_body_graph", None)]
+        outer = list(op.inputs)
+    else:
+        return []
+    return [(g, outer) for g in branches if g is not None]
+
+
+class _Checker:
+    """One run of the checks over one graph."""
+
+    def __init__(self, graph, apply_fetches, accum_fetches, accum_given):
+        self.apply_fetches = apply_fetches
+        self.accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
+        self.accum_given = accum_given
+        self.outer = {}  # function-graph input placeholder -> outer tensor
+        self.body_outputs = {}  # version 2 control-flow op -> its graphs' outputs
+        self.all_ops = []
+        self._scan(graph.get_operations())
+        self.trainable = _variable_ops(graph, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
+        self.owned = _variable_ops(graph, STATE_COLLECTION)
+        self.metrics = _variable_ops(graph, tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+        self.initializers = set()
+        for key in graph.get_all_collection_keys():
+            for item in graph.get_collection(key):
+                initializer = getattr(item, "initializer", None)
+                if isinstance(initializer, tf.Operation):
+                    self.initializers.add(initializer)
+
+    def _scan(self, ops):
+        """Lists every op, entering version 2 control-flow bodies."""
+        for op in ops:
+            self.all_ops.append(op)
+            bodies = _bodies(op)
+            if bodies:
+                self.body_outputs[op] = [g.outputs for g, _ in bodies]
+            for body, outer in bodies:
+                for inner, tensor in zip(body.inputs, outer):
+                    self.outer[inner.op] = tensor
+                self._scan(body.get_operations())
+
+    # -- walking -----------------------------------------------------------
+
+    def inputs(self, op, control=True):
+        """The ops ``op`` reads from, across function-graph boundaries."""
+        found = [t.op for t in op.inputs]
+        if control:
+            found += list(op.control_inputs)
+        if op in self.outer:
+            found.append(self.outer[op].op)
+        if op in self.body_outputs:
+            found += [t.op for outputs in self.body_outputs[op] for t in outputs]
+        return found
+
+    def run_set(self, fetches):
+        """Every op that fetching ``fetches`` may run, bodies included."""
+        seen = set()
+        stack = list(fetches)
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            stack += self.inputs(op)
+            for body, _ in _bodies(op):
+                stack += body.get_operations()
+        return seen
+
+    def reaches(self, start_ops, stop, control):
+        """Ops reached backwards from ``start_ops``, not walking past ``stop(op)``."""
+        seen = set()
+        stack = list(start_ops)
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if stop(op) or op.type in _SHAPE_OPS:
+                continue
+            stack += self.inputs(op, control)
+        return seen
+
+    def variable_of(self, tensor):
+        """The variable op that a ref or resource ``tensor`` stands for, or None."""
+        op = tensor.op
+        for _ in range(10000):
+            if op.type in _VARIABLE_OPS:
+                return op
+            if op in self.outer:
+                op = self.outer[op].op
+            elif op.type in _FORWARDING_OPS and op.inputs:
+                op = op.inputs[0].op
+            else:
+                return None
+        return None
+
+    @staticmethod
+    def is_data(op):
+        if op.type == "Placeholder":
+            return True
+        return "IteratorGetNext" in op.type or op.type == "OptionalGetValue"
+
+    def is_placeholder(self, op):
+        return op.type == "Placeholder" and op not in self.outer
+
+    # -- what the ops do ---------------------------------------------------
+
+    def classify(self):
+        """Finds accumulate ops, accumulators and resets in the whole graph."""
+        self.accumulates = {}  # accumulate op -> variable op
+        self.fresh = set()  # accumulate ops that add fresh data
+        self.resets = {}  # variable op -> reset ops
+        for op in self.all_ops:
+            if op.type in _ADDED:
+                var = self.variable_of(op.inputs[0])
+                if var is not None:
+                    self.accumulates[op] = var
+            elif op.type in _ASSIGNED and op not in self.initializers:
+                var = self.variable_of(op.inputs[0])
+                if var is None:
+                    continue
+                value = op.inputs[_ASSIGNED[op.type]].op
+                if var in self.reaches([value], lambda o: o is var, control=False):
+                    self.accumulates[op] = var  # reads itself: a self-update
+                else:
+                    self.resets.setdefault(var, []).append(op)
+        for op, var in self.accumulates.items():
+            index = _ADDED.get(op.type, _ASSIGNED.get(op.type))
+            value = op.inputs[index].op
+            reached = self.reaches([value], lambda o: o in self.accumulates, control=False)
+            if any(self.is_data(o) and o not in self.outer for o in reached):
+                self.fresh.add(op)
+        self.accumulators = set()
+        for op in self.fresh:
+            var = self.accumulates[op]
+            if not tf.as_dtype(var.get_attr("dtype")).is_floating:
+                continue
+            if var in self.trainable or var in self.metrics:
+                continue
+            self.accumulators.add(var)
+
+    def run(self):
+        self.classify()
+        apply_set = self.run_set(self.apply_fetches)
+        accum_set = self.run_set(self.accum_fetches)
+        apply_name = _names(self.apply_fetches)
+        findings = []
+
+        reset_in_apply = {var for var, ops in self.resets.items() if any(o in apply_set for o in ops)}
+        # (ii) accumulate ops that the apply runs again.
+        again = set()
+        for op in apply_set:
+            var = self.accumulates.get(op)
+            if var is None or var not in self.accumulators:
+                continue
+            if self.accum_given:
+                if op in accum_set:
+                    again.add(op)
+            elif op in self.fresh and var not in reset_in_apply:
+                again.add(op)
+        for op in again:
+            var = self.accumulates[op]
+            if self.accum_given:
+                why = (
+                    "which the micro-batch fetches run too: the last micro-batch, "
+                    "accumulated already, is fed to the apply and added again, so it "
+                    "counts twice"
+                )
+            else:
+                why = (
+                    "which adds whatever is fed to the apply: fed the last "
+                    "micro-batch after that micro-batch was accumulated, it adds it "
+                    "again, so it counts twice"
+                )
+            findings.append(
+                GraphFinding(
+                    APPLY_ACCUMULATES,
+                    op.name,
+                    f"Fetching {apply_name} runs accumulate op {op.name} (into "
+                    f"{var.name}), {why}. Keep accumulation and apply apart: "
+                    "tf1_accum.build_accumulation's apply_op reads the accumulators "
+                    "and needs no feed; with fused=True, run_accumulation adds the "
+                    "last micro-batch and applies in one run, and never adds it twice.",
+                )
+            )
+
+        # (i) and (iv): the gradients handed to the optimizer.
+        updates = [op for op in apply_set if _gradient_index(op) is not None]
+        needs_feed = {}
+        for update in updates:
+            grad = update.inputs[_gradient_index(update)]
+            reached = self.reaches(
+                [grad.op], lambda o: o in self.accumulates and o not in again, control=True
+            )
+            for op in reached:
+                if self.is_placeholder(op):
+                    needs_feed.setdefault(op, update)
+            var = self.summed_accumulator(grad)
+            if var is not None:
+                findings.append(
+                    GraphFinding(
+                        SUM_NOT_MEAN,
+                        update.name,
+                        f"{update.name} ({update.type}) applies accumulator {var.name} "
+                        "as it is: the sum of the micro-batch gradients, where the "
+                        "optimizer expects their mean (the gradient of the mean loss). "
+                        "For SGD and Momentum the step is N times too large. Divide by "
+                        "the number of micro-batches accumulated, or use "
+                        "tf1_accum.build_accumulation, whose apply_op divides by its "
+                        "counter (average=True, the default).",
+                    )
+                )
+        for placeholder, update in needs_feed.items():
+            findings.append(
+                GraphFinding(
+                    APPLY_NEEDS_FEED,
+                    placeholder.name,
+                    f"Fetching {apply_name} needs a feed for placeholder "
+                    f"{placeholder.name}: the gradient that {update.name} applies "
+                    "depends on it, so every apply runs the forward and backward pass "
+                    "again on what is fed (and any accumulate op on the way) instead "
+                    "of applying what was accumulated. Use "
+                    "tf1_accum.build_accumulation: its apply_op reads only the "
+                    "accumulators and runs with no feed_dict.",
+                )
+            )
+
+        # (iii) accumulators that these fetches touch and nothing resets.
+        touched = apply_set | accum_set
+        used = set()
+        for op in touched:
+            if op.type in _VARIABLE_OPS:
+                used.add(op)
+            elif op in self.accumulates:
+                used.add(self.accumulates[op])
+        for var in sorted(used & self.accumulators, key=lambda v: v.name):
+            if var in self.resets:
+                continue
+            adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
+            findings.append(
+                GraphFinding(
+                    NEVER_RESET,
+                    var.name,
+                    f"Accumulator {var.name} is added to (by {', '.join(adders)}) but "
+                    "never reset: no op in the graph assigns it anything except its "
+                    "initializer, so after the first update it holds the sum over all "
+                    "of training, not over one window. tf1_accum.build_accumulation's "
+                    "apply_op resets the window after each update (zero_op discards a "
+                    "partial one).",
+                )
+            )
+        findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
+        return findings
+
+    def summed_accumulator(self, grad):
+        """The accumulator whose value ``grad`` is, unchanged, or None."""
+        op = grad.op
+        for _ in range(10000):
+            if op.type in _VARIABLE_OPS:
+                break
+            if op in self.outer:
+                op = self.outer[op].op
+            elif op.type in _VALUE_OPS and op.inputs:
+                op = op.inputs[0].op
+            else:
+                return None
+        else:
+            return None
+        if op in self.accumulators and op not in self.owned:
+            return op
+        return None
+
+
+def _gradient_index(op):
+    """The index of an optimizer update op's gradient input, or None."""
+    if not op.type.startswith(("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")):
+        return None
+    names = [arg.name for arg in op.op_def.input_arg]
+    for name in ("grad", "delta"):
+        if name in names:
+            return names.index(name)
+    return None
+
+
+def _variable_ops(graph, key):
+    """The variable ops of the variables in collection ``key``."""
+    return {v.op for v in graph.get_collection(key) if hasattr(v, "op")}
