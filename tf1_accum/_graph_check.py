@@ -15,9 +15,10 @@ Terms used here:
   the variable itself (``acc.assign(acc + g)``, a running average);
 * an *accumulator* is a floating-point variable that is not trainable, not
   a metric's, and that some accumulate op in the graph adds fresh data to:
-  a value computed from a placeholder or a ``tf.data`` iterator without
-  passing through another accumulate op. Optimizer slots and counters
-  (``global_step += 1``) are therefore not accumulators;
+  a value computed from a placeholder or a ``tf.data`` iterator, not from
+  what an op wrote to a variable. Optimizer slots (updated from the
+  accumulated gradient) and counters (``global_step += 1``) are therefore
+  not accumulators;
 * a *reset* of a variable is an assign to it (``Assign``,
   ``AssignVariableOp``, ``ScatterUpdate`` and their forms) that is not its
   initializer and whose value does not read the variable;
@@ -140,21 +141,22 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
       learning rate, are fine.
     * ``"apply_accumulates"``: fetching the apply runs an accumulate op that
       the micro-batch fetches also run, so the last micro-batch is added
-      twice. Without ``accum_ops``, an accumulate op of fresh data that the
-      apply runs is reported unless the apply also resets that accumulator:
-      an op that adds one micro-batch, applies and resets, run once per
-      window's last micro-batch, is a correct fused step (tf1_accum's
-      ``accum_apply_op`` and ``AccumulationOptimizer``'s train op are such
-      steps).
+      twice. Without ``accum_ops``, an accumulate op of fed data (from a
+      placeholder) that the apply runs is reported unless the apply also
+      resets that accumulator: an op that adds one micro-batch, applies and
+      resets, run for the window's last micro-batch, is a correct fused step
+      (tf1_accum's ``accum_apply_op`` and ``AccumulationOptimizer``'s train
+      op are such steps).
     * ``"never_reset"``: an accumulator that these fetches read or add to is
       never assigned anything except by its initializer, so after the first
       update it holds the sum over all of training (a running average keyed
       on the step behaves the same).
-    * ``"sum_not_mean"``: an optimizer's update op takes an accumulator's
-      value unchanged (read, cast or gathered only): the sum of the
-      micro-batch gradients, where the optimizer expects the mean. tf1_accum's
-      own accumulators are not reported: with ``average=False`` they apply
-      the sum on purpose.
+    * ``"sum_not_mean"``: an optimizer's update op takes the value of an
+      accumulator that gradients are added to (``assign_add``, not a running
+      average's ``assign``) unchanged, only read, cast or gathered: the sum
+      of the micro-batch gradients, where the optimizer expects the mean.
+      tf1_accum's own accumulators are not reported: with ``average=False``
+      they apply the sum on purpose.
 
     tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
     train op and ``build_dataset_accumulation``'s train op give no findings.
@@ -304,10 +306,17 @@ class _Checker:
     # -- walking -----------------------------------------------------------
 
     def inputs(self, op, control=True):
-        """The ops ``op`` reads from, across function-graph boundaries."""
-        found = [t.op for t in op.inputs]
+        """The ops ``op`` reads from, across function-graph boundaries.
+
+        Without ``control``, only the ops its value is computed from: no
+        control inputs, and not the predicate of a ``Switch``.
+        """
         if control:
-            found += list(op.control_inputs)
+            found = [t.op for t in op.inputs] + list(op.control_inputs)
+        elif op.type in ("Switch", "RefSwitch"):
+            found = [op.inputs[0].op]
+        else:
+            found = [t.op for t in op.inputs]
         if op in self.outer:
             found.append(self.outer[op].op)
         if op in self.body_outputs:
@@ -386,13 +395,19 @@ class _Checker:
                     self.accumulates[op] = var  # reads itself: a self-update
                 else:
                     self.resets.setdefault(var, []).append(op)
-        for op, var in self.accumulates.items():
-            index = _ADDED.get(op.type, _ASSIGNED.get(op.type))
-            value = op.inputs[index].op
-            reached = self.reaches([value], lambda o: o in self.accumulates, control=False)
+        self.writes = set(self.accumulates)
+        self.writes.update(op for ops in self.resets.values() for op in ops)
+        self.fed = set()  # accumulate ops that add what a placeholder is fed
+        for op in self.accumulates:
+            value = op.inputs[_value_index(op)].op
+            # What was written to a variable is state, not fresh data.
+            reached = self.reaches([value], lambda o: o in self.writes, control=False)
             if any(self.is_data(o) and o not in self.outer for o in reached):
                 self.fresh.add(op)
+            if any(self.is_placeholder(o) for o in reached):
+                self.fed.add(op)
         self.accumulators = set()
+        self.summing = set()  # accumulators that fresh data is added to: sums
         for op in self.fresh:
             var = self.accumulates[op]
             if not tf.as_dtype(var.get_attr("dtype")).is_floating:
@@ -400,6 +415,8 @@ class _Checker:
             if var in self.trainable or var in self.metrics:
                 continue
             self.accumulators.add(var)
+            if op.type in _ADDED:
+                self.summing.add(var)
 
     def run(self):
         self.classify()
@@ -408,7 +425,9 @@ class _Checker:
         apply_name = _names(self.apply_fetches)
         findings = []
 
-        reset_in_apply = {var for var, ops in self.resets.items() if any(o in apply_set for o in ops)}
+        reset_in_apply = {
+            var for var, ops in self.resets.items() if any(o in apply_set for o in ops)
+        }
         # (ii) accumulate ops that the apply runs again.
         again = set()
         for op in apply_set:
@@ -418,7 +437,7 @@ class _Checker:
             if self.accum_given:
                 if op in accum_set:
                     again.add(op)
-            elif op in self.fresh and var not in reset_in_apply:
+            elif op in self.fed and var not in reset_in_apply:
                 again.add(op)
         for op in again:
             var = self.accumulates[op]
@@ -446,24 +465,27 @@ class _Checker:
                 )
             )
 
-        # (i) and (iv): the gradients handed to the optimizer.
+        # (i) and (iv): the gradients handed to the optimizer, and what the
+        # accumulate ops run again add.
         updates = [op for op in apply_set if _gradient_index(op) is not None]
+        starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
+        starts += [(op.inputs[_value_index(op)].op, op) for op in again]
+        # Variables carry what was accumulated; only the writes that run
+        # again carry this run's feed.
+        stop = lambda o: o in self.writes and o not in again  # noqa: E731
         needs_feed = {}
-        for update in updates:
-            grad = update.inputs[_gradient_index(update)]
-            reached = self.reaches(
-                [grad.op], lambda o: o in self.accumulates and o not in again, control=True
-            )
+        for start, user in starts:
+            reached = self.reaches([start], stop, control=True)
             for op in reached:
                 if self.is_placeholder(op):
-                    needs_feed.setdefault(op, update)
-            var = self.summed_accumulator(grad)
+                    needs_feed.setdefault(op, user)
+            var = None if user in again else self.summed_accumulator(start)
             if var is not None:
                 findings.append(
                     GraphFinding(
                         SUM_NOT_MEAN,
-                        update.name,
-                        f"{update.name} ({update.type}) applies accumulator {var.name} "
+                        user.name,
+                        f"{user.name} ({user.type}) applies accumulator {var.name} "
                         "as it is: the sum of the micro-batch gradients, where the "
                         "optimizer expects their mean (the gradient of the mean loss). "
                         "For SGD and Momentum the step is N times too large. Divide by "
@@ -472,16 +494,20 @@ class _Checker:
                         "counter (average=True, the default).",
                     )
                 )
-        for placeholder, update in needs_feed.items():
+        for placeholder, user in needs_feed.items():
+            what = (
+                f"accumulate op {user.name}"
+                if user in again
+                else f"the gradient that {user.name} applies"
+            )
             findings.append(
                 GraphFinding(
                     APPLY_NEEDS_FEED,
                     placeholder.name,
                     f"Fetching {apply_name} needs a feed for placeholder "
-                    f"{placeholder.name}: the gradient that {update.name} applies "
-                    "depends on it, so every apply runs the forward and backward pass "
-                    "again on what is fed (and any accumulate op on the way) instead "
-                    "of applying what was accumulated. Use "
+                    f"{placeholder.name}, on which {what} depends: every apply runs "
+                    "the forward and backward pass again on what is fed, instead of "
+                    "applying only what was accumulated. Use "
                     "tf1_accum.build_accumulation: its apply_op reads only the "
                     "accumulators and runs with no feed_dict.",
                 )
@@ -514,9 +540,8 @@ class _Checker:
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
         return findings
 
-    def summed_accumulator(self, grad):
-        """The accumulator whose value ``grad`` is, unchanged, or None."""
-        op = grad.op
+    def summed_accumulator(self, op):
+        """The summing accumulator whose value ``op`` outputs unchanged, or None."""
         for _ in range(10000):
             if op.type in _VARIABLE_OPS:
                 break
@@ -528,9 +553,14 @@ class _Checker:
                 return None
         else:
             return None
-        if op in self.accumulators and op not in self.owned:
+        if op in self.summing and op not in self.owned:
             return op
         return None
+
+
+def _value_index(op):
+    """The index of the value an accumulate op adds or assigns."""
+    return _ADDED.get(op.type, _ASSIGNED.get(op.type))
 
 
 def _gradient_index(op):

@@ -1,0 +1,374 @@
+"""check_graph: the bugs of hand-written accumulation, and none in tf1_accum's ops.
+
+Each broken pattern is built by hand, the way it is usually written, in a
+small graph: accumulators made with ``tf.compat.v1.Variable`` (reference
+variables under ``disable_v2_behavior()``, resource variables otherwise),
+``assign_add`` of each gradient, and an apply on what they hold.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf1_accum
+from tests._helpers import Model
+
+v1 = tf.compat.v1
+
+OPTIMIZERS = {
+    "sgd": lambda: v1.train.GradientDescentOptimizer(0.1),
+    "momentum": lambda: v1.train.MomentumOptimizer(0.1, 0.9),
+    "adam": lambda: v1.train.AdamOptimizer(0.05),
+}
+
+
+class HandWritten:
+    """A two-variable model with hand-written accumulators (forum style)."""
+
+    def __init__(self, optimizer="sgd", zero_ops=True, accumulate=True, variable=v1.Variable):
+        self.x = v1.placeholder(tf.float32, [None, 3], name="x")
+        self.y = v1.placeholder(tf.float32, [None], name="y")
+        self.w = v1.get_variable("w", initializer=np.arange(1.0, 4.0, dtype=np.float32))
+        self.b = v1.get_variable("b", initializer=0.5)
+        prediction = tf.reduce_sum(self.x * self.w, axis=1) + self.b
+        self.loss = tf.reduce_mean((prediction - self.y) ** 2)
+        self.opt = OPTIMIZERS[optimizer]()
+        self.grads_and_vars = self.opt.compute_gradients(self.loss)
+        self.accums = [
+            variable(tf.zeros_like(_initialized_value(var)), trainable=False)
+            for _, var in self.grads_and_vars
+        ]
+        if accumulate:
+            pairs = zip(self.accums, self.grads_and_vars)
+            self.accum_ops = [a.assign_add(g) for a, (g, _) in pairs]
+        if zero_ops:
+            self.zero_ops = [a.assign(tf.zeros_like(a)) for a in self.accums]
+        self.vars = [var for _, var in self.grads_and_vars]
+
+    def feed(self):
+        return {self.x: np.ones((2, 3), np.float32), self.y: np.ones(2, np.float32)}
+
+
+def _initialized_value(var):
+    """``var.initialized_value()``, as forum code writes it; resource variables lack it."""
+    return var if var.op.type == "VarHandleOp" else var.initialized_value()
+
+
+def update_ops(graph):
+    """The names of the optimizer update ops (Apply*, ResourceApply*...) in ``graph``."""
+    return sorted(
+        op.name
+        for op in graph.get_operations()
+        if "Apply" in op.type and not op.type.startswith("Stateless")
+    )
+
+
+def variable_names(variables):
+    return sorted(v.op.name for v in variables)
+
+
+def by_kind(findings):
+    kinds = {}
+    for finding in findings:
+        kinds.setdefault(finding.kind, []).append(finding.op_name)
+    return {kind: sorted(names) for kind, names in kinds.items()}
+
+
+# -- the broken patterns -----------------------------------------------------
+
+
+@pytest.mark.parametrize("variable", [v1.Variable, tf.Variable], ids=["v1", "v2"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_sum_handed_to_the_optimizer(optimizer, variable):
+    """tf.Variable makes resource accumulators even beside reference variables."""
+    with tf.Graph().as_default() as graph:
+        model = HandWritten(optimizer, variable=variable)
+        apply_op = model.opt.apply_gradients(list(zip(model.accums, model.vars)))
+        findings = tf1_accum.check_graph(apply_op, model.accum_ops)
+        assert by_kind(findings) == {"sum_not_mean": update_ops(graph)}
+        assert len(findings) == 2
+        for finding in findings:
+            assert "the sum of the micro-batch gradients" in finding.message
+            assert "tf1_accum.build_accumulation" in finding.message
+
+
+def test_sum_found_through_a_cast_and_without_accum_ops():
+    with tf.Graph().as_default() as graph:
+        model = HandWritten()
+        apply_op = model.opt.apply_gradients(
+            [(tf.cast(tf.identity(a), tf.float32), v) for a, v in zip(model.accums, model.vars)]
+        )
+        assert by_kind(tf1_accum.check_graph(apply_op)) == {"sum_not_mean": update_ops(graph)}
+
+
+def test_mean_over_a_counter_that_is_reset_is_clean():
+    """The hand-written version done right: a float counter, divided by, reset."""
+    with tf.Graph().as_default():
+        model = HandWritten("adam")
+        counter = v1.Variable(0.0, trainable=False)
+        accum_ops = model.accum_ops + [counter.assign_add(1.0)]
+        counter.assign(0.0)  # with model.zero_ops, run at the start of each window
+        apply_op = model.opt.apply_gradients(
+            [(a / counter, v) for a, v in zip(model.accums, model.vars)]
+        )
+        assert tf1_accum.check_graph(apply_op, accum_ops) == []
+        assert tf1_accum.check_graph(apply_op) == []
+
+
+def test_apply_fed_the_last_batch_accumulates_it_again():
+    """norm_accums = [accum_op / batches ...]: the apply runs the assign_adds."""
+    with tf.Graph().as_default():
+        model = HandWritten()
+        norm_accums = [accum_op / 4.0 for accum_op in model.accum_ops]
+        apply_op = model.opt.apply_gradients(list(zip(norm_accums, model.vars)))
+        accumulates = sorted(op.op.name for op in model.accum_ops)
+        expected = {"apply_accumulates": accumulates, "apply_needs_feed": ["x", "y"]}
+        for accum_ops in (model.accum_ops, None):
+            findings = tf1_accum.check_graph(apply_op, accum_ops)
+            assert by_kind(findings) == expected
+        twice = [f for f in findings if f.kind == "apply_accumulates"]
+        assert all("counts twice" in f.message for f in twice)
+        fed = [f for f in findings if f.kind == "apply_needs_feed"]
+        assert all("needs a feed for placeholder" in f.message for f in fed)
+
+
+def test_apply_grouped_with_the_accumulate_ops():
+    with tf.Graph().as_default():
+        model = HandWritten()
+        apply_op = model.opt.apply_gradients(
+            [(a / 4.0, v) for a, v in zip(model.accums, model.vars)]
+        )
+        train_op = tf.group(*model.accum_ops, apply_op)
+        accumulates = sorted(op.op.name for op in model.accum_ops)
+        expected = {"apply_accumulates": accumulates, "apply_needs_feed": ["x", "y"]}
+        assert by_kind(tf1_accum.check_graph(train_op, model.accum_ops)) == expected
+        assert by_kind(tf1_accum.check_graph(train_op)) == expected
+
+
+def test_gradients_fed_back_through_placeholders():
+    with tf.Graph().as_default():
+        model = HandWritten()
+        fed = [
+            v1.placeholder(tf.float32, v.shape, name=f"grad_{i}") for i, v in enumerate(model.vars)
+        ]
+        apply_op = model.opt.apply_gradients(list(zip(fed, model.vars)))
+        findings = tf1_accum.check_graph(apply_op)
+        assert by_kind(findings) == {"apply_needs_feed": ["grad_0", "grad_1"]}
+
+
+def test_a_learning_rate_placeholder_is_not_a_finding():
+    with tf.Graph().as_default():
+        learning_rate = v1.placeholder(tf.float32, [], name="learning_rate")
+        model = Model(tf.float32, sparse=False)
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.MomentumOptimizer(learning_rate, 0.9)
+        )
+        assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
+
+
+def test_accumulators_never_reset():
+    with tf.Graph().as_default():
+        model = HandWritten(zero_ops=False)
+        apply_op = model.opt.apply_gradients(
+            [(a / 4.0, v) for a, v in zip(model.accums, model.vars)]
+        )
+        findings = tf1_accum.check_graph(apply_op, model.accum_ops)
+        assert by_kind(findings) == {"never_reset": variable_names(model.accums)}
+        assert "never reset" in findings[0].message
+        assert model.accum_ops[0].op.name in " ".join(f.message for f in findings)
+
+
+def test_running_average_keyed_on_the_global_step_is_never_reset():
+    with tf.Graph().as_default():
+        model = HandWritten(zero_ops=False, accumulate=False)
+        step = v1.train.get_or_create_global_step()
+        n = tf.cast(step, tf.float32)
+        averages = [
+            a.assign(a * (n / (n + 1.0)) + g / (n + 1.0))
+            for a, (g, _) in zip(model.accums, model.grads_and_vars)
+        ]
+        with tf.control_dependencies(averages):
+            accum_op = v1.assign_add(step, 1)
+        apply_op = model.opt.apply_gradients(list(zip(model.accums, model.vars)))
+        findings = tf1_accum.check_graph(apply_op, accum_op)
+        # A running average is a mean: never reset, but not a sum.
+        assert by_kind(findings) == {"never_reset": variable_names(model.accums)}
+
+
+def test_in_a_cond_that_accumulates_or_applies():
+    with tf.Graph().as_default():
+        model = HandWritten()
+        counter = v1.Variable(0, trainable=False, dtype=tf.int64)
+
+        applies = []
+
+        def apply():
+            op = model.opt.apply_gradients(list(zip(model.accums, model.vars)))
+            applies.extend(update_ops(v1.get_default_graph()))  # the branch's graph in cond_v2
+            with tf.control_dependencies([op]):
+                resets = [a.assign(tf.zeros(a.shape)) for a in model.accums]
+            with tf.control_dependencies(resets):
+                return tf.identity(counter.assign(0))
+
+        def accumulate():
+            with tf.control_dependencies(model.accum_ops):
+                return tf.identity(counter.assign_add(1))
+
+        train_op = tf.cond(tf.equal(counter, 3), apply, accumulate)
+        expected = {"sum_not_mean": sorted(applies)}
+        assert len(applies) == 2
+        assert by_kind(tf1_accum.check_graph(train_op, train_op)) == expected
+        assert by_kind(tf1_accum.check_graph(train_op)) == expected
+
+
+def test_in_a_while_loop_over_a_dataset():
+    with tf.Graph().as_default() as graph:
+        data = tf.data.Dataset.from_tensor_slices(np.ones((4, 2, 3), np.float32)).repeat()
+        next_batch = v1.data.make_one_shot_iterator(data).get_next
+        w = v1.get_variable("w", initializer=np.arange(1.0, 4.0, dtype=np.float32))
+        accum = v1.Variable(tf.zeros([3]), trainable=False, name="w_sum")
+
+        def body(i):
+            loss = tf.reduce_mean(tf.reduce_sum(next_batch() * w, axis=1) ** 2)
+            (grad,) = tf.gradients(loss, [w])
+            with tf.control_dependencies([accum.assign_add(grad)]):
+                return i + 1
+
+        loop = tf.while_loop(lambda i: i < 4, body, [tf.constant(0)])
+        with tf.control_dependencies(tf.nest.flatten(loop)):
+            apply_op = v1.train.GradientDescentOptimizer(0.1).apply_gradients(
+                [(accum.read_value(), w)]
+            )
+        findings = tf1_accum.check_graph(apply_op)
+        assert by_kind(findings) == {"never_reset": ["w_sum"], "sum_not_mean": update_ops(graph)}
+
+
+# -- tf1_accum's own ops give no findings ------------------------------------
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_build_accumulation_ops_are_clean(optimizer, sparse):
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse)
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_accumulation(
+            model.loss, OPTIMIZERS[optimizer](), global_step=step, fused=True
+        )
+        assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
+        assert tf1_accum.check_graph(acc.apply_op) == []
+        assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+        assert tf1_accum.check_graph(acc.accum_apply_op) == []
+        assert tf1_accum.check_graph([acc.apply_op, acc.global_norm], raise_on_findings=True) == []
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"average": False}, {"clip_norm": 1.0}, {"skip_nonfinite": False}],
+    ids=["sum", "clip", "no_skip"],
+)
+def test_build_accumulation_options_are_clean(options):
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.GradientDescentOptimizer(0.1), fused=True, **options
+        )
+        assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
+        assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+
+
+def test_weighted_accumulation_is_clean():
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        weight = tf.cast(tf.shape(model.labels)[0], tf.float32)
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.AdamOptimizer(0.1), weight=weight, fused=True
+        )
+        assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
+        assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_accumulation_optimizer_train_op_is_clean(optimizer, sparse):
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse)
+        step = v1.train.get_or_create_global_step()
+        wrapper = tf1_accum.AccumulationOptimizer(OPTIMIZERS[optimizer](), steps=3)
+        train_op = wrapper.minimize(model.loss, global_step=step)
+        assert tf1_accum.check_graph(train_op, train_op) == []
+        assert tf1_accum.check_graph(train_op) == []
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_dataset_loop_train_op_is_clean(optimizer):
+    def loss_fn(batch):
+        w = v1.get_variable("w", initializer=np.arange(1.0, 4.0, dtype=np.float32))
+        return tf.reduce_mean(tf.reduce_sum(batch * w, axis=1) ** 2)
+
+    with tf.Graph().as_default():
+        data = tf.data.Dataset.from_tensor_slices(np.ones((6, 2, 3), np.float32))
+        acc = tf1_accum.build_dataset_accumulation(loss_fn, OPTIMIZERS[optimizer](), data, 3)
+        assert tf1_accum.check_graph(acc.train_op) == []
+        assert tf1_accum.check_graph([acc.train_op, acc.loss]) == []
+
+
+# -- arguments and raise_on_findings -----------------------------------------
+
+
+def test_raise_on_findings_lists_them():
+    with tf.Graph().as_default():
+        model = HandWritten(zero_ops=False)
+        apply_op = model.opt.apply_gradients(list(zip(model.accums, model.vars)))
+        findings = tf1_accum.check_graph(apply_op, model.accum_ops)
+        assert len(findings) == 4
+        with pytest.raises(ValueError, match=r"check_graph found 4 problem\(s\)") as raised:
+            tf1_accum.check_graph(apply_op, model.accum_ops, raise_on_findings=True)
+        text = str(raised.value)
+        for finding in findings:
+            assert f"{finding.kind} at {finding.op_name}: {finding.message}" in text
+
+
+def test_findings_are_named_tuples():
+    with tf.Graph().as_default():
+        model = HandWritten()
+        apply_op = model.opt.apply_gradients(list(zip(model.accums, model.vars)))
+        finding = tf1_accum.check_graph(apply_op)[0]
+        assert isinstance(finding, tf1_accum.GraphFinding)
+        assert finding._fields == ("kind", "op_name", "message")
+        assert finding == (finding.kind, finding.op_name, finding.message)
+
+
+@pytest.mark.parametrize("bad", [None, "train", 3, {"op": 1}])
+def test_apply_op_of_the_wrong_type(bad):
+    expected = "apply_op must be a tf.Operation, tf.Tensor or tf.Variable"
+    with pytest.raises(TypeError, match=expected):
+        tf1_accum.check_graph(bad)
+
+
+def test_empty_apply_op():
+    with pytest.raises(TypeError, match=r"apply_op must not be empty, got \[\]"):
+        tf1_accum.check_graph([])
+
+
+def test_accum_ops_of_the_wrong_type():
+    with tf.Graph().as_default():
+        op = tf.no_op()
+        with pytest.raises(TypeError, match="accum_ops must be a tf.Operation.*got 'accumulate'"):
+            tf1_accum.check_graph(op, ["accumulate"])
+
+
+def test_raise_on_findings_must_be_a_bool():
+    with tf.Graph().as_default():
+        op = tf.no_op()
+        with pytest.raises(TypeError, match="raise_on_findings must be True or False, got 1"):
+            tf1_accum.check_graph(op, raise_on_findings=1)
+
+
+def test_accum_ops_from_another_graph():
+    with tf.Graph().as_default():
+        other = tf.no_op(name="elsewhere")
+    with tf.Graph().as_default():
+        op = tf.no_op(name="apply")
+        with pytest.raises(ValueError, match="must come from one graph: elsewhere is in another"):
+            tf1_accum.check_graph(op, other)
