@@ -40,6 +40,23 @@ def test_api_reference_lists_every_public_name():
     assert not missing, f"docs/api.rst does not document: {missing}"
 
 
+def test_api_reference_lists_every_public_member_of_each_class():
+    """A class's own public methods and properties are in its ``:members:``."""
+    api = (ROOT / "docs" / "api.rst").read_text(encoding="utf-8")
+    for name in tf1_accum.__all__:
+        obj = getattr(tf1_accum, name)
+        if not inspect.isclass(obj) or issubclass(obj, tuple):
+            continue  # NamedTuples document their fields in the docstring
+        entry = re.search(
+            rf"^\.\. autoclass:: tf1_accum\.{name}\n((?:   .*\n|\s+\S.*\n)*)", api, re.M
+        )
+        assert entry, f"docs/api.rst has no autoclass entry for {name}"
+        listed = set(re.findall(r"\w+", entry.group(1).replace(":members:", "")))
+        own = {m for m in vars(obj) if not m.startswith("_")}
+        missing = sorted(own - listed)
+        assert not missing, f"docs/api.rst does not list these members of {name}: {missing}"
+
+
 def test_version_is_the_one_setup_py_reads():
     setup = (ROOT / "setup.py").read_text(encoding="utf-8")
     assert "tf1_accum" in setup and "__version__" in setup

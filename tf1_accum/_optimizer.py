@@ -207,9 +207,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             return tf.group(applied, name="train")
 
     def get_slot(self, var, name):
+        """The wrapped optimizer's slot ``name`` of ``var`` (as plain training names it)."""
         return self._optimizer.get_slot(var, name)
 
     def get_slot_names(self):
+        """The wrapped optimizer's slot names."""
         return self._optimizer.get_slot_names()
 
     def variables(self):
