@@ -101,6 +101,25 @@ def test_sum_found_through_a_cast_and_without_accum_ops():
         assert by_kind(tf1_accum.check_graph(apply_op)) == {"sum_not_mean": update_ops(graph)}
 
 
+def test_sparse_sum_scatter_added_and_gathered():
+    with tf.Graph().as_default() as graph:
+        ids = v1.placeholder(tf.int32, [None], name="ids")
+        table = v1.get_variable("table", initializer=np.ones((5, 2), np.float32))
+        loss = tf.reduce_mean(tf.nn.embedding_lookup(table, ids) ** 2)
+        opt = v1.train.MomentumOptimizer(0.1, 0.9)
+        ((grad, _),) = opt.compute_gradients(loss)
+        accum = v1.Variable(tf.zeros([5, 2]), trainable=False, name="table_sum")
+        accum_op = v1.scatter_add(accum, grad.indices, grad.values)
+        accum.assign(tf.zeros([5, 2]))
+        rows = tf.range(5)
+        summed = tf.IndexedSlices(tf.gather(accum, rows), rows, tf.constant([5, 2]))
+        apply_op = opt.apply_gradients([(summed, table)])
+        assert by_kind(tf1_accum.check_graph(apply_op, accum_op)) == {
+            "sum_not_mean": update_ops(graph)
+        }
+        assert update_ops(graph)[0].endswith("SparseApplyMomentum")
+
+
 def test_mean_over_a_counter_that_is_reset_is_clean():
     """The hand-written version done right: a float counter, divided by, reset."""
     with tf.Graph().as_default():
@@ -259,7 +278,9 @@ def test_build_accumulation_ops_are_clean(optimizer, sparse):
         assert tf1_accum.check_graph(acc.apply_op) == []
         assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
         assert tf1_accum.check_graph(acc.accum_apply_op) == []
+        count = len(v1.get_default_graph().get_operations())
         assert tf1_accum.check_graph([acc.apply_op, acc.global_norm], raise_on_findings=True) == []
+        assert len(v1.get_default_graph().get_operations()) == count  # builds nothing
 
 
 @pytest.mark.parametrize(

@@ -59,8 +59,9 @@ _FORWARDING_OPS = frozenset(
     }
 )
 # Ops whose output is a variable's value, unchanged (input 0 is the variable,
-# or a tensor holding it): a gradient that reaches an accumulator through
-# these alone is the accumulator's value, a sum.
+# or a tensor holding it), or rows of it added together (the optimizers'
+# merge of duplicate sparse indices): a gradient that reaches an accumulator
+# through these alone is still a sum.
 _VALUE_OPS = _FORWARDING_OPS | frozenset(
     {
         "ReadVariableOp",
@@ -71,6 +72,7 @@ _VALUE_OPS = _FORWARDING_OPS | frozenset(
         "Gather",
         "GatherV2",
         "ResourceGather",
+        "UnsortedSegmentSum",
         "AssignAdd",
         "ScatterAdd",
     }
