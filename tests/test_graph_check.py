@@ -197,6 +197,22 @@ def test_accumulators_never_reset():
         assert model.accum_ops[0].op.name in " ".join(f.message for f in findings)
 
 
+def test_float_counter_never_reset():
+    """The window's sums are reset, its counter is not: the mean shrinks."""
+    with tf.Graph().as_default():
+        model = HandWritten()
+        counter = v1.Variable(0.0, trainable=False, name="counter")
+        accum_ops = model.accum_ops + [counter.assign_add(1.0)]
+        apply_op = model.opt.apply_gradients(
+            [(a / counter, v) for a, v in zip(model.accums, model.vars)]
+        )
+        findings = tf1_accum.check_graph(apply_op, accum_ops)
+        assert by_kind(findings) == {"never_reset": ["counter"]}
+        assert "Counter counter is incremented" in findings[0].message
+        counter.assign(0.0)
+        assert tf1_accum.check_graph(apply_op, accum_ops) == []
+
+
 def test_running_average_keyed_on_the_global_step_is_never_reset():
     with tf.Graph().as_default():
         model = HandWritten(zero_ops=False, accumulate=False)

@@ -77,6 +77,10 @@ _VALUE_OPS = _FORWARDING_OPS | frozenset(
         "ScatterAdd",
     }
 )
+# Ops that read a variable's value (input 0).
+_READ_OPS = frozenset(
+    {"ReadVariableOp", "Identity", "RefIdentity", "ResourceGather", "Gather", "GatherV2"}
+)
 # Accumulate ops: input 0 is the variable, ``_ADDED[type]`` the added value.
 _ADDED = {
     "AssignAdd": 1,
@@ -111,14 +115,15 @@ class GraphFinding(typing.NamedTuple):
               a ``feed_dict`` and runs the forward and backward pass again;
             * ``"apply_accumulates"``: fetching the apply runs an accumulate
               op again, so the micro-batch fed with it is added a second time;
-            * ``"never_reset"``: nothing in the graph resets an accumulator,
-              so it sums over all of training, not over one window;
+            * ``"never_reset"``: nothing in the graph resets an accumulator
+              (or the counter the apply divides by), so it sums (counts)
+              over all of training, not over one window;
             * ``"sum_not_mean"``: an optimizer's update op gets an
               accumulator's value as it is, the sum over the micro-batches,
               where it expects the mean.
 
         op_name: The op at fault: the placeholder, the accumulate op, the
-            accumulator variable, or the optimizer's update op.
+            accumulator (or counter) variable, or the optimizer's update op.
         message: What goes wrong, and the tf1_accum replacement.
     """
 
@@ -152,7 +157,9 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
     * ``"never_reset"``: an accumulator that these fetches read or add to is
       never assigned anything except by its initializer, so after the first
       update it holds the sum over all of training (a running average keyed
-      on the step behaves the same).
+      on the step behaves the same). So is a floating-point counter (a
+      variable incremented by a constant, not the ``global_step``) that the
+      apply reads, for a mean divided by it.
     * ``"sum_not_mean"``: an optimizer's update op takes the value of an
       accumulator that gradients are added to (``assign_add``, not a running
       average's ``assign``) unchanged, only read, cast or gathered: the sum
@@ -162,8 +169,11 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
 
     tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
     train op and ``build_dataset_accumulation``'s train op give no findings.
-    Functions called with ``tf.function`` (``PartitionedCall``) are not
-    entered, nor are function bodies of graphs imported from a ``GraphDef``.
+    Not covered: functions called with ``tf.function`` (``PartitionedCall``)
+    and the function bodies of graphs imported from a ``GraphDef`` are not
+    entered; sparse updates that an optimizer makes without an ``Apply`` op
+    (``GradientDescentOptimizer`` scatters into the variable) are not checked
+    for sums.
 
     Example:
 
@@ -191,8 +201,8 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
     []
 
     Args:
-        apply_op: What you fetch to apply an update: a ``tf.Operation`` or
-            ``tf.Tensor``, or a list of them.
+        apply_op: What you fetch to apply an update: a ``tf.Operation``,
+            ``tf.Tensor`` or ``tf.Variable``, or a list of them.
         accum_ops: Optional: what you fetch for each micro-batch, in the same
             form. Given, ``"apply_accumulates"`` reports exactly the
             accumulate ops that both run.
@@ -204,8 +214,9 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
         nothing was found.
 
     Raises:
-        TypeError: If ``apply_op`` or ``accum_ops`` holds something other
-            than graph ops and tensors, or ``raise_on_findings`` is not a bool.
+        TypeError: If ``apply_op`` is empty, ``apply_op`` or ``accum_ops``
+            holds something other than graph ops, tensors and variables, or
+            ``raise_on_findings`` is not a bool.
         ValueError: If ``accum_ops`` belongs to another graph than
             ``apply_op``, or ``raise_on_findings=True`` and there are findings.
     """
@@ -286,6 +297,7 @@ class _Checker:
         self.trainable = _variable_ops(graph, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
         self.owned = _variable_ops(graph, STATE_COLLECTION)
         self.metrics = _variable_ops(graph, tf.compat.v1.GraphKeys.METRIC_VARIABLES)
+        self.steps = _variable_ops(graph, tf.compat.v1.GraphKeys.GLOBAL_STEP)
         self.initializers = set()
         for key in graph.get_all_collection_keys():
             for item in graph.get_collection(key):
@@ -400,6 +412,7 @@ class _Checker:
         self.writes = set(self.accumulates)
         self.writes.update(op for ops in self.resets.values() for op in ops)
         self.fed = set()  # accumulate ops that add what a placeholder is fed
+        self.constant_adds = set()  # counter increments: add a constant
         for op in self.accumulates:
             value = op.inputs[_value_index(op)].op
             # What was written to a variable is state, not fresh data.
@@ -408,6 +421,11 @@ class _Checker:
                 self.fresh.add(op)
             if any(self.is_placeholder(o) for o in reached):
                 self.fed.add(op)
+            if op.type in _ADDED and not any(
+                o.type in _VARIABLE_OPS or o in self.writes or self.is_data(o)
+                for o in reached
+            ):
+                self.constant_adds.add(op)
         self.accumulators = set()
         self.summing = set()  # accumulators that fresh data is added to: sums
         for op in self.fresh:
@@ -419,6 +437,16 @@ class _Checker:
             self.accumulators.add(var)
             if op.type in _ADDED:
                 self.summing.add(var)
+        # Floating-point counters of micro-batches (an int global_step is not one).
+        self.counters = set()
+        for op in self.constant_adds:
+            var = self.accumulates[op]
+            if (
+                tf.as_dtype(var.get_attr("dtype")).is_floating
+                and var not in self.accumulators
+                and var not in self.trainable | self.metrics | self.owned | self.steps
+            ):
+                self.counters.add(var)
 
     def run(self):
         self.classify()
@@ -537,6 +565,27 @@ class _Checker:
                     "of training, not over one window. tf1_accum.build_accumulation's "
                     "apply_op resets the window after each update (zero_op discards a "
                     "partial one).",
+                )
+            )
+        read = {
+            self.variable_of(op.inputs[0])
+            for op in apply_set
+            if op.type in _READ_OPS and op.inputs and op not in self.writes
+        }
+        for var in sorted(read & self.counters, key=lambda v: v.name):
+            if var in self.resets:
+                continue
+            adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
+            findings.append(
+                GraphFinding(
+                    NEVER_RESET,
+                    var.name,
+                    f"Counter {var.name} is incremented (by {', '.join(adders)}) and "
+                    "read by the apply, but never reset: after the first update it "
+                    "counts the micro-batches since the start of training, so a mean "
+                    "divided by it shrinks window after window. "
+                    "tf1_accum.build_accumulation's apply_op resets its counter with "
+                    "the accumulators.",
                 )
             )
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
