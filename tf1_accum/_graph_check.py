@@ -101,7 +101,6 @@ _ASSIGNED = {
 }
 # Ops that read a tensor's shape, not its values.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
-_CONTROL_FLOW_OPS = frozenset({"If", "StatelessIf", "While", "StatelessWhile"})
 
 
 class GraphFinding(typing.NamedTuple):
