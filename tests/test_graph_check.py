@@ -337,15 +337,36 @@ def test_accumulation_optimizer_train_op_is_clean(optimizer, sparse):
         assert tf1_accum.check_graph(train_op) == []
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"average": False}, {"clip_norm": 1.0}, {"skip_nonfinite": False}, {"weight": "size"}],
+    ids=["sum", "clip", "no_skip", "weighted"],
+)
+def test_accumulation_optimizer_options_are_clean(options):
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        if options.get("weight") == "size":
+            options = {"weight": tf.cast(tf.shape(model.labels)[0], tf.float32)}
+        wrapper = tf1_accum.AccumulationOptimizer(
+            v1.train.MomentumOptimizer(0.1, 0.9), steps=3, **options
+        )
+        train_op = wrapper.minimize(model.loss)
+        assert tf1_accum.check_graph(train_op, train_op) == []
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["mean", "weighted"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_dataset_loop_train_op_is_clean(optimizer):
+def test_dataset_loop_train_op_is_clean(optimizer, weighted):
     def loss_fn(batch):
         w = v1.get_variable("w", initializer=np.arange(1.0, 4.0, dtype=np.float32))
         return tf.reduce_mean(tf.reduce_sum(batch * w, axis=1) ** 2)
 
     with tf.Graph().as_default():
         data = tf.data.Dataset.from_tensor_slices(np.ones((6, 2, 3), np.float32))
-        acc = tf1_accum.build_dataset_accumulation(loss_fn, OPTIMIZERS[optimizer](), data, 3)
+        weight = (lambda batch: tf.cast(tf.shape(batch)[0], tf.float32)) if weighted else None
+        acc = tf1_accum.build_dataset_accumulation(
+            loss_fn, OPTIMIZERS[optimizer](), data, 3, weight=weight
+        )
         assert tf1_accum.check_graph(acc.train_op) == []
         assert tf1_accum.check_graph([acc.train_op, acc.loss]) == []
 
