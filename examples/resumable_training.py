@@ -63,9 +63,7 @@ def build_model(seed):
     ids = v1.placeholder(tf.int32, [None], name="ids")
     features = v1.placeholder(tf.float32, [None, FEATURES], name="features")
     targets = v1.placeholder(tf.float32, [None, 1], name="targets")
-    table = v1.get_variable(
-        "embedding", initializer=rng.randn(VOCAB, EMBEDDING).astype(np.float32)
-    )
+    table = v1.get_variable("embedding", initializer=rng.randn(VOCAB, EMBEDDING).astype(np.float32))
     w1 = v1.get_variable(
         "w1", initializer=(0.5 * rng.randn(EMBEDDING + FEATURES, HIDDEN)).astype(np.float32)
     )
