@@ -105,6 +105,11 @@ def _called_name(call):
     return None
 
 
+def _function_form(call):
+    """``tf.assign_add(ref, value)`` rather than ``ref.assign_add(value)``."""
+    return not isinstance(call.func, ast.Attribute) or len(call.args) >= 2
+
+
 def _calls(nodes, names):
     return any(
         isinstance(node, ast.Call) and _called_name(node) in names
@@ -178,10 +183,10 @@ class _Module:
                 self.values.setdefault(node.id, []).append(value)
 
     def _receiver_tags(self, call):
-        """Tags of what a method is called on, or of a function's first argument."""
-        if isinstance(call.func, ast.Attribute):
-            return self.tags(call.func.value)
-        return self.tags(call.args[0]) if call.args else frozenset()
+        """Tags of the variable an assign method or function updates."""
+        if _function_form(call):
+            return self.tags(call.args[0]) if call.args else frozenset()
+        return self.tags(call.func.value)
 
     def tags(self, node):
         key = id(node)
@@ -324,10 +329,7 @@ def _running_average_finding(module, call):
     name = _called_name(call)
     if name != "assign":
         return []
-    if isinstance(call.func, ast.Attribute):
-        value = _argument(call, 0, "value")
-    else:
-        value = _argument(call, 1, "value")
+    value = _argument(call, 1 if _function_form(call) else 0, "value")
     if value is None:
         return []
     receiver = module._receiver_tags(call)
