@@ -183,3 +183,13 @@ def test_the_checker_does_not_import_tensorflow():
         *findings, summary = result.stdout.splitlines()
         assert json.loads(summary) == {"status": 1, "tensorflow": []}, mode
         assert len(findings) == 1 and ": TFA003 " in findings[0]
+
+
+def test_the_migration_guide_quotes_the_checker_as_it_is():
+    guide = (ROOT / "docs" / "migration.rst").read_text(encoding="utf-8")
+    quoted = re.findall(r"^   (examples/migration/\S+_before\.py:\d+: TFA\d{3} .*)$", guide, re.M)
+    actual = [
+        str(finding._replace(path=str(pathlib.Path(finding.path).relative_to(ROOT))))
+        for finding in _lint.check_paths([str(path) for path in BEFORES])
+    ]
+    assert quoted == actual
