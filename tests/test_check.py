@@ -136,6 +136,7 @@ def test_unparsable_file_is_reported_at_its_line(tmp_path):
     binary = tmp_path / "binary.py"
     binary.write_bytes(b"\xff\xfe\x00")
     assert [(f.line, f.rule) for f in _lint.check_paths([str(binary)])] == [(1, "TFA000")]
+    assert [(f.line, f.rule) for f in _lint.check_source("x = 1\0\n")] == [(1, "TFA000")]
 
 
 def test_exit_status_and_output_format(tmp_path):

@@ -52,8 +52,7 @@ def _combined(*terms):
 def _applied(params, k):
     """The gradient SGD applied in update k (1-based): (before - after) / lr."""
     return {
-        name: (params[k - 1][name] - params[k][name]) / common.LEARNING_RATE
-        for name in params[k]
+        name: (params[k - 1][name] - params[k][name]) / common.LEARNING_RATE for name in params[k]
     }
 
 

@@ -86,7 +86,8 @@ RULES = {
 }
 
 _ACC = "acc"  # a zero, non-trainable variable: (_ACC, node position)
-_SUM_OP = "sum_op"  # the result of assign_add on an accumulator: the sum, and a rerun
+_SUM_OP = "sum_op"  # the sum an accumulator's assign_add returns (scaling removes it)
+_RERUN = "rerun"  # computed from an accumulator's assign_add: running it accumulates again
 _COUNTER = "counter"  # a float variable: (_COUNTER, node position)
 _COUNTER_MEAN = "counter_mean"
 _PLACEHOLDER = "placeholder"
@@ -169,7 +170,9 @@ class _Module:
             elif isinstance(value, ast.Call) and _called_name(value) == "zip":
                 pairs = zip(elements, value.args) if len(value.args) == len(elements) else None
             elif isinstance(value, ast.Call) and _called_name(value) == "enumerate":
-                pairs = [(elements[1], value.args[0])] if len(elements) == 2 and value.args else None
+                pairs = (
+                    [(elements[1], value.args[0])] if len(elements) == 2 and value.args else None
+                )
             else:
                 pairs = None
             if pairs is not None:
@@ -251,7 +254,7 @@ class _Module:
         if name == "assign_add":
             receiver = self._receiver_tags(call)
             if any(t[0] == _ACC for t in receiver):
-                return {(_SUM_OP,)}
+                return {(_SUM_OP,), (_RERUN,)}
             return set()
         if name in ("assign", "assign_sub", "initialized_value"):
             return set()
@@ -291,38 +294,11 @@ def _apply_findings(module, call):
         rules.append("TFA001")
     if (_COUNTER_MEAN,) in tags:
         rules.append("TFA002")
-    if (_SUM_OP,) in tags or _reruns(module, gradients):
+    if (_RERUN,) in tags:
         rules.append("TFA003")
     if (_PLACEHOLDER,) in tags:
         rules.append("TFA004")
     return [(line, rule) for rule in rules]
-
-
-def _reruns(module, gradients):
-    """Whether the gradients are computed from assign_add results (then divided)."""
-    return _SUM_OP in {t[0] for t in module.tags(gradients)} or bool(
-        _RerunFinder(module).visit_tags(gradients)
-    )
-
-
-class _RerunFinder:
-    """Tags again, keeping _SUM_OP through scaling: does the value run an assign_add?"""
-
-    def __init__(self, module):
-        self.module = module
-        self.seen = set()
-
-    def visit_tags(self, node):
-        if id(node) in self.seen:
-            return False
-        self.seen.add(id(node))
-        if isinstance(node, ast.Call) and _called_name(node) == "assign_add":
-            return (_SUM_OP,) in self.module.tags(node)
-        if isinstance(node, ast.Name):
-            return any(self.visit_tags(v) for v in self.module.values.get(node.id, ()))
-        if isinstance(node, (ast.Lambda, ast.FunctionDef, ast.AsyncFunctionDef)):
-            return False
-        return any(self.visit_tags(child) for child in ast.iter_child_nodes(node))
 
 
 def _running_average_finding(module, call):
@@ -397,8 +373,11 @@ def check_source(source, path="<string>"):
             )
         ]
     except ValueError as error:  # source with a null byte
-        return [Finding(path, 1, "TFA000", f"cannot parse this file ({error}); fix it, then "
-                        "check it again")]
+        return [
+            Finding(
+                path, 1, "TFA000", f"cannot parse this file ({error}); fix it, then check it again"
+            )
+        ]
     module = _Module(tree)
     found = set()
     for node in ast.walk(tree):
