@@ -139,6 +139,15 @@ def test_unparsable_file_is_reported_at_its_line(tmp_path):
     assert [(f.line, f.rule) for f in _lint.check_source("x = 1\0\n")] == [(1, "TFA000")]
 
 
+def test_a_chain_too_deep_to_follow_is_reported_not_raised():
+    depth = 3 * sys.getrecursionlimit()
+    chain = "".join(f"a{i + 1} = a{i} + 1\n" for i in range(depth))
+    source = "a0 = tf.placeholder(tf.float32)\n" + chain + f"opt.apply_gradients(a{depth})\n"
+    findings = _lint.check_source(source, "deep.py")
+    assert [(f.line, f.rule) for f in findings] == [(1, "TFA000")]
+    assert "chained too deeply" in findings[0].message
+
+
 def test_exit_status_and_output_format(tmp_path):
     found = _run(MIGRATION)
     assert found.returncode == 1, found.stderr

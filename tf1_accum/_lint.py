@@ -192,9 +192,11 @@ class _Module:
         return self.tags(call.func.value)
 
     def tags(self, node):
-        key = id(node)
+        # A name's tags are those of everything assigned to it, wherever it
+        # is used: one entry per name keeps chains of names shallow.
+        key = node.id if isinstance(node, ast.Name) else id(node)
         if key not in self._cache:
-            if key in self._busy:  # a name defined through itself
+            if key in self._busy:  # defined through itself
                 return frozenset()
             self._busy.add(key)
             try:
@@ -378,6 +380,23 @@ def check_source(source, path="<string>"):
                 path, 1, "TFA000", f"cannot parse this file ({error}); fix it, then check it again"
             )
         ]
+    try:
+        found = _findings(tree)
+    except RecursionError:
+        return [
+            Finding(
+                path,
+                1,
+                "TFA000",
+                "cannot check this file (its names are chained too deeply to follow); "
+                "check it by hand",
+            )
+        ]
+    return [Finding(path, line, rule, RULES[rule][1]) for line, rule in sorted(found)]
+
+
+def _findings(tree):
+    """The (line, rule) pairs found in a parsed module."""
     module = _Module(tree)
     found = set()
     for node in ast.walk(tree):
@@ -390,7 +409,7 @@ def check_source(source, path="<string>"):
             found.add((node.lineno, "TFA007"))
         found.update(_running_average_finding(module, node))
         found.update(_cond_finding(module, node))
-    return [Finding(path, line, rule, RULES[rule][1]) for line, rule in sorted(found)]
+    return found
 
 
 def python_files(paths):
