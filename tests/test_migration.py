@@ -81,6 +81,7 @@ def test_a_before_steps_n_times_too_far_or_fails_on_resource_variables():
         assert_same_values(
             _applied(params, k), _scaled(mean, common.STEPS), TOLERANCE, f"update {k}"
         )
+        assert _largest_error(_applied(params, k), mean) > WRONG, f"update {k}"
     plain = common.large_batch_training(sgd, windows[:1])
     ratio = np.linalg.norm(params[0]["w2"] - params[1]["w2"]) / np.linalg.norm(
         plain[0]["w2"] - plain[1]["w2"]
@@ -193,7 +194,7 @@ def test_f_before_drops_the_applying_micro_batch():
     full = common.large_batch_training(adam, windows)
     for k in range(1, len(windows) + 1):
         assert_same_values(params[k], dropped[k], TOLERANCE, f"after update {k}")
-        assert _largest_error(params[k], full[k]) > WRONG * common.LEARNING_RATE, k
+        assert _largest_error(params[k], full[k]) > WRONG, f"after update {k}"
     names = result["optimizer_variables"]
     if tf.compat.v1.control_flow_v2_enabled():
         assert names == _plain_adam_variable_names()

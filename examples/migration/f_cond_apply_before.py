@@ -4,7 +4,7 @@ One train op per micro-batch: a ``tf.cond`` on a micro-step counter either
 adds the gradients or applies the accumulated mean, building the optimizer's
 ``apply_gradients`` (and so its slots and Adam's beta powers) inside the
 conditional. The run that applies does not accumulate: the last micro-batch
-of every window is dropped, and the update is the mean of N - 1 gradients
+of every window is dropped, and the update is the sum of N - 1 gradients
 divided by N. Under TensorFlow 1 control flow (``disable_v2_behavior()``)
 the beta powers are also named ``cond/beta1_power`` and ``cond/beta2_power``,
 so checkpoints of plain training do not restore into this graph, nor the
