@@ -126,6 +126,18 @@ def test_variants_are_reported(source, line, rule):
     assert (line, rule) in {(f.line, f.rule) for f in _lint.check_source(source, "x.py")}
 
 
+def test_an_ignore_comment_silences_the_rules_it_names_on_its_line():
+    source = (
+        "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+        "ops = [a.assign_add(g) for a, (g, _) in zip(acc, gvs)]\n"
+        "one = opt.apply_gradients(zip(ops, tvs))  # tf1_accum.check: ignore TFA003\n"
+        "two = opt.apply_gradients(zip(ops, tvs))  # tf1_accum.check: ignore TFA001, TFA003\n"
+        "three = opt.apply_gradients(zip(ops, tvs))  # tf1_accum.check: ignore TFA004\n"
+    )
+    found = {(f.line, f.rule) for f in _lint.check_source(source)}
+    assert found == {(3, "TFA001"), (5, "TFA001"), (5, "TFA003")}
+
+
 def test_unparsable_file_is_reported_at_its_line(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("import tensorflow as tf\n\ndef broken(:\n    pass\n", encoding="utf-8")

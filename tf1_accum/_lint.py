@@ -11,6 +11,7 @@ says nothing about code it cannot follow.
 
 import ast
 import os
+import re
 import typing
 
 
@@ -359,6 +360,10 @@ def check_source(source, path="<string>"):
         source: Python source code, as text.
         path: The name to report the findings under.
 
+    A finding is left out when its line carries the comment
+    ``# tf1_accum.check: ignore TFA001`` (several codes: ``TFA001, TFA003``),
+    for code that builds a pattern on purpose, a test of it say.
+
     Returns:
         A list of `Finding`, sorted by line; a file that does not parse gives
         one ``TFA000`` finding at the line of the error.
@@ -392,7 +397,21 @@ def check_source(source, path="<string>"):
                 "check it by hand",
             )
         ]
-    return [Finding(path, line, rule, RULES[rule][1]) for line, rule in sorted(found)]
+    lines = source.splitlines()
+    return [
+        Finding(path, line, rule, RULES[rule][1])
+        for line, rule in sorted(found)
+        if rule not in _ignored(lines[line - 1] if line <= len(lines) else "")
+    ]
+
+
+_IGNORE = re.compile(r"#\s*tf1_accum\.check:\s*ignore\s+(TFA\d{3}(?:\s*,\s*TFA\d{3})*)")
+
+
+def _ignored(line):
+    """The rules a ``# tf1_accum.check: ignore TFA001, ...`` comment turns off."""
+    match = _IGNORE.search(line)
+    return set(re.split(r"\s*,\s*", match.group(1))) if match else set()
 
 
 def _findings(tree):

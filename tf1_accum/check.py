@@ -11,7 +11,10 @@ a counter variable; TFA003 an apply computed from the ``assign_add`` ops
 (reruns the accumulation); TFA004 gradients fed back through placeholders;
 TFA005 a running average keyed on the global step; TFA006 a ``tf.cond`` that
 accumulates or applies; TFA007 ``Variable.initialized_value()``; TFA000 a file
-that cannot be read or parsed. The migration guide explains each one.
+that cannot be read or parsed. The migration guide explains each one. A
+comment ``# tf1_accum.check: ignore TFA001`` (or several codes, comma-separated)
+on the reported line silences that finding, for code that builds a pattern on
+purpose.
 
 Exit status: 0 when nothing is found, 1 when something is (a file that cannot
 be parsed included), 2 for a usage error (no path, a path that does not exist).
@@ -51,8 +54,8 @@ def main(argv=None):
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     try:
         args = parser.parse_args(argv)
-    except SystemExit as exit:  # argparse has printed the usage error (or --help)
-        return exit.code if isinstance(exit.code, int) else 2
+    except SystemExit as stop:  # argparse has printed the usage error (or --help)
+        return stop.code if isinstance(stop.code, int) else 2
     try:
         findings = _lint.check_paths(args.paths)
     except FileNotFoundError as error:
