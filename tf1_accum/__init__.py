@@ -21,6 +21,10 @@ from tf1_accum._dataset import DatasetAccumulation
 from tf1_accum._dataset import build_dataset_accumulation
 from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._session import run_accumulation
+from tf1_accum._stats import GradientStatistics
+from tf1_accum._stats import RunningAverage
+from tf1_accum._stats import build_running_average
+from tf1_accum._stats import recommend_micro_batches
 
 __version__ = "0.1.0"
 
@@ -28,9 +32,13 @@ __all__ = (
     "Accumulation",
     "AccumulationOptimizer",
     "DatasetAccumulation",
+    "GradientStatistics",
+    "RunningAverage",
     "STATE_COLLECTION",
     "build_accumulation",
     "build_dataset_accumulation",
+    "build_running_average",
     "plain_variables",
+    "recommend_micro_batches",
     "run_accumulation",
 )
