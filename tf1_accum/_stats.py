@@ -31,31 +31,31 @@ class GradientStatistics(typing.NamedTuple):
     ``average`` says, and norms are taken before any clipping.
 
     Attributes:
-        global_norm: Global L2 norm of the window's mean gradient G_big.
-        variable_norms: L2 norm of each variable's part of G_big, aligned with
-            ``var_list``.
-        micro_batch_square_norm: |G_small|^2, the mean over the window's
+        global_norm: Global L2 norm of the window's mean gradient ``G_big``.
+        variable_norms: L2 norm of each variable's part of ``G_big``, aligned
+            with ``var_list``.
+        micro_batch_square_norm: ``|G_small|^2``, the mean over the window's
             micro-batches of each micro-batch gradient's squared global norm
             (weighted by ``weight`` when given).
-        micro_batch_size: B_small, examples per micro-batch: the build's
+        micro_batch_size: ``B_small``, examples per micro-batch: the build's
             ``micro_batch_size``, or the window's mean ``weight``.
-        micro_batches: N, the number of micro-batches in the window (int64).
-        gradient_square: Unbiased estimate of |G|^2, the squared norm of the
-            true gradient: (B_big |G_big|^2 - B_small |G_small|^2) /
-            (B_big - B_small), with B_big = N B_small.
-        noise_trace: Unbiased estimate of tr(Sigma), the trace of the
-            per-example gradient covariance: (|G_small|^2 - |G_big|^2) /
-            (1 / B_small - 1 / B_big).
-        noise_scale: B_simple = noise_trace / gradient_square, this window's
-            estimate of the gradient noise scale, in examples (or in units of
-            ``weight``). NaN for a window of one micro-batch, which has no
-            estimate. One window's value is noisy and may be negative.
+        micro_batches: ``N``, the number of micro-batches in the window (int64).
+        gradient_square: Unbiased estimate of ``|G|^2``, the squared norm of
+            the true gradient: ``(B_big |G_big|^2 - B_small |G_small|^2) /
+            (B_big - B_small)``, with ``B_big = N B_small``.
+        noise_trace: Unbiased estimate of ``tr(Sigma)``, the trace of the
+            per-example gradient covariance: ``(|G_small|^2 - |G_big|^2) /
+            (1 / B_small - 1 / B_big)``.
+        noise_scale: ``B_simple = noise_trace / gradient_square``, this
+            window's estimate of the gradient noise scale, in examples (or in
+            units of ``weight``). NaN for a window of one micro-batch, which
+            has no estimate. One window's value is noisy and may be negative.
         noise_scale_ema: The noise scale from exponential moving averages
-            (decay 0.9 per window: about the last ten windows count) of ``noise_trace`` and
-            ``gradient_square`` kept separately, this window included: their
-            ratio is steadier than an average of ratios. Windows without a
-            finite estimate leave the averages as they were; NaN until the
-            first window with one.
+            (decay 0.9 per window: about the last ten windows count) of
+            ``noise_trace`` and ``gradient_square`` kept separately, this
+            window included: their ratio is steadier than an average of
+            ratios. Windows without a finite estimate leave the averages as
+            they were; NaN until the first window with one.
         summary_op: A ``tf.compat.v1.summary`` string tensor with the scalars
             above and each variable's norm. It is not in the ``SUMMARIES``
             collection, so ``merge_all`` does not fetch it in runs without
