@@ -387,3 +387,54 @@ def test_running_average_needs_graph_mode():
     with context.eager_mode():
         with pytest.raises(RuntimeError, match="build_running_average builds TF1 graph-mode ops"):
             tf1_accum.build_running_average([tf.constant(1.0)])
+
+
+def _initial_values(sparse):
+    """The model's trainable values before any update."""
+    with tf.Graph().as_default():
+        Model(tf.float64, sparse)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            return sess.run(v1.trainable_variables())
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_statistics_leave_training_unchanged(sparse):
+    batches = make_batches(tf.float64, sparse, 8, 5)
+    results = {}
+    for statistics in (False, True):
+        with tf.Graph().as_default():
+            model = Model(tf.float64, sparse)
+            kwargs = {"statistics": True, "micro_batch_size": 5} if statistics else {}
+            opt = OPTIMIZERS["adam"](tf.float64)
+            acc = tf1_accum.build_accumulation(model.loss, opt, **kwargs)
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                for window in (batches[:4], batches[4:]):
+                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
+                results[statistics] = sess.run(v1.trainable_variables())
+    for without, with_, initial in zip(results[False], results[True], _initial_values(sparse)):
+        np.testing.assert_array_equal(with_, without)
+        assert not np.array_equal(with_, initial)  # it trained
+
+
+def test_nonfinite_window_leaves_the_moving_average():
+    batches = make_batches(tf.float64, False, 4, 4)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        acc = tf1_accum.build_accumulation(
+            model.loss, OPTIMIZERS["sgd"](tf.float64), statistics=True, micro_batch_size=4
+        )
+        fetch = [acc.apply_op, acc.statistics.noise_scale, acc.statistics.noise_scale_ema]
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches[:2]:
+                sess.run(acc.accum_op, model.feed(batch))
+            _, first, ema_first = sess.run(fetch)
+            bad = (batches[2][0], np.full_like(batches[2][1], np.nan))
+            for batch in (bad, batches[3]):
+                sess.run(acc.accum_op, model.feed(batch))
+            _, skipped, ema_skipped = sess.run(fetch)
+            assert sess.run(acc.skipped_windows) == 1
+    assert np.isfinite(first) and np.isnan(skipped)
+    assert ema_skipped == ema_first
