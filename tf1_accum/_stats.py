@@ -97,8 +97,20 @@ class WindowStatistics:
 
         A micro-batch's sparse gradient may name a row more than once (an id
         seen twice in an embedding lookup): rows are summed before squaring.
+        This runs with every micro-batch, so each variable costs one
+        reduction in its own precision (float32 for float16 and bfloat16),
+        with no float64 copy of the gradient.
         """
-        return tf.add_n([_square_sum(g, unique_rows=False) for g in gradients])
+        halves = []
+        for g in gradients:
+            values = g.values if isinstance(g, tf.IndexedSlices) else g
+            if values.dtype.base_dtype in (tf.float16, tf.bfloat16):
+                values = tf.cast(values, tf.float32)
+            if isinstance(g, tf.IndexedSlices):
+                rows, position = tf.unique(g.indices)
+                values = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
+            halves.append(tf.cast(tf.nn.l2_loss(values), tf.float64))  # sum(x^2) / 2
+        return 2.0 * tf.add_n(halves)
 
     def observe(self, gradients, count, weight_total, square_total):
         """Builds the statistics of the window being applied.
@@ -118,7 +130,7 @@ class WindowStatistics:
             with tf.compat.v1.name_scope("values"):
                 n = tf.cast(count, tf.float64)
                 total = n if weight_total is None else tf.cast(weight_total, tf.float64)
-                squares = [_square_sum(g, unique_rows=True) for g in gradients]
+                squares = [_square_sum(g) for g in gradients]  # a window's rows are distinct
                 if not self.average:  # the sum: the mean's squares are 1 / total^2 of it
                     squares = [s / tf.square(total) for s in squares]
                 variable_norms = [tf.sqrt(s) for s in squares]
@@ -190,15 +202,10 @@ class WindowStatistics:
         return tf.where(valid, updated, average.read_value())
 
 
-def _square_sum(gradient, unique_rows):
-    """Float64 sum of squares of a dense or sparse gradient's dense value."""
-    if not isinstance(gradient, tf.IndexedSlices):
-        return tf.reduce_sum(tf.square(tf.cast(gradient, tf.float64)))
-    values = tf.cast(gradient.values, tf.float64)
-    if not unique_rows:
-        rows, position = tf.unique(gradient.indices)
-        values = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
-    return tf.reduce_sum(tf.square(values))
+def _square_sum(gradient):
+    """Float64 sum of squares of a gradient whose sparse rows are distinct."""
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    return tf.reduce_sum(tf.square(tf.cast(values, tf.float64)))
 
 
 def check_statistics_options(statistics, micro_batch_size, weight):

@@ -258,11 +258,18 @@ class Window:
 
     def _reset_totals(self):
         resets = [self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)]
-        for total in (self.weight_total, self.square_norms):
-            if total is not None:
-                resets.append(
-                    total.assign(tf.constant(0.0, tf.float64), use_locking=True, read_value=False)
+        if self.weight_total is not None:
+            resets.append(
+                self.weight_total.assign(
+                    tf.constant(0.0, tf.float64), use_locking=True, read_value=False
                 )
+            )
+        if self.square_norms is not None:
+            resets.append(
+                self.square_norms.assign(
+                    tf.constant(0.0, tf.float64), use_locking=True, read_value=False
+                )
+            )
         return tf.group(*resets)
 
 
