@@ -453,3 +453,66 @@ def test_nonfinite_window_leaves_the_moving_average():
             assert sess.run(acc.skipped_windows) == 1
     assert np.isfinite(first) and np.isnan(skipped)
     assert ema_skipped == ema_first
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_optimizer_statistics_equal_the_builders(weighted):
+    n = 3
+    sizes = [3, 6, 4, 5, 2, 7] if weighted else [4] * 6
+    batches = make_batches(tf.float64, False, len(sizes), sizes)
+    got = {}
+    for path in ("ops", "optimizer"):
+        with tf.Graph().as_default():
+            model = Model(tf.float64, False)
+            size = tf.cast(tf.shape(model.labels)[0], tf.float64) if weighted else None
+            kwargs = {"statistics": True, "micro_batch_size": None if weighted else 4}
+            opt = OPTIMIZERS["momentum"](tf.float64)
+            if path == "ops":
+                acc = tf1_accum.build_accumulation(model.loss, opt, weight=size, **kwargs)
+                stats = acc.statistics
+            else:
+                wrapper = tf1_accum.AccumulationOptimizer(opt, n, weight=size, **kwargs)
+                train_op = wrapper.minimize(model.loss)
+                stats = wrapper.statistics
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                windows = []
+                for k, batch in enumerate(batches):
+                    if path == "ops":
+                        sess.run(acc.accum_op, model.feed(batch))
+                        if (k + 1) % n == 0:
+                            windows.append(sess.run([acc.apply_op, stats])[1])
+                        continue
+                    _, value = sess.run([train_op, stats], model.feed(batch))
+                    if (k + 1) % n == 0:
+                        windows.append(value)
+                    else:  # an accumulating run: no statistics
+                        assert value.micro_batches == 0 and value.summary_op == b""
+                        assert np.isnan(value.noise_scale) and np.isnan(value.global_norm)
+        got[path] = windows
+    assert len(got["ops"]) == len(got["optimizer"]) == 2
+    for w, (want, have) in enumerate(zip(got["ops"], got["optimizer"])):
+        for field in tf1_accum.GradientStatistics._fields:
+            if field != "summary_op":
+                np.testing.assert_allclose(
+                    getattr(have, field), getattr(want, field), rtol=1e-10,
+                    err_msg=f"window {w}: {field}",
+                )
+        assert have.micro_batches == n and np.isfinite(have.noise_scale_ema)
+    summary = v1.Summary.FromString(got["optimizer"][1].summary_op)
+    assert len(summary.value) == 7 + 3
+
+
+def test_optimizer_statistics_options():
+    opt = OPTIMIZERS["sgd"](tf.float32)
+    with pytest.raises(ValueError, match="statistics=True needs the number of examples"):
+        tf1_accum.AccumulationOptimizer(opt, 2, statistics=True)
+    with pytest.raises(TypeError, match="micro_batch_size must be a positive number of examples"):
+        tf1_accum.AccumulationOptimizer(opt, 2, statistics=True, micro_batch_size=[4])
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        wrapper = tf1_accum.AccumulationOptimizer(OPTIMIZERS["sgd"](tf.float32), 2)
+        with pytest.raises(ValueError, match="statistics exists once the train op is built"):
+            _ = wrapper.statistics
+        wrapper.minimize(model.loss)
+        assert wrapper.statistics is None

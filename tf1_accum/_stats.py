@@ -25,6 +25,10 @@ EMA_DECAY = 0.9
 class GradientStatistics(typing.NamedTuple):
     """Statistics of one window, from ``build_accumulation(..., statistics=True)``.
 
+    `AccumulationOptimizer` built with ``statistics=True`` offers them as its
+    ``statistics`` property, evaluated with the train op (NaN, 0 micro-batches
+    and an empty summary in runs that only accumulate).
+
     Every tensor is float64 and describes the window that ``apply_op``
     applies: fetch them in the same ``session.run`` as ``apply_op``, and only
     with it (after the apply the window is reset). Sums become means whatever
@@ -195,6 +199,19 @@ class WindowStatistics:
                 summary_op=tf.compat.v1.summary.merge(summaries, collections=[]),
             )
         return updates
+
+    def branch_outputs(self):
+        """The statistics, flat, as outputs of the conditional that applies."""
+        return tuple(tf.nest.flatten(self.result))
+
+    def idle_outputs(self):
+        """The other branch's outputs: NaN, 0 micro-batches, an empty summary."""
+        fill = {tf.float64: np.nan, tf.int64: 0, tf.string: b""}
+        return tuple(tf.constant(fill[t.dtype], t.dtype) for t in self.branch_outputs())
+
+    def take_outputs(self, outputs):
+        """Replaces the statistics by the conditional's outputs."""
+        self.result = tf.nest.pack_sequence_as(self.result, list(outputs))
 
     @staticmethod
     def _moving(average, value, valid):

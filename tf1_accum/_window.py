@@ -110,12 +110,18 @@ class Window:
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
 
-        return tf.cond(
+        stats = self.statistics  # its tensors leave the branch as outputs of the cond
+        outputs = tf.cond(
             due,
-            lambda: self.apply_in_branch(optimizer, global_step, caller_scope),
-            lambda: (tf.constant(False), tf.constant(0.0, tf.float64)),
+            lambda: self.apply_in_branch(optimizer, global_step, caller_scope)
+            + (stats.branch_outputs() if stats else ()),
+            lambda: (tf.constant(False), tf.constant(0.0, tf.float64))
+            + (stats.idle_outputs() if stats else ()),
             name="apply_if_due",
         )
+        if stats is not None:
+            stats.take_outputs(outputs[2:])
+        return tuple(outputs[:2])
 
     def apply_in_branch(self, optimizer, global_step, caller_scope):
         """The apply as a ``tf.cond`` branch: returns (True, norm) once it has run.
