@@ -17,10 +17,14 @@ __all__ = (
     "Accumulation",
     "AccumulationOptimizer",
     "DatasetAccumulation",
+    "GradientStatistics",
+    "RunningAverage",
     "STATE_COLLECTION",
     "build_accumulation",
     "build_dataset_accumulation",
+    "build_running_average",
     "plain_variables",
+    "recommend_micro_batches",
     "run_accumulation",
 )
 
@@ -30,10 +34,14 @@ _MODULES = {
     "Accumulation": "_accumulation",
     "AccumulationOptimizer": "_optimizer",
     "DatasetAccumulation": "_dataset",
+    "GradientStatistics": "_stats",
+    "RunningAverage": "_stats",
     "STATE_COLLECTION": "_accumulation",
     "build_accumulation": "_accumulation",
     "build_dataset_accumulation": "_dataset",
+    "build_running_average": "_stats",
     "plain_variables": "_accumulation",
+    "recommend_micro_batches": "_stats",
     "run_accumulation": "_session",
 }
 
