@@ -34,7 +34,13 @@ setuptools.setup(
     extras_require={
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
-        "test": [f"tensorflow-cpu{TENSORFLOW_RANGE}", "pytest>=7", "matplotlib>=3.5", "sphinx>=7"],
+        "test": [
+            f"tensorflow-cpu{TENSORFLOW_RANGE}",
+            "pytest>=7",
+            "hypothesis>=6",
+            "matplotlib>=3.5",
+            "sphinx>=7",
+        ],
         "examples": [f"tensorflow-cpu{TENSORFLOW_RANGE}", "matplotlib>=3.5"],
         "docs": ["sphinx>=7"],
     },

@@ -301,17 +301,27 @@ def test_build_accumulation_ops_are_clean(optimizer, sparse):
 
 @pytest.mark.parametrize(
     "options",
-    [{"average": False}, {"clip_norm": 1.0}, {"skip_nonfinite": False}],
-    ids=["sum", "clip", "no_skip"],
+    [
+        {"average": False},
+        {"clip_norm": 1.0},
+        {"skip_nonfinite": False},
+        {"statistics": True, "micro_batch_size": 5},
+    ],
+    ids=["sum", "clip", "no_skip", "statistics"],
 )
 def test_build_accumulation_options_are_clean(options):
     with tf.Graph().as_default():
         model = Model(tf.float32, sparse=False)
+        fused = "statistics" not in options  # statistics are fetched with apply_op
         acc = tf1_accum.build_accumulation(
-            model.loss, v1.train.GradientDescentOptimizer(0.1), fused=True, **options
+            model.loss, v1.train.GradientDescentOptimizer(0.1), fused=fused, **options
         )
         assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
-        assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+        if fused:
+            assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+        else:
+            fetches = [acc.apply_op] + list(tf.nest.flatten(acc.statistics))
+            assert tf1_accum.check_graph(fetches, acc.accum_op) == []
 
 
 def test_weighted_accumulation_is_clean():
@@ -339,8 +349,14 @@ def test_accumulation_optimizer_train_op_is_clean(optimizer, sparse):
 
 @pytest.mark.parametrize(
     "options",
-    [{"average": False}, {"clip_norm": 1.0}, {"skip_nonfinite": False}, {"weight": "size"}],
-    ids=["sum", "clip", "no_skip", "weighted"],
+    [
+        {"average": False},
+        {"clip_norm": 1.0},
+        {"skip_nonfinite": False},
+        {"weight": "size"},
+        {"statistics": True, "micro_batch_size": 5},
+    ],
+    ids=["sum", "clip", "no_skip", "weighted", "statistics"],
 )
 def test_accumulation_optimizer_options_are_clean(options):
     with tf.Graph().as_default():

@@ -1,8 +1,13 @@
 """The public API: what ``tf1_accum`` exports, and that it is documented."""
 
 import inspect
+import os
 import pathlib
 import re
+import subprocess
+import sys
+
+import pytest
 
 import tf1_accum
 
@@ -61,3 +66,47 @@ def test_version_is_the_one_setup_py_reads():
     setup = (ROOT / "setup.py").read_text(encoding="utf-8")
     assert "tf1_accum" in setup and "__version__" in setup
     assert re.fullmatch(r"\d+\.\d+\.\d+", tf1_accum.__version__)
+
+
+def test_every_public_name_is_mapped_to_its_module():
+    # __getattr__ imports each public name from the private module listed here.
+    assert set(tf1_accum._MODULES) == set(tf1_accum.__all__)
+    for name, module in tf1_accum._MODULES.items():
+        assert getattr(tf1_accum, name) is getattr(getattr(tf1_accum, module), name), name
+
+
+def test_unknown_names_raise_attribute_error():
+    with pytest.raises(AttributeError, match="has no attribute 'build_accumulator'"):
+        tf1_accum.build_accumulator  # noqa: B018
+
+
+@pytest.mark.skipif(
+    os.environ.get("TF1_ACCUM_NESTED_RUN") == "1",
+    reason="spawns its own process, which does not depend on the graph mode",
+)
+def test_without_tensorflow_import_works_and_first_use_says_what_is_missing():
+    # sys.modules["tensorflow"] = None makes "import tensorflow" fail, as if
+    # it were not installed.
+    script = (
+        "import sys\n"
+        "sys.modules['tensorflow'] = None\n"
+        "import tf1_accum\n"
+        "print(tf1_accum.__version__, set(tf1_accum.__all__) <= set(dir(tf1_accum)))\n"
+        "try:\n"
+        "    tf1_accum.build_accumulation\n"
+        "except ImportError as error:\n"
+        "    print('ImportError:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"{tf1_accum.__version__} True"
+    assert lines[1].startswith("ImportError: tf1_accum needs TensorFlow (2.15 to 2.21)")
+    assert "pip install 'tf1_accum[cpu]'" in lines[1]

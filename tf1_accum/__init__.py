@@ -3,26 +3,13 @@
 Accumulate gradients over several micro-batches with ``tf.compat.v1``,
 ``Session`` and ``feed_dict``, then apply one update that equals training on
 the large batch.
+
+Public names are imported from their private modules on first use (PEP 562),
+so that ``python -m tf1_accum.check``, which reads source code and needs no
+TensorFlow, does not pay for (or require) importing it.
 """
 
-try:
-    import tensorflow as _tensorflow  # noqa: F401
-except ImportError as _error:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "tf1_accum needs TensorFlow (2.15 to 2.21), which is not installed. "
-        "Install it with: pip install 'tf1_accum[cpu]' (or tensorflow)."
-    ) from _error
-
-from tf1_accum._accumulation import Accumulation
-from tf1_accum._accumulation import STATE_COLLECTION
-from tf1_accum._accumulation import build_accumulation
-from tf1_accum._accumulation import plain_variables
-from tf1_accum._dataset import DatasetAccumulation
-from tf1_accum._dataset import build_dataset_accumulation
-from tf1_accum._graph_check import GraphFinding
-from tf1_accum._graph_check import check_graph
-from tf1_accum._optimizer import AccumulationOptimizer
-from tf1_accum._session import run_accumulation
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
@@ -30,11 +17,56 @@ __all__ = (
     "Accumulation",
     "AccumulationOptimizer",
     "DatasetAccumulation",
+    "GradientStatistics",
     "GraphFinding",
+    "RunningAverage",
     "STATE_COLLECTION",
     "build_accumulation",
     "build_dataset_accumulation",
+    "build_running_average",
     "check_graph",
     "plain_variables",
+    "recommend_micro_batches",
     "run_accumulation",
 )
+
+# Public name -> the private module that defines it. A new public name gets a
+# line here and in __all__.
+_MODULES = {
+    "Accumulation": "_accumulation",
+    "AccumulationOptimizer": "_optimizer",
+    "DatasetAccumulation": "_dataset",
+    "GraphFinding": "_graph_check",
+    "GradientStatistics": "_stats",
+    "RunningAverage": "_stats",
+    "STATE_COLLECTION": "_accumulation",
+    "build_accumulation": "_accumulation",
+    "build_dataset_accumulation": "_dataset",
+    "build_running_average": "_stats",
+    "check_graph": "_graph_check",
+    "plain_variables": "_accumulation",
+    "recommend_micro_batches": "_stats",
+    "run_accumulation": "_session",
+}
+
+_NO_TENSORFLOW = (
+    "tf1_accum needs TensorFlow (2.15 to 2.21), which is not installed. "
+    "Install it with: pip install 'tf1_accum[cpu]' (or tensorflow)."
+)
+
+
+def __getattr__(name):
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tf1_accum' has no attribute {name!r}")
+    try:
+        _importlib.import_module("tensorflow")
+    except ImportError as error:
+        raise ImportError(_NO_TENSORFLOW) from error
+    value = getattr(_importlib.import_module(f"tf1_accum.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__) | set(_MODULES))

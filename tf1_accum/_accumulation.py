@@ -6,6 +6,7 @@ import warnings
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _stats
 from tf1_accum._window import STATE_COLLECTION
 from tf1_accum._window import Window
 
@@ -51,6 +52,9 @@ class Accumulation(typing.NamedTuple):
             window and resets it, in one ``session.run`` fed that micro-batch.
             A window then costs N runs instead of N + 1, with the same result.
             None when built without ``fused=True``.
+        statistics: With ``statistics=True``, the window's
+            `GradientStatistics` (norms and the gradient noise scale),
+            evaluated together with ``apply_op``; None otherwise.
     """
 
     zero_op: tf.Operation
@@ -63,6 +67,7 @@ class Accumulation(typing.NamedTuple):
     global_norm: tf.Tensor
     skipped_windows: tf.Variable
     accum_apply_op: typing.Optional[tf.Operation]
+    statistics: typing.Optional[_stats.GradientStatistics] = None
 
 
 def build_accumulation(
@@ -76,6 +81,8 @@ def build_accumulation(
     clip_norm=None,
     skip_nonfinite=True,
     fused=False,
+    statistics=False,
+    micro_batch_size=None,
     name=None,
 ):
     """Builds the ops that accumulate gradients over micro-batches and apply once.
@@ -152,6 +159,15 @@ def build_accumulation(
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose
             ``apply_gradients`` may be called only once, does not allow it.
+        statistics: Also build ``statistics``, a `GradientStatistics` of each
+            window (norms, the gradient noise scale and its moving average,
+            summaries), fetched with ``apply_op``. It adds one float64 scalar
+            per micro-batch and a few reductions per window; with it,
+            `run_accumulation` logs `recommend_micro_batches`. Not with
+            ``fused=True``. See :doc:`statistics`.
+        micro_batch_size: Examples per micro-batch, for ``statistics``; needed
+            unless ``weight`` is given (the window's mean weight is then the
+            micro-batch size).
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:
@@ -162,14 +178,17 @@ def build_accumulation(
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
-            variable, ``average``, ``skip_nonfinite`` or ``fused`` is not a
-            bool, ``weight`` is not a real tensor, or ``clip_norm`` is not a
-            number.
+            variable, ``average``, ``skip_nonfinite``, ``fused`` or
+            ``statistics`` is not a bool, ``weight`` is not a real tensor, or
+            ``clip_norm`` or ``micro_batch_size`` is not a number.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
             defined, ``weight`` is not a scalar of the loss's graph,
-            ``clip_norm`` is not positive, or ``fused=True`` with a
-            ``SyncReplicasOptimizer``.
+            ``clip_norm`` is not positive, ``fused=True`` with a
+            ``SyncReplicasOptimizer``, ``statistics=True`` without
+            ``micro_batch_size`` or ``weight`` or with ``fused=True``, or
+            ``micro_batch_size`` is not positive, or is given without
+            ``statistics=True`` or together with ``weight``.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
@@ -182,6 +201,12 @@ def build_accumulation(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
             "allows one apply_gradients call: build with fused=False (the default)."
         )
+    _stats.check_statistics_options(statistics, micro_batch_size, weight)
+    if statistics and fused:
+        raise ValueError(
+            "statistics=True is fetched with apply_op, and fused=True applies in "
+            "accum_apply_op: build with one of them."
+        )
     graph = loss.graph
     _checks.check_weight(weight, graph)
     with graph.as_default():
@@ -191,6 +216,11 @@ def build_accumulation(
         var_list = _checks.check_var_list(var_list, graph)
         pairs = gradients_of(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
+            observer = None
+            if statistics:
+                observer = _stats.WindowStatistics(
+                    [v for _, v in pairs], micro_batch_size, average
+                )
             window = Window(
                 pairs,
                 average,
@@ -198,6 +228,7 @@ def build_accumulation(
                 weighted=weight is not None,
                 clip_norm=clip_norm,
                 skip_nonfinite=skip_nonfinite,
+                statistics=observer,
             )
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
@@ -227,6 +258,7 @@ def build_accumulation(
         global_norm=global_norm,
         skipped_windows=window.skipped,
         accum_apply_op=accum_apply_op,
+        statistics=observer.result if statistics else None,
     )
 
 

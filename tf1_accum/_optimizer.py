@@ -3,6 +3,7 @@
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _stats
 from tf1_accum._window import Window
 
 
@@ -62,15 +63,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         skip_nonfinite: True (the default) skips a window whose gradient holds
             a NaN or an Inf, as in `build_accumulation`, and counts it in
             ``skipped_windows``.
+        statistics: Also build the ``statistics`` property, the window's
+            `GradientStatistics`, as in `build_accumulation`.
+        micro_batch_size: Examples per micro-batch, for ``statistics``;
+            needed unless ``weight`` is given.
         name: Name scope of the accumulation ops.
 
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or is a ``SyncReplicasOptimizer``, ``steps`` is not an int, or
-            ``average`` is not a bool, or ``weight`` or ``clip_norm`` has the
-            wrong type.
-        ValueError: If ``steps`` is less than 1 or ``clip_norm`` is not
-            positive.
+            ``average`` or ``statistics`` is not a bool, or ``weight``,
+            ``clip_norm`` or ``micro_batch_size`` has the wrong type.
+        ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
+            positive, or ``statistics`` and ``micro_batch_size`` do not fit
+            together (as in `build_accumulation`).
     """
 
     def __init__(
@@ -82,6 +88,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         weight=None,
         clip_norm=None,
         skip_nonfinite=True,
+        statistics=False,
+        micro_batch_size=None,
         name="Accumulation",
     ):
         _checks.check_optimizer(optimizer)
@@ -95,6 +103,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             )
         _checks.check_steps(steps)
         _checks.check_window_options(average, clip_norm, skip_nonfinite)
+        _stats.check_statistics_options(statistics, micro_batch_size, weight)
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
@@ -104,6 +113,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._weight = weight
         self._clip_norm = clip_norm
         self._skip_nonfinite = skip_nonfinite
+        self._statistics = statistics
+        self._micro_batch_size = micro_batch_size
         self._windows = []
         self._norms = []
 
@@ -156,6 +167,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._last_window("global_norm")
         return self._norms[-1]
 
+    @property
+    def statistics(self):
+        """The window's `GradientStatistics`, or None when built without ``statistics``.
+
+        Evaluated with the train op: the statistics of the window applied in
+        that run. In runs that only accumulate, the floats are NaN,
+        ``micro_batches`` is 0 and ``summary_op`` is an empty summary.
+
+        Raises:
+            ValueError: If no train op was built yet.
+        """
+        window = self._last_window("statistics")
+        return None if window.statistics is None else window.statistics.result
+
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's ``compute_gradients`` (loss scaling included)."""
         return self._optimizer.compute_gradients(*args, **kwargs)
@@ -190,6 +215,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         weight = self._weight() if callable(self._weight) else self._weight
         _checks.check_weight(weight, tf.compat.v1.get_default_graph())
         with tf.compat.v1.name_scope(name, self._name) as scope:
+            observer = None
+            if self._statistics:
+                observer = _stats.WindowStatistics(
+                    [v for _, v in pairs], self._micro_batch_size, self._average
+                )
             window = Window(
                 pairs,
                 self._average,
@@ -197,6 +227,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 weighted=weight is not None,
                 clip_norm=self._clip_norm,
                 skip_nonfinite=self._skip_nonfinite,
+                statistics=observer,
             )
         applied, norm = window.accumulate_and_apply_every(
             self._steps, [g for g, _ in pairs], self._optimizer, global_step, weight

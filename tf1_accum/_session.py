@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _checks
+from tf1_accum import _stats
 
 
 def run_accumulation(
@@ -38,6 +39,11 @@ def run_accumulation(
     where possible, with a message naming k. (With ``fused=True``, a failure
     in the last run that comes after the update says so instead.) If the
     apply fails, the message says whether the update happened.
+
+    When the accumulation was built with ``statistics=True``, the apply also
+    fetches the window's noise scale, and the helper logs it with
+    `recommend_micro_batches` of its moving average
+    (``tf.compat.v1.logging.info``, one line per window).
 
     Example:
 
@@ -152,8 +158,22 @@ def run_accumulation(
     if not results:
         raise ValueError(_EMPTY_WINDOW)
     if not fused:
+        statistics = accumulation.statistics
         try:
-            sess.run(accumulation.apply_op, feed_dict=apply_feed_dict)
+            if statistics is None:
+                sess.run(accumulation.apply_op, feed_dict=apply_feed_dict)
+            else:
+                _, noise = sess.run(
+                    (
+                        accumulation.apply_op,
+                        (
+                            statistics.noise_scale,
+                            statistics.noise_scale_ema,
+                            statistics.micro_batch_size,
+                        ),
+                    ),
+                    feed_dict=apply_feed_dict,
+                )
         except Exception as error:  # noqa: BLE001 - re-raised below, typed.
             count = _counter(sess, accumulation, apply_feed_dict or last_feed)
             if count == 0:
@@ -169,6 +189,8 @@ def run_accumulation(
                     "run apply_op (with the feed it needs) or zero_op"
                 )
             _reraise(error, f"the apply of the window failed {what}")
+        if statistics is not None:
+            _stats.log_recommendation(*noise)
     return results
 
 

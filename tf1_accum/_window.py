@@ -27,7 +27,16 @@ class Window:
     full name, re-entered for the ops built later.
     """
 
-    def __init__(self, pairs, average, scope, weighted=False, clip_norm=None, skip_nonfinite=True):
+    def __init__(
+        self,
+        pairs,
+        average,
+        scope,
+        weighted=False,
+        clip_norm=None,
+        skip_nonfinite=True,
+        statistics=None,
+    ):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -44,6 +53,14 @@ class Window:
         if weighted:
             self.weight_total = state_variable(lambda: tf.constant(0.0, tf.float64), "weight_total")
         self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+        # Gradient statistics (a _stats.WindowStatistics) need one more sum:
+        # of (weight times) each micro-batch gradient's squared norm.
+        self.statistics = statistics
+        self.square_norms = None
+        if statistics is not None:
+            self.square_norms = state_variable(
+                lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
+            )
 
     @property
     def var_list(self):
@@ -93,12 +110,18 @@ class Window:
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
 
-        return tf.cond(
+        stats = self.statistics  # its tensors leave the branch as outputs of the cond
+        outputs = tf.cond(
             due,
-            lambda: self.apply_in_branch(optimizer, global_step, caller_scope),
-            lambda: (tf.constant(False), tf.constant(0.0, tf.float64)),
+            lambda: self.apply_in_branch(optimizer, global_step, caller_scope)
+            + (stats.branch_outputs() if stats else ()),
+            lambda: (tf.constant(False), tf.constant(0.0, tf.float64))
+            + (stats.idle_outputs() if stats else ()),
             name="apply_if_due",
         )
+        if stats is not None:
+            stats.take_outputs(outputs[2:])
+        return tuple(outputs[:2])
 
     def apply_in_branch(self, optimizer, global_step, caller_scope):
         """The apply as a ``tf.cond`` branch: returns (True, norm) once it has run.
@@ -132,6 +155,10 @@ class Window:
                     weight = tf.identity(weight)
                     weight_after = self.weight_total.assign_add(weight, use_locking=True)
                 stateful.append(weight_after)
+            if self.square_norms is not None:
+                square = self.statistics.square_norm(gradients)
+                square = square if weight is None else square * weight
+                stateful.append(self.square_norms.assign_add(square, use_locking=True))
             totals = [slot.add(g, weight) for slot, g in zip(self.slots, gradients)]
             stateful += [t for total in totals for t in total]
             with tf.control_dependencies(stateful):
@@ -176,6 +203,9 @@ class Window:
                 reads = [slot.gradient(denominator, t) for slot, t in zip(self.slots, per_slot)]
                 grads = [grad for grad, _ in reads]
                 norm = _global_norm(grads)
+                observed = []
+                if self.statistics is not None:
+                    observed = self.statistics.observe(grads, count, weight, self.square_norms)
                 if self.clip_norm is not None:
                     grads = _scale(grads, self.clip_norm / tf.maximum(norm, self.clip_norm))
         grads_and_vars = [(grad, slot.var) for grad, slot in zip(grads, self.slots)]
@@ -185,7 +215,7 @@ class Window:
         with tf.control_dependencies([] if totals is None else [totals[1]]):
             update = self._apply_if_finite(optimizer, grads_and_vars, global_step, norm)
         with tf.compat.v1.name_scope(self.scope):
-            with tf.control_dependencies([update]):
+            with tf.control_dependencies([update] + observed):
                 reset = tf.group(
                     *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, reads)],
                     self._reset_totals(),
@@ -237,6 +267,12 @@ class Window:
         if self.weight_total is not None:
             resets.append(
                 self.weight_total.assign(
+                    tf.constant(0.0, tf.float64), use_locking=True, read_value=False
+                )
+            )
+        if self.square_norms is not None:
+            resets.append(
+                self.square_norms.assign(
                     tf.constant(0.0, tf.float64), use_locking=True, read_value=False
                 )
             )

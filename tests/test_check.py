@@ -1,0 +1,217 @@
+"""``python -m tf1_accum.check``: each forum pattern found at its line, nothing
+found in clean code, unparsable files and usage errors reported, and no
+TensorFlow import.
+
+Pure Python: the graph mode does not matter, so the nested run skips it.
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tf1_accum import _lint
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TF1_ACCUM_NESTED_RUN") == "1",
+    reason="the checker does not depend on the graph mode: run once, by the outer run",
+)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MIGRATION = ROOT / "examples" / "migration"
+BEFORES = sorted(MIGRATION.glob("*_before.py"))
+MARKER = re.compile(r"# <- (TFA\d{3}(?:, TFA\d{3})*)$")
+
+
+def _marked(path):
+    """The (line, rule) pairs a file marks with "# <- RULE" comments."""
+    expected = set()
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        match = MARKER.search(line)
+        if match:
+            expected |= {(number, rule) for rule in match.group(1).split(", ")}
+    return expected
+
+
+def _run(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "tf1_accum.check", *map(str, args)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), **(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("before", BEFORES, ids=lambda path: path.stem)
+def test_each_before_is_found_at_its_lines_by_its_rule(before):
+    expected = _marked(before)
+    assert expected, f"{before.name} marks no line"
+    found = {(f.line, f.rule) for f in _lint.check_paths([str(before)])}
+    assert found == expected
+
+
+def test_the_befores_cover_every_pattern():
+    assert len(BEFORES) == 6
+    rules = {rule for before in BEFORES for _, rule in _marked(before)}
+    assert rules == set(_lint.RULES)
+
+
+def test_no_findings_in_clean_code():
+    clean = [str(ROOT / name) for name in ("tf1_accum", "tests", "examples", "benchmarks")]
+    befores = {str(path) for path in BEFORES}
+    found = [f for f in _lint.check_paths(clean) if f.path not in befores]
+    assert found == []
+    # The walk did reach the afters and the library.
+    walked = set(_lint.python_files(clean))
+    assert str(MIGRATION / "f_cond_apply_after.py") in walked
+    assert str(ROOT / "tf1_accum" / "_window.py") in walked
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        # Divided by the number of micro-batches: a mean, not a sum.
+        "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+        "ops = [a.assign_add(g) for a, (g, v) in zip(acc, gvs)]\n"
+        "step = opt.apply_gradients([(a / N, v) for a, v in zip(acc, tvs)])\n",
+        # A learning-rate placeholder goes to the optimizer, not apply_gradients.
+        "lr = tf.placeholder(tf.float32, [])\n"
+        "step = tf.train.GradientDescentOptimizer(lr).apply_gradients(gvs)\n",
+        # A tf.cond that applies or skips, accumulating in neither branch.
+        "op = tf.cond(finite, lambda: opt.apply_gradients(gvs), lambda: tf.no_op())\n",
+        # The global step in an update that is not an accumulator's.
+        "lr = tf.Variable(0.1)\n"
+        "decay = lr.assign(lr * tf.cast(tf.train.get_global_step(), tf.float32))\n",
+    ],
+)
+def test_clean_variants_are_not_reported(source):
+    assert _lint.check_source(source) == []
+
+
+@pytest.mark.parametrize(
+    "source, line, rule",
+    [
+        # (a) written with the function form of assign_add.
+        (
+            "acc = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in tvs]\n"
+            "ops = [tf.assign_add(a, g) for a, (g, _) in zip(acc, gvs)]\n"
+            "train = opt.apply_gradients(list(zip(acc, tvs)))\n",
+            3,
+            "TFA001",
+        ),
+        # (c) the assign_add results applied as they are: a sum, and a rerun.
+        (
+            "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+            "ops = [a.assign_add(g) for a, (g, _) in zip(acc, gvs)]\n"
+            "train = opt.apply_gradients(zip(ops, tvs))\n",
+            3,
+            "TFA003",
+        ),
+        # (f) with the branches given as keywords and lambdas.
+        (
+            "op = tf.cond(due, true_fn=lambda: opt.apply_gradients(pairs),\n"
+            "             false_fn=lambda: tf.group([a.assign_add(g) for a, g in pairs]))\n",
+            1,
+            "TFA006",
+        ),
+    ],
+)
+def test_variants_are_reported(source, line, rule):
+    assert (line, rule) in {(f.line, f.rule) for f in _lint.check_source(source, "x.py")}
+
+
+def test_an_ignore_comment_silences_the_rules_it_names_on_its_line():
+    source = (
+        "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+        "ops = [a.assign_add(g) for a, (g, _) in zip(acc, gvs)]\n"
+        "one = opt.apply_gradients(zip(ops, tvs))  # tf1_accum.check: ignore TFA003\n"
+        "two = opt.apply_gradients(zip(ops, tvs))  # tf1_accum.check: ignore TFA001, TFA003\n"
+        "three = opt.apply_gradients(zip(ops, tvs))  # tf1_accum.check: ignore TFA004\n"
+    )
+    found = {(f.line, f.rule) for f in _lint.check_source(source)}
+    assert found == {(3, "TFA001"), (5, "TFA001"), (5, "TFA003")}
+
+
+def test_unparsable_file_is_reported_at_its_line(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import tensorflow as tf\n\ndef broken(:\n    pass\n", encoding="utf-8")
+    result = _run(bad)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stdout.startswith(f"{bad}:3: TFA000 cannot parse this file (")
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"\xff\xfe\x00")
+    assert [(f.line, f.rule) for f in _lint.check_paths([str(binary)])] == [(1, "TFA000")]
+    assert [(f.line, f.rule) for f in _lint.check_source("x = 1\0\n")] == [(1, "TFA000")]
+
+
+def test_a_chain_too_deep_to_follow_is_reported_not_raised():
+    depth = 3 * sys.getrecursionlimit()
+    chain = "".join(f"a{i + 1} = a{i} + 1\n" for i in range(depth))
+    source = "a0 = tf.placeholder(tf.float32)\n" + chain + f"opt.apply_gradients(a{depth})\n"
+    findings = _lint.check_source(source, "deep.py")
+    assert [(f.line, f.rule) for f in findings] == [(1, "TFA000")]
+    assert "chained too deeply" in findings[0].message
+
+
+def test_exit_status_and_output_format(tmp_path):
+    found = _run(MIGRATION)
+    assert found.returncode == 1, found.stderr
+    lines = found.stdout.splitlines()
+    assert len(lines) == sum(len(_marked(before)) for before in BEFORES)
+    for line in lines:
+        assert re.fullmatch(r"\S+\.py:\d+: TFA00[1-7] [^;]+; .*tf1_accum\..+", line), line
+    clean = _run(MIGRATION / "a_sum_not_mean_after.py", ROOT / "tf1_accum")
+    assert (clean.returncode, clean.stdout) == (0, "")
+    no_path = _run()
+    assert no_path.returncode == 2 and "PATH" in no_path.stderr
+    missing = _run(tmp_path / "nowhere.py")
+    assert missing.returncode == 2
+    assert f"no such file or directory: {tmp_path / 'nowhere.py'}" in missing.stderr
+    assert _run("--help").returncode == 0
+
+
+def test_the_checker_does_not_import_tensorflow():
+    # Runs the command as python -m does, then lists what got imported; a
+    # second run makes TensorFlow unimportable, as if it were not installed.
+    script = (
+        "import json, runpy, sys\n"
+        "if sys.argv[1] == 'blocked':\n"
+        "    sys.modules['tensorflow'] = None\n"
+        "sys.argv = ['tf1_accum.check', sys.argv[2]]\n"
+        "try:\n"
+        "    runpy.run_module('tf1_accum.check', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as exit:\n"
+        "    status = exit.code\n"
+        "loaded = [m for m, v in sys.modules.items() if m.split('.')[0] == 'tensorflow' and v]\n"
+        "print(json.dumps({'status': status, 'tensorflow': loaded}))\n"
+    )
+    for mode in ("installed", "blocked"):
+        result = subprocess.run(
+            [sys.executable, "-c", script, mode, str(MIGRATION / "c_last_batch_twice_before.py")],
+            cwd=ROOT,
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        *findings, summary = result.stdout.splitlines()
+        assert json.loads(summary) == {"status": 1, "tensorflow": []}, mode
+        assert len(findings) == 1 and ": TFA003 " in findings[0]
+
+
+def test_the_migration_guide_quotes_the_checker_as_it_is():
+    guide = (ROOT / "docs" / "migration.rst").read_text(encoding="utf-8")
+    quoted = re.findall(r"^   (examples/migration/\S+_before\.py:\d+: TFA\d{3} .*)$", guide, re.M)
+    actual = [
+        str(finding._replace(path=str(pathlib.Path(finding.path).relative_to(ROOT))))
+        for finding in _lint.check_paths([str(path) for path in BEFORES])
+    ]
+    assert quoted == actual

@@ -1,0 +1,461 @@
+"""Gradient statistics of a window: norms, the gradient noise scale, running averages.
+
+A window holds N micro-batch gradients and their mean, which is what the
+small-batch and large-batch estimators of McCandlish et al. (2018, "An
+Empirical Model of Large-Batch Training", appendix A) need: the squared norm
+of the mean gradient (batch B_big = N B) and the mean squared norm of the
+micro-batch gradients (batch B_small = B). Each micro-batch adds one float64
+scalar to the window; nothing is computed twice.
+"""
+
+import math
+import numbers
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum._window import state_variable
+
+# Decay of the moving averages across windows: about the last ten windows count.
+EMA_DECAY = 0.9
+
+
+class GradientStatistics(typing.NamedTuple):
+    """Statistics of one window, from ``build_accumulation(..., statistics=True)``.
+
+    `AccumulationOptimizer` built with ``statistics=True`` offers them as its
+    ``statistics`` property, evaluated with the train op (NaN, 0 micro-batches
+    and an empty summary in runs that only accumulate).
+
+    Every tensor is float64 and describes the window that ``apply_op``
+    applies: fetch them in the same ``session.run`` as ``apply_op``, and only
+    with it (after the apply the window is reset). Sums become means whatever
+    ``average`` says, and norms are taken before any clipping.
+
+    Attributes:
+        global_norm: Global L2 norm of the window's mean gradient ``G_big``.
+        variable_norms: L2 norm of each variable's part of ``G_big``, aligned
+            with ``var_list``.
+        micro_batch_square_norm: ``|G_small|^2``, the mean over the window's
+            micro-batches of each micro-batch gradient's squared global norm
+            (weighted by ``weight`` when given).
+        micro_batch_size: ``B_small``, examples per micro-batch: the build's
+            ``micro_batch_size``, or the window's mean ``weight``.
+        micro_batches: ``N``, the number of micro-batches in the window (int64).
+        gradient_square: Unbiased estimate of ``|G|^2``, the squared norm of
+            the true gradient: ``(B_big |G_big|^2 - B_small |G_small|^2) /
+            (B_big - B_small)``, with ``B_big = N B_small``.
+        noise_trace: Unbiased estimate of ``tr(Sigma)``, the trace of the
+            per-example gradient covariance: ``(|G_small|^2 - |G_big|^2) /
+            (1 / B_small - 1 / B_big)``.
+        noise_scale: ``B_simple = noise_trace / gradient_square``, this
+            window's estimate of the gradient noise scale, in examples (or in
+            units of ``weight``). NaN for a window of one micro-batch, which
+            has no estimate. One window's value is noisy and may be negative.
+        noise_scale_ema: The noise scale from exponential moving averages
+            (decay 0.9 per window: about the last ten windows count) of
+            ``noise_trace`` and ``gradient_square`` kept separately, this
+            window included: their ratio is steadier than an average of
+            ratios. Windows without a finite estimate leave the averages as
+            they were; NaN until the first window with one.
+        summary_op: A ``tf.compat.v1.summary`` string tensor with the scalars
+            above and each variable's norm. It is not in the ``SUMMARIES``
+            collection, so ``merge_all`` does not fetch it in runs without
+            ``apply_op``.
+    """
+
+    global_norm: tf.Tensor
+    variable_norms: typing.List[tf.Tensor]
+    micro_batch_square_norm: tf.Tensor
+    micro_batch_size: tf.Tensor
+    micro_batches: tf.Tensor
+    gradient_square: tf.Tensor
+    noise_trace: tf.Tensor
+    noise_scale: tf.Tensor
+    noise_scale_ema: tf.Tensor
+    summary_op: tf.Tensor
+
+
+class WindowStatistics:
+    """The graph state and ops behind `GradientStatistics`, driven by a `Window`.
+
+    The window calls `square_norm` on each micro-batch's gradients (and adds
+    the result to its one extra accumulator) and `observe` in its apply, then
+    makes its reset wait for the ops `observe` returns.
+    """
+
+    def __init__(self, variables, micro_batch_size, average):
+        self.variables = list(variables)
+        self.micro_batch_size = micro_batch_size  # None: the window's mean weight
+        self.average = average
+        self.trace_ema = state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema")
+        self.square_ema = state_variable(
+            lambda: tf.constant(0.0, tf.float64), "gradient_square_ema"
+        )
+        self.result = None
+
+    def square_norm(self, gradients):
+        """The float64 squared global norm of one micro-batch's gradients.
+
+        A micro-batch's sparse gradient may name a row more than once (an id
+        seen twice in an embedding lookup): rows are summed before squaring.
+        This runs with every micro-batch, so each variable costs one
+        reduction in its own precision (float32 for float16 and bfloat16),
+        with no float64 copy of the gradient.
+        """
+        halves = []
+        for g in gradients:
+            values = g.values if isinstance(g, tf.IndexedSlices) else g
+            if values.dtype.base_dtype in (tf.float16, tf.bfloat16):
+                values = tf.cast(values, tf.float32)
+            if isinstance(g, tf.IndexedSlices):
+                rows, position = tf.unique(g.indices)
+                values = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
+            halves.append(tf.cast(tf.nn.l2_loss(values), tf.float64))  # sum(x^2) / 2
+        return 2.0 * tf.add_n(halves)
+
+    def observe(self, gradients, count, weight_total, square_total):
+        """Builds the statistics of the window being applied.
+
+        Args:
+            gradients: the window's gradients, mean or sum, before clipping.
+            count: the number of micro-batches.
+            weight_total: the sum of the weights, or None.
+            square_total: the sum over micro-batches of (weight times) the
+                squared norm of the micro-batch gradient.
+
+        Returns:
+            The moving averages' updates: the reset must wait for them.
+        """
+        with tf.compat.v1.name_scope("statistics"):
+            # The tensors in a scope of their own: the summaries take their names.
+            with tf.compat.v1.name_scope("values"):
+                n = tf.cast(count, tf.float64)
+                total = n if weight_total is None else tf.cast(weight_total, tf.float64)
+                squares = [_square_sum(g) for g in gradients]  # a window's rows are distinct
+                if not self.average:  # the sum: the mean's squares are 1 / total^2 of it
+                    squares = [s / tf.square(total) for s in squares]
+                variable_norms = [tf.sqrt(s) for s in squares]
+                big = tf.add_n(squares, name="gradient_square_norm")
+                small = tf.identity(tf.cast(square_total, tf.float64) / total, name="micro_batch")
+                if self.micro_batch_size is None:
+                    b_small = total / n
+                else:
+                    b_small = tf.constant(float(self.micro_batch_size), tf.float64)
+                b_small = tf.identity(b_small, name="micro_batch_size")
+                b_big = n * b_small
+                several = n > 1.0
+                nan = tf.constant(np.nan, tf.float64)
+                # Where N = 1 the denominators are 0: no estimate, NaN rather than Inf.
+                safe = tf.where(several, b_big - b_small, tf.ones_like(b_big))
+                gradient_square = tf.where(
+                    several, (b_big * big - b_small * small) / safe, nan, name="gradient_square"
+                )
+                inverse = tf.where(several, 1.0 / b_small - 1.0 / b_big, tf.ones_like(b_big))
+                noise_trace = tf.where(several, (small - big) / inverse, nan, name="noise_trace")
+                noise_scale = tf.identity(noise_trace / gradient_square, name="noise_scale")
+
+                valid = tf.logical_and(
+                    tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
+                )
+                trace_ema = self._moving(self.trace_ema, noise_trace, valid)
+                square_ema = self._moving(self.square_ema, gradient_square, valid)
+                updates = [
+                    self.trace_ema.assign(trace_ema, use_locking=True, read_value=False),
+                    self.square_ema.assign(square_ema, use_locking=True, read_value=False),
+                ]
+                noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
+                global_norm = tf.sqrt(big, name="global_norm")
+            scalars = {
+                "global_norm": global_norm,
+                "micro_batch_square_norm": small,
+                "micro_batch_size": b_small,
+                "gradient_square": gradient_square,
+                "noise_trace": noise_trace,
+                "noise_scale": noise_scale,
+                "noise_scale_ema": noise_scale_ema,
+            }
+            summaries = [
+                tf.compat.v1.summary.scalar(k, v, collections=[]) for k, v in scalars.items()
+            ]
+            summaries += [
+                tf.compat.v1.summary.scalar(f"gradient_norm/{v.op.name}", norm, collections=[])
+                for v, norm in zip(self.variables, variable_norms)
+            ]
+            self.result = GradientStatistics(
+                global_norm=global_norm,
+                variable_norms=variable_norms,
+                micro_batch_square_norm=small,
+                micro_batch_size=b_small,
+                # From n, which the averages' updates wait for: a read of the
+                # counter itself could come after the reset.
+                micro_batches=tf.cast(n, tf.int64, name="micro_batches"),
+                gradient_square=gradient_square,
+                noise_trace=noise_trace,
+                noise_scale=noise_scale,
+                noise_scale_ema=noise_scale_ema,
+                summary_op=tf.compat.v1.summary.merge(summaries, collections=[]),
+            )
+        return updates
+
+    def branch_outputs(self):
+        """The statistics, flat, as outputs of the conditional that applies."""
+        return tuple(tf.nest.flatten(self.result))
+
+    def idle_outputs(self):
+        """The other branch's outputs: NaN, 0 micro-batches, an empty summary."""
+        fill = {tf.float64: np.nan, tf.int64: 0, tf.string: b""}
+        return tuple(tf.constant(fill[t.dtype], t.dtype) for t in self.branch_outputs())
+
+    def take_outputs(self, outputs):
+        """Replaces the statistics by the conditional's outputs."""
+        self.result = tf.nest.pack_sequence_as(self.result, list(outputs))
+
+    @staticmethod
+    def _moving(average, value, valid):
+        updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
+        return tf.where(valid, updated, average.read_value())
+
+
+def _square_sum(gradient):
+    """Float64 sum of squares of a gradient whose sparse rows are distinct."""
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    return tf.reduce_sum(tf.square(tf.cast(values, tf.float64)))
+
+
+def check_statistics_options(statistics, micro_batch_size, weight):
+    """Checks ``statistics=`` and ``micro_batch_size=`` of a build."""
+    _checks.check_bool("statistics", statistics)
+    if micro_batch_size is None:
+        if statistics and weight is None:
+            raise ValueError(
+                "statistics=True needs the number of examples per micro-batch: pass "
+                "micro_batch_size= (a positive number), or weight= (a tensor computed "
+                "from each micro-batch)."
+            )
+        return
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Real):
+        raise TypeError(
+            "micro_batch_size must be a positive number of examples, got "
+            f"{_checks.describe(micro_batch_size)}."
+        )
+    if not (micro_batch_size > 0 and math.isfinite(micro_batch_size)):
+        raise ValueError(
+            f"micro_batch_size must be a positive number of examples, got {micro_batch_size}."
+        )
+    if not statistics:
+        raise ValueError(
+            "micro_batch_size is used only by the gradient statistics: build with "
+            "statistics=True, or leave it out."
+        )
+    if weight is not None:
+        raise ValueError(
+            "Pass weight= or micro_batch_size=, not both: with weight=, the micro-batch "
+            "size is the window's mean weight."
+        )
+
+
+def recommend_micro_batches(noise_scale, micro_batch_size):
+    """Returns how many micro-batches make the window's batch reach the noise scale.
+
+    Near the gradient noise scale B_noise, a larger batch stops buying
+    proportionally fewer steps (McCandlish et al. 2018): the recommendation
+    is the smallest N with N x ``micro_batch_size`` >= ``noise_scale``, at
+    least 1. Feed it the moving average ``noise_scale_ema``: one window's
+    estimate is noisy.
+
+    Example:
+
+    >>> tf1_accum.recommend_micro_batches(1000.0, 64)
+    16
+    >>> tf1_accum.recommend_micro_batches(10.0, 64)
+    1
+
+    Args:
+        noise_scale: The estimated noise scale, in examples: a finite number
+            of at least 0.
+        micro_batch_size: Examples per micro-batch: a positive number.
+
+    Returns:
+        An int of at least 1.
+
+    Raises:
+        TypeError: If an argument is not a number.
+        ValueError: If ``noise_scale`` is NaN, infinite or negative (no usable
+            estimate yet: accumulate more windows), or ``micro_batch_size`` is
+            not positive.
+    """
+    for name, value in (("noise_scale", noise_scale), ("micro_batch_size", micro_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a number, got {_checks.describe(value)}.")
+    if not (math.isfinite(noise_scale) and noise_scale >= 0):
+        raise ValueError(
+            f"noise_scale must be a finite number of at least 0, got {noise_scale}: there "
+            "is no usable estimate yet (a window of one micro-batch has none, and one "
+            "window's estimate can be negative); average over more windows."
+        )
+    if not (math.isfinite(micro_batch_size) and micro_batch_size > 0):
+        raise ValueError(f"micro_batch_size must be a positive number, got {micro_batch_size}.")
+    return max(1, math.ceil(float(noise_scale) / float(micro_batch_size)))
+
+
+def log_recommendation(noise_scale, noise_scale_ema, micro_batch_size):
+    """Logs a window's noise scale and the recommendation (tf.compat.v1.logging.info)."""
+    try:
+        n = recommend_micro_batches(float(noise_scale_ema), float(micro_batch_size))
+    except ValueError:
+        tf.compat.v1.logging.info(
+            "tf1_accum: gradient noise scale: no estimate yet (this window: %s).", noise_scale
+        )
+        return None
+    tf.compat.v1.logging.info(
+        "tf1_accum: gradient noise scale %.4g (moving average; this window %.4g): "
+        "recommend %d micro-batches of %g examples.",
+        noise_scale_ema,
+        noise_scale,
+        n,
+        micro_batch_size,
+    )
+    return n
+
+
+class RunningAverage(typing.NamedTuple):
+    """A running average that resets, from `build_running_average`.
+
+    Attributes:
+        update_op: Adds the current ``values`` to the average (and first
+            starts a new one, when ``horizon`` updates have been averaged).
+        averages: Tensors reading the averages, aligned with ``values``; in
+            the dtypes of ``values``.
+        count: ``int64`` variable: the updates the averages cover.
+        reset_op: Starts a new average: the next update's values become it.
+    """
+
+    update_op: tf.Operation
+    averages: typing.List[tf.Tensor]
+    count: tf.Variable
+    reset_op: tf.Operation
+
+
+def build_running_average(values, horizon=None, name=None):
+    """Builds a running average of ``values`` over a window or a horizon.
+
+    The formula ``avg = avg * (1 - 1/(step+1)) + g/(step+1)``, keyed on the
+    global step, never resets: late in training it averages over everything
+    since step 0, and each new gradient barely moves it. Here the count
+    starts again at every ``reset_op`` (run it when a window begins), or
+    after every ``horizon`` updates: the averages are then the plain mean of
+    the values since the last reset, block after block.
+
+    Example:
+
+    >>> with tf.Graph().as_default():
+    ...     g = tf.compat.v1.placeholder(tf.float64, [])
+    ...     avg = tf1_accum.build_running_average([g], horizon=2)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         for value in (1.0, 3.0, 10.0):
+    ...             _ = sess.run(avg.update_op, {g: value})
+    ...             print(float(sess.run(avg.averages[0])), int(sess.run(avg.count)))
+    1.0 1
+    2.0 2
+    10.0 1
+
+    Args:
+        values: A floating-point tensor, or a list of them (gradients, say;
+            a ``tf.IndexedSlices`` is averaged as its dense value), each of
+            fully defined shape.
+        horizon: None (the default) to average until ``reset_op`` runs, or
+            an int of at least 1: after that many updates, the next update
+            starts a new average.
+        name: Name scope for the ops; defaults to ``"running_average"``.
+
+    Returns:
+        A `RunningAverage`.
+
+    Raises:
+        RuntimeError: If eager execution is active.
+        TypeError: If a value is not a floating-point tensor, or ``horizon``
+            is not an int.
+        ValueError: If ``values`` is empty, a value's shape is not fully
+            defined, or ``horizon`` is less than 1.
+    """
+    _checks.check_graph_mode("build_running_average")
+    single = isinstance(values, (tf.Tensor, tf.IndexedSlices))
+    values = [values] if single else values
+    if not isinstance(values, (list, tuple)):
+        raise TypeError(
+            f"values must be a tensor or a list of tensors, got {_checks.describe(values)}."
+        )
+    if not values:
+        raise ValueError("values is empty: expected at least one floating-point tensor.")
+    for i, value in enumerate(values):
+        if not isinstance(value, (tf.Tensor, tf.IndexedSlices)) or not hasattr(value, "graph"):
+            raise TypeError(
+                f"values[{i}] must be a floating-point tensor of a graph, got "
+                f"{_checks.describe(value)}."
+            )
+        if not value.dtype.base_dtype.is_floating:
+            raise TypeError(
+                f"values[{i}] must be a floating-point tensor, got {value.name} of dtype "
+                f"{value.dtype.base_dtype.name}."
+            )
+        if isinstance(value, tf.IndexedSlices):
+            shape = tf.TensorShape(tf.get_static_value(value.dense_shape))
+        else:
+            shape = value.shape
+        if not shape.is_fully_defined():
+            raise ValueError(
+                f"values[{i}] ({value.name}) has shape {shape}, which is not fully "
+                "defined; the average needs a static shape for its variable."
+            )
+    if horizon is not None:
+        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
+            raise TypeError(
+                f"horizon must be an int (updates per average) or None, got "
+                f"{_checks.describe(horizon)}."
+            )
+        if horizon < 1:
+            raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
+    graph = values[0].graph
+    with graph.as_default(), tf.compat.v1.name_scope(name, "running_average", values=values):
+        count = state_variable(lambda: tf.constant(0, tf.int64), "count")
+        dense = [
+            tf.reshape(tf.convert_to_tensor(v), shape)
+            for v, shape in zip(values, _static_shapes(values))
+        ]
+        averages = [
+            state_variable(lambda v=v: tf.zeros(v.shape, v.dtype.base_dtype), "average")
+            for v in dense
+        ]
+        old = tf.identity(count.read_value())
+        restart = tf.equal(old, 0)
+        if horizon is not None:
+            restart = tf.logical_or(restart, old >= horizon)
+        n = tf.where(restart, tf.constant(1, tf.int64), old + 1)
+        updates = [count.assign(n, use_locking=True, read_value=False)]
+        for average, value in zip(averages, dense):
+            step = tf.cast(n, value.dtype.base_dtype)
+            moved = average.read_value() + (value - average.read_value()) / step
+            # A new average is the value itself, not 0 + (value - 0) / 1.
+            updates.append(
+                average.assign(tf.where(restart, value, moved), use_locking=True, read_value=False)
+            )
+        update_op = tf.group(*updates, name="update")
+        reset_op = tf.group(
+            count.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False),
+            name="reset",
+        )
+        reads = [tf.identity(a.read_value(), name="read") for a in averages]
+    return RunningAverage(update_op=update_op, averages=reads, count=count, reset_op=reset_op)
+
+
+def _static_shapes(values):
+    return [
+        tf.get_static_value(v.dense_shape).tolist()
+        if isinstance(v, tf.IndexedSlices)
+        else v.shape.as_list()
+        for v in values
+    ]
