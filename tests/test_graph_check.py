@@ -6,12 +6,17 @@ variables under ``disable_v2_behavior()``, resource variables otherwise),
 ``assign_add`` of each gradient, and an apply on what they hold.
 """
 
+import importlib.util
+import pathlib
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf1_accum
 from tests._helpers import Model
+from tf1_accum import _graph_check
 
 v1 = tf.compat.v1
 
@@ -446,3 +451,95 @@ def test_accum_ops_from_another_graph():
         op = tf.no_op(name="apply")
         with pytest.raises(ValueError, match="must come from one graph: elsewhere is in another"):
             tf1_accum.check_graph(op, other)
+
+
+# -- the migration examples: befores found, afters clean ----------------------
+
+MIGRATION = pathlib.Path(__file__).resolve().parent.parent / "examples" / "migration"
+
+
+def run_example(name, monkeypatch):
+    """Runs examples/migration/NAME.py, recording what each session.run fetched.
+
+    Returns (apply ops, their feed's placeholders, per-micro-batch ops): the
+    apply is whatever fetch runs an optimizer update op, the micro-batch
+    fetches are the other fetches made with a feed.
+    """
+    if str(MIGRATION) not in sys.path:
+        sys.path.insert(0, str(MIGRATION))  # the scripts import common
+    spec = importlib.util.spec_from_file_location(f"migration_{name}", MIGRATION / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    calls = []
+    original = v1.Session.run
+
+    def run(self, fetches, feed_dict=None, *args, **kwargs):
+        ops = [f if isinstance(f, tf.Operation) else f.op for f in tf.nest.flatten(fetches)]
+        calls.append((ops, list(feed_dict or {})))
+        return original(self, fetches, feed_dict, *args, **kwargs)
+
+    monkeypatch.setattr(v1.Session, "run", run)
+    module.main()
+    monkeypatch.undo()
+    apply_ops, fed, accum_ops = [], [], []
+    for ops, feeds in calls:
+        runs = _graph_check._Checker(ops[0].graph, ops, [], False).run_set(ops)
+        if any(_graph_check._gradient_index(op) is not None for op in runs):
+            apply_ops += [op for op in ops if op not in apply_ops]
+            fed += [t.op.name for t in feeds if t.op.name not in fed]
+        elif feeds:
+            accum_ops += [op for op in ops if op not in accum_ops]
+    assert apply_ops, f"{name}: no fetch ran an optimizer update"
+    return apply_ops, sorted(fed), [op for op in accum_ops if op not in apply_ops]
+
+
+def test_migration_before_a_sum_not_mean(monkeypatch):
+    if v1.resource_variables_enabled():
+        pytest.skip("this before calls initialized_value(), which resource variables lack")
+    apply_ops, _, accum_ops = run_example("a_sum_not_mean_before", monkeypatch)
+    findings = tf1_accum.check_graph(apply_ops, accum_ops)
+    assert by_kind(findings) == {"sum_not_mean": update_ops(apply_ops[0].graph)}
+
+
+def test_migration_before_c_last_batch_twice(monkeypatch):
+    apply_ops, fed, accum_ops = run_example("c_last_batch_twice_before", monkeypatch)
+    findings = tf1_accum.check_graph(apply_ops, accum_ops)
+    assert fed
+    assert by_kind(findings) == {
+        "apply_needs_feed": fed,
+        "apply_accumulates": sorted(op.name for op in accum_ops),
+    }
+
+
+def test_migration_before_d_numpy_round_trip(monkeypatch):
+    apply_ops, fed, accum_ops = run_example("d_numpy_round_trip_before", monkeypatch)
+    findings = tf1_accum.check_graph(apply_ops, accum_ops)
+    trained = apply_ops[0].graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)
+    assert len(fed) == len(trained) == 3  # one placeholder per gradient
+    assert by_kind(findings) == {"apply_needs_feed": fed}
+
+
+def test_migration_before_e_running_average(monkeypatch):
+    apply_ops, _, accum_ops = run_example("e_running_average_before", monkeypatch)
+    graph = apply_ops[0].graph
+    averages = [v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES) if not v.trainable]
+    averages = [v for v in averages if v.op.name != "global_step"]
+    assert len(averages) == len(graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)) == 3
+    findings = tf1_accum.check_graph(apply_ops, accum_ops)
+    assert by_kind(findings) == {"never_reset": variable_names(averages)}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "a_sum_not_mean_after",
+        "b_counter_mean_after",
+        "c_last_batch_twice_after",
+        "d_numpy_round_trip_after",
+        "e_running_average_after",
+        "f_cond_apply_after",
+    ],
+)
+def test_migration_afters_are_clean(name, monkeypatch):
+    apply_ops, _, accum_ops = run_example(name, monkeypatch)
+    assert tf1_accum.check_graph(apply_ops, accum_ops or None) == []

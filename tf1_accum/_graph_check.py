@@ -172,7 +172,11 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
     and the function bodies of graphs imported from a ``GraphDef`` are not
     entered; sparse updates that an optimizer makes without an ``Apply`` op
     (``GradientDescentOptimizer`` scatters into the variable) are not checked
-    for sums.
+    for sums. Nor can a graph show what depends on the data or the loop:
+    micro-batches of different sizes averaged with equal weights (see
+    ``weight=``), or a ``tf.cond`` whose applying run skips its own
+    micro-batch; ``python -m tf1_accum.check`` finds those recipes in the
+    source.
 
     Example:
 
