@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 import tf1_accum
-from tests._helpers import Model
+from _helpers import Model
 from tf1_accum import _graph_check
 
 v1 = tf.compat.v1
