@@ -62,13 +62,18 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         skip_nonfinite: True (the default) skips a window whose gradient holds
             a NaN or an Inf, as in `build_accumulation`, and counts it in
             ``skipped_windows``.
+        update_ops: Ops the train op runs with each micro-batch (batch-norm
+            moving-average updates). None (the default) takes the graph's
+            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
+            is built (`minimize` or `apply_gradients`); a list runs exactly
+            those ops, ``[]`` none.
         name: Name scope of the accumulation ops.
 
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or is a ``SyncReplicasOptimizer``, ``steps`` is not an int, or
-            ``average`` is not a bool, or ``weight`` or ``clip_norm`` has the
-            wrong type.
+            ``average`` is not a bool, or ``weight``, ``clip_norm`` or
+            ``update_ops`` has the wrong type.
         ValueError: If ``steps`` is less than 1 or ``clip_norm`` is not
             positive.
     """
@@ -82,6 +87,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         weight=None,
         clip_norm=None,
         skip_nonfinite=True,
+        update_ops=None,
         name="Accumulation",
     ):
         _checks.check_optimizer(optimizer)
@@ -95,6 +101,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             )
         _checks.check_steps(steps)
         _checks.check_window_options(average, clip_norm, skip_nonfinite)
+        update_ops = _checks.check_update_ops(update_ops)
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
@@ -104,6 +111,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._weight = weight
         self._clip_norm = clip_norm
         self._skip_nonfinite = skip_nonfinite
+        self._update_ops = update_ops
         self._windows = []
         self._norms = []
 
@@ -170,13 +178,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             name: Name scope of the ops; defaults to the optimizer's name.
 
         Returns:
-            The train op. Each run accumulates one micro-batch; every
-            ``steps``-th run also applies and resets.
+            The train op. Each run accumulates one micro-batch and runs
+            ``update_ops``; every ``steps``-th run also applies and resets.
 
         Raises:
             RuntimeError: If eager execution is active.
             TypeError: If ``global_step`` is not an integer variable.
-            ValueError: If no gradient is given for any variable.
+            ValueError: If no gradient is given for any variable, or an op of
+                ``update_ops`` is not in the default graph.
         """
         _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
         _checks.check_global_step(global_step)
@@ -188,7 +197,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 f"{[v.op.name for _, v in grads_and_vars]}."
             )
         weight = self._weight() if callable(self._weight) else self._weight
-        _checks.check_weight(weight, tf.compat.v1.get_default_graph())
+        graph = tf.compat.v1.get_default_graph()
+        _checks.check_weight(weight, graph)
+        update_ops = _checks.check_update_ops(self._update_ops, graph)
+        if update_ops is None:
+            update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
@@ -199,7 +212,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 skip_nonfinite=self._skip_nonfinite,
             )
         applied, norm = window.accumulate_and_apply_every(
-            self._steps, [g for g, _ in pairs], self._optimizer, global_step, weight
+            self._steps,
+            [g for g, _ in pairs],
+            self._optimizer,
+            global_step,
+            weight,
+            run_with=update_ops,
         )
         self._windows.append(window)
         self._norms.append(norm)
