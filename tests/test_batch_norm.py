@@ -152,11 +152,13 @@ def test_a_list_runs_exactly_those_ops():
     np.testing.assert_array_equal(variance, np.ones(FEATURES))
 
 
-def test_apply_and_zero_never_run_the_updates():
+def test_apply_zero_and_flush_never_run_the_updates():
     (window,) = _windows(1)
     with tf.Graph().as_default() as graph:
         x, y, loss = _model()
         acc = tf1_accum.build_accumulation(loss, v1.train.GradientDescentOptimizer(0.1))
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 5)
+        train_op = wrapper.minimize(loss)
         moving = _moving(graph)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
@@ -167,11 +169,18 @@ def test_apply_and_zero_never_run_the_updates():
             for b in window[:2]:
                 sess.run(acc.accum_op, {x: b[0], y: b[1]})
             sess.run(acc.zero_op)
-            after_zero = sess.run(moving)
+            before_flush = sess.run(moving)
+            for b in window:
+                sess.run(train_op, {x: b[0], y: b[1]})
+            after_train = sess.run(moving)
+            sess.run(wrapper.flush_op)
+            after_flush = sess.run(moving)
     np.testing.assert_allclose(after_micro_batches[0], _expected_statistics(window)[0], 1e-12)
     np.testing.assert_allclose(
-        after_zero[0], _expected_statistics(window + window[:2])[0], 1e-12
+        before_flush[0], _expected_statistics(window + window[:2])[0], 1e-12
     )
+    np.testing.assert_array_equal(after_flush[0], after_train[0])
+    np.testing.assert_array_equal(after_flush[1], after_train[1])
 
 
 @pytest.mark.parametrize(

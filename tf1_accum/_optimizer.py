@@ -12,7 +12,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Each run of the train op adds its micro-batch's gradients; every
     ``steps``-th run also applies their mean (or sum) through the wrapped
     optimizer and resets, in that same ``session.run``. The updates equal plain
-    training on batches ``steps`` times larger. ``global_step``, if given,
+    training on batches ``steps`` times larger. Micro-batches left over at the
+    end, fewer than ``steps``, are applied with their true count by
+    ``flush_op``. ``global_step``, if given,
     counts updates, so schedules and hooks driven by it (``StopAtStepHook``,
     ``CheckpointSaverHook``, learning-rate decay) follow updates. Optimizer
     slots and Adam's beta powers are created outside the conditional, with the
@@ -65,8 +67,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         update_ops: Ops the train op runs with each micro-batch (batch-norm
             moving-average updates). None (the default) takes the graph's
             ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
-            is built (`minimize` or `apply_gradients`); a list runs exactly
-            those ops, ``[]`` none.
+            is built (``minimize`` or ``apply_gradients``); a list runs exactly
+            those ops, ``[]`` none. ``flush_op`` never runs them.
         name: Name scope of the accumulation ops.
 
     Raises:
@@ -114,6 +116,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._update_ops = update_ops
         self._windows = []
         self._norms = []
+        self._flushes = []
 
     @property
     def optimizer(self):
@@ -164,6 +167,23 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._last_window("global_norm")
         return self._norms[-1]
 
+    @property
+    def flush_op(self):
+        """Applies a window shorter than ``steps`` with its true count, and resets.
+
+        For the end of training (or of an epoch), when the last micro-batches
+        do not fill a window: run it once, with no feed. It applies the mean
+        over the micro-batches accumulated so far (weighted, with ``weight``),
+        increments ``global_step`` and resets the window. With nothing
+        accumulated it does nothing, so it is safe to run unconditionally.
+        It never runs ``update_ops``.
+
+        Raises:
+            ValueError: If no train op was built yet.
+        """
+        self._last_window("flush_op")
+        return self._flushes[-1]
+
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's ``compute_gradients`` (loss scaling included)."""
         return self._optimizer.compute_gradients(*args, **kwargs)
@@ -202,6 +222,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         update_ops = _checks.check_update_ops(self._update_ops, graph)
         if update_ops is None:
             update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        caller_scope = graph.get_name_scope()
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
@@ -219,8 +240,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             weight,
             run_with=update_ops,
         )
+        # Built now, not when first asked for: a MonitoredSession finalizes
+        # the graph before the end of training.
+        flush = window.flush(self._optimizer, global_step, caller_scope, name="flush")
         self._windows.append(window)
         self._norms.append(norm)
+        self._flushes.append(flush)
         with tf.compat.v1.name_scope(scope):
             return tf.group(applied, name="train")
 

@@ -102,6 +102,20 @@ class Window:
             name="apply_if_due",
         )
 
+    def flush(self, optimizer, global_step, caller_scope, name=None):
+        """Applies a partial window with its true count and resets; nothing if empty.
+
+        Needs no feed: it reads only the window's state.
+        """
+        with tf.control_dependencies(None), tf.compat.v1.name_scope(self.scope):
+            applied, _ = tf.cond(
+                tf.greater(tf.identity(self.counter), 0),
+                lambda: self.apply_in_branch(optimizer, global_step, caller_scope),
+                lambda: (tf.constant(False), tf.constant(0.0, tf.float64)),
+                name="flush_if_any",
+            )
+            return tf.group(applied, name=name)
+
     def apply_in_branch(self, optimizer, global_step, caller_scope):
         """The apply as a ``tf.cond`` branch: returns (True, norm) once it has run.
 
