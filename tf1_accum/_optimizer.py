@@ -14,11 +14,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     optimizer and resets, in that same ``session.run``. The updates equal plain
     training on batches ``steps`` times larger. Micro-batches left over at the
     end, fewer than ``steps``, are applied with their true count by
-    ``flush_op``. ``global_step``, if given,
-    counts updates, so schedules and hooks driven by it (``StopAtStepHook``,
-    ``CheckpointSaverHook``, learning-rate decay) follow updates. Optimizer
-    slots and Adam's beta powers are created outside the conditional, with the
-    names plain training gives them.
+    ``flush_op``. ``global_step``, if given, counts updates, so schedules and
+    hooks driven by it (``StopAtStepHook``, ``CheckpointSaverHook``,
+    learning-rate decay) follow updates. Optimizer slots and Adam's beta
+    powers are created outside the conditional, with the names plain training
+    gives them.
 
     Compose it outermost: ``AccumulationOptimizer(
     tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, ...))``
