@@ -194,7 +194,7 @@ def test_apply_zero_and_flush_never_run_the_updates():
 )
 def test_bad_update_ops_are_rejected_everywhere(update_ops, error, message):
     with tf.Graph().as_default():
-        x, y, loss = _model()
+        _, _, loss = _model()
         opt = v1.train.GradientDescentOptimizer(0.1)
         with pytest.raises(error, match=message):
             tf1_accum.build_accumulation(loss, opt, update_ops=update_ops)
@@ -210,7 +210,7 @@ def test_bad_update_ops_are_rejected_everywhere(update_ops, error, message):
 
 def test_a_single_op_must_be_in_a_list():
     with tf.Graph().as_default():
-        x, y, loss = _model()
+        _, _, loss = _model()
         op = v1.get_collection(v1.GraphKeys.UPDATE_OPS)[0]
         with pytest.raises(TypeError, match=r"update_ops must be None .*got <tf.Operation"):
             tf1_accum.build_accumulation(
@@ -220,10 +220,10 @@ def test_a_single_op_must_be_in_a_list():
 
 def test_update_ops_from_another_graph_are_rejected():
     with tf.Graph().as_default():
-        _, _, other_loss = _model()
+        _model()
         foreign = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
     with tf.Graph().as_default():
-        x, y, loss = _model()
+        _, _, loss = _model()
         opt = v1.train.GradientDescentOptimizer(0.1)
         with pytest.raises(ValueError, match=r"update_ops\[0\] .* is not in the graph of the loss"):
             tf1_accum.build_accumulation(loss, opt, update_ops=foreign)
@@ -242,7 +242,8 @@ def test_the_dataset_loop_rejects_ops_built_outside_it():
             w = v1.get_variable("w", initializer=1.0, dtype=tf.float64)
             return tf.reduce_mean(w * batch)
 
-        with pytest.raises(ValueError, match=r"update_ops=None .*got a list of 1 ops built outside"):
+        message = r"update_ops=None .*got a list of 1 ops built outside"
+        with pytest.raises(ValueError, match=message):
             tf1_accum.build_dataset_accumulation(
                 loss_fn, v1.train.GradientDescentOptimizer(0.1), dataset, 2, update_ops=[outside]
             )
