@@ -13,6 +13,9 @@ process-wide, so one pytest process runs one of them:
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# tf.compat.v1.layers (batch normalization in tests/test_batch_norm.py) needs
+# the tf_keras package in place of Keras 3; read when TensorFlow is imported.
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402

@@ -10,6 +10,8 @@ HERE = pathlib.Path(__file__).parent
 # The TensorFlow releases the test suite runs on. tf1_accum does not pull in
 # TensorFlow itself (users already have tensorflow, tensorflow-cpu or a vendor
 # build); the "cpu" and "tensorflow" extras install one in the tested range.
+# The tests and examples need tf_keras (tf.compat.v1.layers, for batch
+# normalization), which depends on the full "tensorflow" package.
 TENSORFLOW_RANGE = ">=2.15,<2.22"
 
 
@@ -35,13 +37,18 @@ setuptools.setup(
         "cpu": [f"tensorflow-cpu{TENSORFLOW_RANGE}"],
         "tensorflow": [f"tensorflow{TENSORFLOW_RANGE}"],
         "test": [
-            f"tensorflow-cpu{TENSORFLOW_RANGE}",
+            f"tensorflow{TENSORFLOW_RANGE}",
+            f"tf_keras{TENSORFLOW_RANGE}",
             "pytest>=7",
             "hypothesis>=6",
             "matplotlib>=3.5",
             "sphinx>=7",
         ],
-        "examples": [f"tensorflow-cpu{TENSORFLOW_RANGE}", "matplotlib>=3.5"],
+        "examples": [
+            f"tensorflow{TENSORFLOW_RANGE}",
+            f"tf_keras{TENSORFLOW_RANGE}",
+            "matplotlib>=3.5",
+        ],
         "docs": ["sphinx>=7"],
     },
     classifiers=[

@@ -5,7 +5,7 @@
 #
 # For each VERSION (major.minor) this makes a virtual environment
 # .venv-tf<VERSION> in the repository root (kept, and reused on the next run),
-# installs tensorflow-cpu==VERSION.* with the matching tf_keras==VERSION.*
+# installs tensorflow==VERSION.* (tf_keras needs the full wheel) with the matching tf_keras==VERSION.*
 # (the Keras 2 layers TF1-style code uses), then the package with its test
 # extra, and runs the README's test command, `python -m pytest`, which covers
 # both ways into graph mode, the doctests and the docs build. The first run of a
@@ -37,7 +37,7 @@ for version in "${versions[@]}"; do
         { [ -x "${venv}/bin/python" ] || "${PYTHON}" -m venv "${venv}"; } &&
         "${venv}/bin/python" -m pip install --quiet --upgrade pip &&
         "${venv}/bin/python" -m pip install --quiet \
-            "tensorflow-cpu==${version}.*" "tf_keras==${version}.*" -e ".[test]"
+            "tensorflow==${version}.*" "tf_keras==${version}.*" -e ".[test]"
     }; then
         result[$version]="install failed"
         status=1

@@ -178,9 +178,10 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
 
     ``path`` is "ops" (accum_op per micro-batch, then apply_op), "helper"
     (run_accumulation), "fused" (run_accumulation with fused=True) or
-    "optimizer" (AccumulationOptimizer's train op per micro-batch). Asserts
-    that no variable moves before the apply. Returns one {variable name:
-    value} dict per window, after its update.
+    "optimizer" (AccumulationOptimizer's train op per micro-batch, steps the
+    size of the first window, and its flush_op after a shorter window).
+    Asserts that no variable moves before the apply. Returns one {variable
+    name: value} dict per window, after its update.
     """
     import tf1_accum
 
@@ -220,6 +221,8 @@ def accumulated_training(optimizer_name, dtype, sparse, windows, path):
                         sess.run(acc.apply_op)
                     else:
                         sess.run(train_op, model.feed(window[-1]))
+                        if len(window) < wrapper.steps:
+                            sess.run(wrapper.flush_op)
                 else:
                     feeds = (model.feed(batch) for batch in window)
                     tf1_accum.run_accumulation(sess, acc, feeds)
@@ -241,4 +244,19 @@ def check_equivalence(optimizer_name, dtype, sparse, path, windows=3, n=4, b=5):
             f"{optimizer_name}, {dtype.name}, {'sparse' if sparse else 'dense'}, "
             f"{path}: window {w}",
         )
+        assert got["global_step"] == w + 1
+
+
+def check_short_window(optimizer_name, path, sizes=(4, 4, 2), dtype=tf.float64, sparse=False):
+    """Asserts windows of ``sizes`` micro-batches equal large-batch training.
+
+    The last window is shorter: it must be averaged over its own count.
+    """
+    batches = make_batches(dtype, sparse, sum(sizes), 3)
+    starts = np.cumsum([0] + list(sizes))
+    grouped = [batches[a:b] for a, b in zip(starts[:-1], starts[1:])]
+    expected = plain_training(optimizer_name, dtype, sparse, grouped)
+    actual = accumulated_training(optimizer_name, dtype, sparse, grouped, path)
+    for w, (got, want) in enumerate(zip(actual, expected)):
+        assert_same_values(got, want, RTOL[dtype], f"{path}: window {w} of sizes {sizes}")
         assert got["global_step"] == w + 1

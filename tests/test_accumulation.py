@@ -8,6 +8,7 @@ import tf1_accum
 from _helpers import OPTIMIZERS
 from _helpers import Model
 from _helpers import check_equivalence
+from _helpers import check_short_window
 from _helpers import make_batches
 from _helpers import values_by_name
 
@@ -410,3 +411,7 @@ def test_optimizer_wrapper_in_eager_mode_says_what_to_call():
     with context.eager_mode():
         with pytest.raises(RuntimeError, match=r"disable_eager_execution\(\)"):
             opt.apply_gradients([(tf.constant(1.0), None)])
+
+
+def test_a_short_window_is_applied_with_its_true_count():
+    check_short_window("momentum", "ops")

@@ -9,6 +9,7 @@ from _helpers import OPTIMIZERS
 from _helpers import RTOL
 from _helpers import Model
 from _helpers import assert_same_values
+from _helpers import concat
 from _helpers import make_batches
 from _helpers import plain_training
 from _helpers import values_by_name
@@ -175,3 +176,61 @@ def test_dataset_loop_skips_a_zero_weight_window_and_goes_on():
             got = values_by_name(sess, tf1_accum.plain_variables())
     expected = plain_training("sgd", tf.float64, False, [batches[2:]])[0]
     assert_same_values(got, expected, RTOL[tf.float64], "the window after the skipped one")
+
+
+def _dynamic_loss_scaled_adam():
+    return v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+        OPTIMIZERS["adam"](tf.float32), loss_scale="dynamic"
+    )
+
+
+def _loss_scaled_large_batch(batches):
+    """Variables after one large-batch step of loss-scaled Adam, without the scale's."""
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        step = v1.train.get_or_create_global_step()
+        train_op = _dynamic_loss_scaled_adam().minimize(model.loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_op, model.feed(concat(batches)))
+            values = values_by_name(sess, v1.global_variables())
+    return {k: v for k, v in values.items() if k not in ("current_loss_scale", "good_steps")}
+
+
+def test_dynamic_loss_scale_through_build_accumulation_and_the_helper():
+    """An overflowing window lowers the scale and is skipped; the next one trains.
+
+    float32: the loss-scale optimizer scales in float32 only.
+    """
+    batches = make_batches(tf.float32, False, 6, 4)
+    inputs, labels = batches[1]
+    overflowing = (inputs, np.full_like(labels, np.inf))  # an Inf gradient
+    good = batches[3:]
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        step = v1.train.get_or_create_global_step()
+        opt = _dynamic_loss_scaled_adam()
+        scale = opt._loss_scale()
+        acc = tf1_accum.build_accumulation(model.loss, opt, global_step=step)
+        plain = tf1_accum.plain_variables()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            start_scale = sess.run(scale)
+            before = values_by_name(sess, plain)
+            feeds = [model.feed(b) for b in (batches[0], overflowing, batches[2])]
+            tf1_accum.run_accumulation(sess, acc, feeds)
+            after_bad = values_by_name(sess, plain)
+            assert sess.run([scale, acc.skipped_windows, acc.counter]) == [start_scale / 2, 1, 0]
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in good])
+            after_good = values_by_name(sess, plain)
+            assert sess.run([scale, acc.skipped_windows]) == [start_scale / 2, 1]
+    # Large-batch training through the same optimizer, which names Adam's
+    # beta powers its own way. The scale halved is a power of two: exact.
+    expected = _loss_scaled_large_batch(good)
+    # Skipped: weights, Adam's slots and beta powers, global_step all as they
+    # were (the loss scale's own variables moved, as checked above).
+    trained = {name: before[name] for name in expected}
+    assert any(name.endswith("/Adam") for name in trained)
+    assert_same_values(after_bad, trained, 0.0, "the overflowing window")
+    assert_same_values(after_good, expected, RTOL[tf.float32], "the window after the overflow")
+    assert after_good["global_step"] == 1

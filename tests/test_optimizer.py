@@ -9,6 +9,7 @@ from _helpers import RTOL
 from _helpers import Model
 from _helpers import assert_same_values
 from _helpers import check_equivalence
+from _helpers import check_short_window
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
@@ -200,3 +201,39 @@ def test_a_sync_replicas_optimizer_cannot_be_wrapped():
     )
     with pytest.raises(TypeError, match="cannot wrap a SyncReplicasOptimizer.*build_accumulation"):
         tf1_accum.AccumulationOptimizer(sync, 2)
+
+
+@pytest.mark.parametrize("optimizer_name", ["momentum", "adam"])
+def test_flush_applies_the_last_short_window_with_its_true_count(optimizer_name):
+    # 10 micro-batches, steps=4: the train op applies windows of 4 and 4, and
+    # flush_op the last 2, each equal to large-batch training on that window;
+    # global_step advances 3 times (checked by check_short_window).
+    check_short_window(optimizer_name, "optimizer", sizes=(4, 4, 2))
+
+
+def test_flush_with_nothing_accumulated_changes_nothing():
+    batches = make_batches(tf.float64, True, 4, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, True)
+        step = v1.train.get_or_create_global_step()
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), 2)
+        train_op = wrapper.minimize(model.loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            start = values_by_name(sess, v1.global_variables())
+            sess.run(wrapper.flush_op)  # before any micro-batch
+            after_empty_start = values_by_name(sess, v1.global_variables())
+            for batch in batches:  # two full windows: each applied by the train op
+                sess.run(train_op, model.feed(batch))
+            trained = values_by_name(sess, v1.global_variables())
+            sess.run(wrapper.flush_op)  # right after a full window
+            after_empty_end = values_by_name(sess, v1.global_variables())
+    assert_same_values(after_empty_start, start, 0.0, "flush before any micro-batch")
+    assert_same_values(after_empty_end, trained, 0.0, "flush after a full window")
+    assert trained["global_step"] == 2
+
+
+def test_flush_op_exists_once_the_train_op_is_built():
+    wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+    with pytest.raises(ValueError, match="flush_op exists once the train op is built"):
+        wrapper.flush_op

@@ -22,7 +22,8 @@ class Accumulation(typing.NamedTuple):
         zero_op: Resets the accumulators and the counter, discarding a partial
             window. Not needed between windows: ``apply_op`` resets.
         accum_op: Adds this micro-batch's gradients to the accumulators and
-            increments ``counter``. Run it with the micro-batch's feed.
+            increments ``counter``, and runs ``update_ops``. Run it with the
+            micro-batch's feed.
         apply_op: Applies ``grads_and_vars`` through the optimizer, increments
             ``global_step`` once (if one was given), then resets the
             accumulators and the counter. Needs no feed. Raises
@@ -80,6 +81,7 @@ def build_accumulation(
     weight=None,
     clip_norm=None,
     skip_nonfinite=True,
+    update_ops=None,
     fused=False,
     statistics=False,
     micro_batch_size=None,
@@ -155,6 +157,14 @@ def build_accumulation(
             the window when its loss scale is dynamic (it lowers the scale and
             skips the window itself), and so does a ``SyncReplicasOptimizer``;
             both still count it.
+        update_ops: Ops to run with each micro-batch, once: batch-norm
+            moving-average updates. None (the default) takes the graph's
+            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when this is
+            called; they become control dependencies of ``accum_op`` and
+            ``accum_apply_op``, so moving statistics see every micro-batch
+            exactly once. ``apply_op`` and ``zero_op`` never run them (they
+            need no feed). A list runs exactly those ops (``[]``: none); the
+            caller's own control dependencies apply as well.
         fused: Also build ``accum_apply_op``, for windows of N runs (see
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose
@@ -179,16 +189,17 @@ def build_accumulation(
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
             variable, ``average``, ``skip_nonfinite``, ``fused`` or
-            ``statistics`` is not a bool, ``weight`` is not a real tensor, or
-            ``clip_norm`` or ``micro_batch_size`` is not a number.
+            ``statistics`` is not a bool, ``weight`` is not a real tensor,
+            ``clip_norm`` or ``micro_batch_size`` is not a number, or
+            ``update_ops`` is not None or a list of ops or tensors.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
-            defined, ``weight`` is not a scalar of the loss's graph,
-            ``clip_norm`` is not positive, ``fused=True`` with a
-            ``SyncReplicasOptimizer``, ``statistics=True`` without
-            ``micro_batch_size`` or ``weight`` or with ``fused=True``, or
-            ``micro_batch_size`` is not positive, or is given without
-            ``statistics=True`` or together with ``weight``.
+            defined, ``weight`` is not a scalar of the loss's graph, an op of
+            ``update_ops`` is not in the loss's graph, ``clip_norm`` is not
+            positive, ``fused=True`` with a ``SyncReplicasOptimizer``,
+            ``statistics=True`` without ``micro_batch_size`` or ``weight`` or
+            with ``fused=True``, or ``micro_batch_size`` is not positive, or
+            is given without ``statistics=True`` or together with ``weight``.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
@@ -209,6 +220,9 @@ def build_accumulation(
         )
     graph = loss.graph
     _checks.check_weight(weight, graph)
+    update_ops = _checks.check_update_ops(update_ops, graph)
+    if update_ops is None:
+        update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
     with graph.as_default():
         if loss.shape.ndims is None:
             # Unknown statically: fails at run time unless it holds one value.
@@ -233,10 +247,10 @@ def build_accumulation(
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         gradients = [g for g, _ in pairs]
-        # accum_op and the fused op keep the caller's control dependencies
-        # (batch-norm updates, say: they run with each micro-batch). zero_op
-        # and apply_op must run without a feed, so they drop them.
-        accum_op = window.accumulate(gradients, weight, name="accumulate")
+        # accum_op and the fused op keep the caller's control dependencies and
+        # run update_ops (batch-norm updates: once per micro-batch). zero_op
+        # and apply_op must run without a feed, so they drop both.
+        accum_op = window.accumulate(gradients, weight, name="accumulate", run_with=update_ops)
         with tf.control_dependencies(None):
             zero_op = window.reset(name="zero")
             grads_and_vars, apply_op, global_norm = window.apply(
@@ -245,7 +259,12 @@ def build_accumulation(
         accum_apply_op = None
         if fused:
             accum_apply_op = window.accumulate_and_apply(
-                gradients, optimizer, global_step, name="accumulate_and_apply", weight=weight
+                gradients,
+                optimizer,
+                global_step,
+                name="accumulate_and_apply",
+                weight=weight,
+                run_with=update_ops,
             )
     return Accumulation(
         zero_op=zero_op,

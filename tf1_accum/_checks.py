@@ -182,6 +182,48 @@ def check_clip_norm(clip_norm):
         raise ValueError(f"clip_norm must be positive, got {clip_norm}.")
 
 
+def check_update_ops(update_ops, graph=None):
+    """Returns ``update_ops`` as a list of ops, or None for the ``UPDATE_OPS`` default.
+
+    Args:
+        update_ops: None, or an iterable of ``tf.Operation``, ``tf.Tensor`` or
+            what a variable's ``assign`` returns (its op is taken).
+        graph: the graph of the loss, if known yet.
+    """
+    if update_ops is None:
+        return None
+    if isinstance(update_ops, (tf.Operation, tf.Tensor, tf.Variable, str)) or not isinstance(
+        update_ops, collections.abc.Iterable
+    ):
+        raise TypeError(
+            "update_ops must be None (the graph's tf.compat.v1.GraphKeys.UPDATE_OPS) or "
+            f"a list of tf.Operation or tf.Tensor ([] for none), got {describe(update_ops)}."
+        )
+    ops = []
+    for i, item in enumerate(update_ops):
+        op = item if isinstance(item, tf.Operation) else _graph_op(item)
+        if op is None:
+            raise TypeError(
+                f"update_ops[{i}] must be a tf.Operation or tf.Tensor of a graph, got "
+                f"{describe(item)}."
+            )
+        if graph is not None and op.graph is not graph:
+            raise ValueError(f"update_ops[{i}] {op.name} is not in the graph of the loss.")
+        ops.append(op)
+    return ops
+
+
+def _graph_op(item):
+    """The graph op of a tensor or an assign's result; None for anything else."""
+    if not isinstance(item, (tf.Tensor, tf.Variable)):
+        return None
+    try:
+        op = item.op
+    except (AttributeError, NotImplementedError):  # an eager tensor or variable
+        return None
+    return op if isinstance(op, tf.Operation) else None
+
+
 def check_steps(steps):
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):

@@ -60,6 +60,7 @@ def build_dataset_accumulation(
     weight=None,
     clip_norm=None,
     skip_nonfinite=True,
+    update_ops=None,
     name=None,
 ):
     """Builds a train op that runs a whole window inside the graph.
@@ -76,7 +77,7 @@ def build_dataset_accumulation(
     once, with the names they would have without accumulation; variables made
     with ``tf.Variable`` inside ``loss_fn`` would be made twice, so use
     ``get_variable``. The ``UPDATE_OPS`` that the loop's call adds (batch-norm
-    moving averages) run with each micro-batch.
+    moving averages) run with each micro-batch (see ``update_ops``).
 
     The dataset is read through a one-shot iterator, so it must not capture
     placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.
@@ -124,6 +125,12 @@ def build_dataset_accumulation(
             `build_accumulation`.
         skip_nonfinite: True (the default) skips a window whose gradient holds
             a NaN or an Inf, as in `build_accumulation`.
+        update_ops: None (the default) runs, with each micro-batch, the
+            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` that ``loss_fn`` adds inside
+            the loop (batch-norm moving averages); ``[]`` runs none. Ops built
+            outside the loop cannot run once per micro-batch drawn inside it,
+            so a non-empty list is an error: add such updates to
+            ``UPDATE_OPS`` inside ``loss_fn``.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:
@@ -133,9 +140,10 @@ def build_dataset_accumulation(
         RuntimeError: If eager execution is active.
         TypeError: If ``loss_fn`` is not callable, ``dataset`` is not a
             ``tf.data.Dataset``, or an argument is of the wrong type (as for
+            `build_accumulation`), or ``update_ops`` is not None or a list.
+        ValueError: If ``steps`` is less than 1, ``update_ops`` is a non-empty
+            list, or the loss, variables or gradients are unusable (as for
             `build_accumulation`).
-        ValueError: If ``steps`` is less than 1, or the loss, variables or
-            gradients are unusable (as for `build_accumulation`).
     """
     _checks.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
@@ -154,6 +162,16 @@ def build_dataset_accumulation(
     _checks.check_steps(steps)
     _checks.check_global_step(global_step)
     _checks.check_window_options(average, clip_norm, skip_nonfinite)
+    update_ops = _checks.check_update_ops(update_ops)
+    if update_ops:
+        raise ValueError(
+            "build_dataset_accumulation takes update_ops=None (the UPDATE_OPS that "
+            "loss_fn adds inside the loop, run with each micro-batch) or [] (none), "
+            f"got a list of {len(update_ops)} ops built outside the loop, which cannot "
+            "run once per micro-batch drawn inside it. Add them to "
+            "tf.compat.v1.GraphKeys.UPDATE_OPS inside loss_fn instead."
+        )
+    run_updates = update_ops is None
     graph = tf.compat.v1.get_default_graph()
     caller_scope = graph.get_name_scope()
     with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
@@ -197,7 +215,7 @@ def build_dataset_accumulation(
             added = [
                 op
                 for op in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-                if id(op) not in before
+                if id(op) not in before and run_updates
             ]
             _restore_collections(tf.compat.v1.get_default_graph(), kept)
             grads = [g for g, _ in optimizer.compute_gradients(loss, var_list=trained)]

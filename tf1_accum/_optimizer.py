@@ -13,11 +13,13 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Each run of the train op adds its micro-batch's gradients; every
     ``steps``-th run also applies their mean (or sum) through the wrapped
     optimizer and resets, in that same ``session.run``. The updates equal plain
-    training on batches ``steps`` times larger. ``global_step``, if given,
-    counts updates, so schedules and hooks driven by it (``StopAtStepHook``,
-    ``CheckpointSaverHook``, learning-rate decay) follow updates. Optimizer
-    slots and Adam's beta powers are created outside the conditional, with the
-    names plain training gives them.
+    training on batches ``steps`` times larger. Micro-batches left over at the
+    end, fewer than ``steps``, are applied with their true count by
+    ``flush_op``. ``global_step``, if given, counts updates, so schedules and
+    hooks driven by it (``StopAtStepHook``, ``CheckpointSaverHook``,
+    learning-rate decay) follow updates. Optimizer slots and Adam's beta
+    powers are created outside the conditional, with the names plain training
+    gives them.
 
     Compose it outermost: ``AccumulationOptimizer(
     tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, ...))``
@@ -67,13 +69,19 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             `GradientStatistics`, as in `build_accumulation`.
         micro_batch_size: Examples per micro-batch, for ``statistics``;
             needed unless ``weight`` is given.
+        update_ops: Ops the train op runs with each micro-batch (batch-norm
+            moving-average updates). None (the default) takes the graph's
+            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
+            is built (``minimize`` or ``apply_gradients``); a list runs exactly
+            those ops, ``[]`` none. ``flush_op`` never runs them.
         name: Name scope of the accumulation ops.
 
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or is a ``SyncReplicasOptimizer``, ``steps`` is not an int, or
             ``average`` or ``statistics`` is not a bool, or ``weight``,
-            ``clip_norm`` or ``micro_batch_size`` has the wrong type.
+            ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
+            wrong type.
         ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
             positive, or ``statistics`` and ``micro_batch_size`` do not fit
             together (as in `build_accumulation`).
@@ -90,6 +98,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         skip_nonfinite=True,
         statistics=False,
         micro_batch_size=None,
+        update_ops=None,
         name="Accumulation",
     ):
         _checks.check_optimizer(optimizer)
@@ -104,6 +113,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _checks.check_steps(steps)
         _checks.check_window_options(average, clip_norm, skip_nonfinite)
         _stats.check_statistics_options(statistics, micro_batch_size, weight)
+        update_ops = _checks.check_update_ops(update_ops)
         super().__init__(use_locking=False, name=name)
         self._optimizer = optimizer
         self._steps = int(steps)
@@ -115,8 +125,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._skip_nonfinite = skip_nonfinite
         self._statistics = statistics
         self._micro_batch_size = micro_batch_size
+        self._update_ops = update_ops
         self._windows = []
         self._norms = []
+        self._flushes = []
 
     @property
     def optimizer(self):
@@ -181,6 +193,23 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         window = self._last_window("statistics")
         return None if window.statistics is None else window.statistics.result
 
+    @property
+    def flush_op(self):
+        """Applies a window shorter than ``steps`` with its true count, and resets.
+
+        For the end of training (or of an epoch), when the last micro-batches
+        do not fill a window: run it once, with no feed. It applies the mean
+        over the micro-batches accumulated so far (weighted, with ``weight``),
+        increments ``global_step`` and resets the window. With nothing
+        accumulated it does nothing, so it is safe to run unconditionally.
+        It never runs ``update_ops``.
+
+        Raises:
+            ValueError: If no train op was built yet.
+        """
+        self._last_window("flush_op")
+        return self._flushes[-1]
+
     def compute_gradients(self, *args, **kwargs):
         """The wrapped optimizer's ``compute_gradients`` (loss scaling included)."""
         return self._optimizer.compute_gradients(*args, **kwargs)
@@ -195,13 +224,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             name: Name scope of the ops; defaults to the optimizer's name.
 
         Returns:
-            The train op. Each run accumulates one micro-batch; every
-            ``steps``-th run also applies and resets.
+            The train op. Each run accumulates one micro-batch and runs
+            ``update_ops``; every ``steps``-th run also applies and resets.
 
         Raises:
             RuntimeError: If eager execution is active.
             TypeError: If ``global_step`` is not an integer variable.
-            ValueError: If no gradient is given for any variable.
+            ValueError: If no gradient is given for any variable, or an op of
+                ``update_ops`` is not in the default graph.
         """
         _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
         _checks.check_global_step(global_step)
@@ -213,7 +243,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 f"{[v.op.name for _, v in grads_and_vars]}."
             )
         weight = self._weight() if callable(self._weight) else self._weight
-        _checks.check_weight(weight, tf.compat.v1.get_default_graph())
+        graph = tf.compat.v1.get_default_graph()
+        _checks.check_weight(weight, graph)
+        update_ops = _checks.check_update_ops(self._update_ops, graph)
+        if update_ops is None:
+            update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        caller_scope = graph.get_name_scope()
         with tf.compat.v1.name_scope(name, self._name) as scope:
             observer = None
             if self._statistics:
@@ -230,10 +265,19 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 statistics=observer,
             )
         applied, norm = window.accumulate_and_apply_every(
-            self._steps, [g for g, _ in pairs], self._optimizer, global_step, weight
+            self._steps,
+            [g for g, _ in pairs],
+            self._optimizer,
+            global_step,
+            weight,
+            run_with=update_ops,
         )
+        # Built now, not when first asked for: a MonitoredSession finalizes
+        # the graph before the end of training.
+        flush = window.flush(self._optimizer, global_step, caller_scope, name="flush")
         self._windows.append(window)
         self._norms.append(norm)
+        self._flushes.append(flush)
         with tf.compat.v1.name_scope(scope):
             return tf.group(applied, name="train")
 

@@ -70,12 +70,14 @@ class Window:
     def accumulators(self):
         return [slot.accumulator for slot in self.slots]
 
-    def accumulate(self, gradients, weight=None, name=None):
+    def accumulate(self, gradients, weight=None, name=None, run_with=()):
         """Adds one micro-batch's gradients (aligned with ``var_list``) and counts it."""
-        op, _ = self.add(gradients, weight, name)
+        op, _ = self.add(gradients, weight, name, run_with)
         return op
 
-    def accumulate_and_apply(self, gradients, optimizer, global_step=None, name=None, weight=None):
+    def accumulate_and_apply(
+        self, gradients, optimizer, global_step=None, name=None, weight=None, run_with=()
+    ):
         """Adds one micro-batch, then applies the window and resets it, in one op.
 
         Forward pass, gradients and update share one ``session.run``, so the
@@ -87,12 +89,12 @@ class Window:
         increment waits for every add, and the optimizer's update ops wait for
         the increment (control dependencies between stateful ops).
         """
-        _, totals = self.add(gradients, weight)
+        _, totals = self.add(gradients, weight, run_with=run_with)
         _, op, _ = self.apply(optimizer, global_step, name, totals=totals)
         return op
 
     def accumulate_and_apply_every(
-        self, steps, gradients, optimizer, global_step=None, weight=None
+        self, steps, gradients, optimizer, global_step=None, weight=None, run_with=()
     ):
         """Adds one micro-batch; when it is the ``steps``-th, also applies and resets.
 
@@ -106,7 +108,7 @@ class Window:
         ``init_scope``, outside the conditional.
         """
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        _, (_, count, _) = self.add(gradients, weight)
+        _, (_, count, _) = self.add(gradients, weight, run_with=run_with)
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
 
@@ -123,6 +125,27 @@ class Window:
             stats.take_outputs(outputs[2:])
         return tuple(outputs[:2])
 
+    def flush(self, optimizer, global_step, caller_scope, name=None):
+        """Applies a partial window with its true count and resets; nothing if empty.
+
+        Needs no feed: it reads only the window's state. A flushed window
+        updates the statistics' moving averages like any other, but the
+        statistics tensors stay those of the train op's apply: the flush's own
+        live inside its conditional and cannot be fetched.
+        """
+        kept = self.statistics.result if self.statistics is not None else None
+        with tf.control_dependencies(None), tf.compat.v1.name_scope(self.scope):
+            applied, _ = tf.cond(
+                tf.greater(tf.identity(self.counter), 0),
+                lambda: self.apply_in_branch(optimizer, global_step, caller_scope),
+                lambda: (tf.constant(False), tf.constant(0.0, tf.float64)),
+                name="flush_if_any",
+            )
+        if self.statistics is not None:
+            self.statistics.result = kept
+        with tf.control_dependencies(None), tf.compat.v1.name_scope(self.scope):
+            return tf.group(applied, name=name)
+
     def apply_in_branch(self, optimizer, global_step, caller_scope):
         """The apply as a ``tf.cond`` branch: returns (True, norm) once it has run.
 
@@ -135,15 +158,19 @@ class Window:
         with tf.control_dependencies([op]):
             return tf.constant(True), tf.identity(norm)
 
-    def add(self, gradients, weight=None, name=None):
+    def add(self, gradients, weight=None, name=None, run_with=()):
         """Adds one micro-batch, its gradients scaled by ``weight`` if weighted.
+
+        ``run_with`` (batch-norm updates, say) become control dependencies of
+        every stateful op of the add: they run with this micro-batch, and
+        before anything an apply in the same run does.
 
         Returns:
             The add op, and what it leaves: (per-slot values after the add,
             the counter's increment, the weight total after the add or None).
             The increment waits for every other add.
         """
-        with tf.compat.v1.name_scope(self.scope):
+        with tf.compat.v1.name_scope(self.scope), tf.control_dependencies(run_with):
             stateful = []
             weight_after = None
             if self.weight_total is not None:

@@ -1,0 +1,250 @@
+"""update_ops: batch-norm moving statistics see every micro-batch exactly once.
+
+A real ``tf.compat.v1.layers.batch_normalization`` layer (tf_keras, see
+conftest.py) normalizes the inputs of a small MLP. Its moving mean and
+variance must equal, after each window, the exponential moving averages over
+the statistics of each micro-batch in turn, computed here in NumPy.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf1_accum
+from _helpers import FEATURES
+from _helpers import HIDDEN
+from _helpers import make_batches
+
+v1 = tf.compat.v1
+
+MOMENTUM = 0.75  # 1 - momentum is exact in float32, in which the layer computes it
+STEPS = 3
+PATHS = ["ops", "helper", "fused", "optimizer", "dataset"]
+
+
+def _model(inputs=None, labels=None):
+    """An MLP on batch-normalized inputs; returns (inputs, labels, loss)."""
+    rng = np.random.RandomState(0)
+    if inputs is None:
+        inputs = v1.placeholder(tf.float64, [None, FEATURES], name="x")
+        labels = v1.placeholder(tf.float64, [None, 1], name="y")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the layer's deprecation notice
+        normalized = v1.layers.batch_normalization(
+            inputs, momentum=MOMENTUM, training=True, name="bn"
+        )
+    w1 = v1.get_variable("w1", initializer=rng.randn(FEATURES, HIDDEN), dtype=tf.float64)
+    w2 = v1.get_variable("w2", initializer=rng.randn(HIDDEN, 1), dtype=tf.float64)
+    hidden = tf.tanh(tf.matmul(normalized, w1))
+    return inputs, labels, tf.reduce_mean((tf.matmul(hidden, w2) - labels) ** 2)
+
+
+def _moving(graph):
+    """The layer's (moving_mean, moving_variance) variables."""
+    by_name = {v.op.name: v for v in graph.get_collection(v1.GraphKeys.GLOBAL_VARIABLES)}
+    return by_name["bn/moving_mean"], by_name["bn/moving_variance"]
+
+
+def _expected_statistics(batches):
+    """Moving (mean, variance) after one update per micro-batch, in order.
+
+    The layer updates each with ``moving -= (moving - batch value) * (1 -
+    momentum)``, from the batch's mean and its variance over the batch
+    (dividing by the batch size), starting at 0 and 1.
+    """
+    mean, variance = np.zeros(FEATURES), np.ones(FEATURES)
+    for inputs, _ in batches:
+        mean = mean - (mean - inputs.mean(axis=0)) * (1 - MOMENTUM)
+        variance = variance - (variance - inputs.var(axis=0)) * (1 - MOMENTUM)
+    return mean, variance
+
+
+def _train(path, windows, update_ops=None):
+    """Trains through ``path``; returns the moving statistics after each window."""
+    kwargs = {} if update_ops is None else {"update_ops": update_ops}
+    with tf.Graph().as_default() as graph:
+        step = v1.train.get_or_create_global_step()
+        opt = v1.train.AdamOptimizer(0.05)
+        if path == "dataset":
+            batches = [b for window in windows for b in window]
+            dataset = tf.data.Dataset.from_tensor_slices(
+                tuple(np.stack(part) for part in zip(*batches))
+            )
+            acc = tf1_accum.build_dataset_accumulation(
+                lambda b: _model(b[0], b[1])[2], opt, dataset, STEPS, global_step=step, **kwargs
+            )
+        else:
+            x, y, loss = _model()
+            if path == "optimizer":
+                wrapper = tf1_accum.AccumulationOptimizer(opt, STEPS, **kwargs)
+                train_op = wrapper.minimize(loss, global_step=step)
+            else:
+                acc = tf1_accum.build_accumulation(
+                    loss, opt, global_step=step, fused=path == "fused", **kwargs
+                )
+        moving = _moving(graph)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            results = []
+            for window in windows:
+                feeds = [{x: b[0], y: b[1]} for b in window] if path != "dataset" else None
+                if path == "ops":
+                    for feed in feeds:
+                        sess.run(acc.accum_op, feed)
+                    sess.run(acc.apply_op)
+                elif path in ("helper", "fused"):
+                    tf1_accum.run_accumulation(sess, acc, feeds)
+                elif path == "optimizer":
+                    for feed in feeds:
+                        sess.run(train_op, feed)
+                else:
+                    sess.run(acc.train_op)
+                results.append(sess.run(moving))
+            assert sess.run(step) == len(windows)  # the windows were applied
+    return results
+
+
+def _windows(count=2):
+    batches = make_batches(tf.float64, False, count * STEPS, 4)
+    return [batches[i * STEPS : (i + 1) * STEPS] for i in range(count)]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_moving_statistics_see_each_micro_batch_once(path):
+    windows = _windows()
+    got = _train(path, windows)
+    for w, (mean, variance) in enumerate(got):
+        seen = [b for window in windows[: w + 1] for b in window]
+        want_mean, want_variance = _expected_statistics(seen)
+        np.testing.assert_allclose(mean, want_mean, rtol=1e-12, err_msg=f"{path}, window {w}")
+        np.testing.assert_allclose(
+            variance, want_variance, rtol=1e-12, err_msg=f"{path}, window {w}"
+        )
+    # Neither the large batch's statistics nor one update too many.
+    big = _expected_statistics([tuple(np.concatenate(p) for p in zip(*windows[0]))])
+    assert not np.allclose(got[0][0], big[0], rtol=1e-3)
+    extra = _expected_statistics(windows[0] + windows[0][-1:])
+    assert not np.allclose(got[0][0], extra[0], rtol=1e-3)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_an_empty_list_runs_no_update(path):
+    mean, variance = _train(path, _windows(1), update_ops=[])[0]
+    np.testing.assert_array_equal(mean, np.zeros(FEATURES))
+    np.testing.assert_array_equal(variance, np.ones(FEATURES))
+
+
+def test_a_list_runs_exactly_those_ops():
+    (window,) = _windows(1)
+    with tf.Graph().as_default() as graph:
+        x, y, loss = _model()
+        update_mean = v1.get_collection(v1.GraphKeys.UPDATE_OPS)[0]
+        acc = tf1_accum.build_accumulation(
+            loss, v1.train.GradientDescentOptimizer(0.1), update_ops=[update_mean]
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            tf1_accum.run_accumulation(sess, acc, [{x: b[0], y: b[1]} for b in window])
+            mean, variance = sess.run(_moving(graph))
+    np.testing.assert_allclose(mean, _expected_statistics(window)[0], rtol=1e-12)
+    np.testing.assert_array_equal(variance, np.ones(FEATURES))
+
+
+def test_apply_zero_and_flush_never_run_the_updates():
+    (window,) = _windows(1)
+    with tf.Graph().as_default() as graph:
+        x, y, loss = _model()
+        acc = tf1_accum.build_accumulation(loss, v1.train.GradientDescentOptimizer(0.1))
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 5)
+        train_op = wrapper.minimize(loss)
+        moving = _moving(graph)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for b in window:
+                sess.run(acc.accum_op, {x: b[0], y: b[1]})
+            after_micro_batches = sess.run(moving)
+            sess.run(acc.apply_op)  # no feed: it could not run them if it tried
+            for b in window[:2]:
+                sess.run(acc.accum_op, {x: b[0], y: b[1]})
+            sess.run(acc.zero_op)
+            before_flush = sess.run(moving)
+            for b in window:
+                sess.run(train_op, {x: b[0], y: b[1]})
+            after_train = sess.run(moving)
+            sess.run(wrapper.flush_op)
+            after_flush = sess.run(moving)
+    np.testing.assert_allclose(after_micro_batches[0], _expected_statistics(window)[0], 1e-12)
+    np.testing.assert_allclose(
+        before_flush[0], _expected_statistics(window + window[:2])[0], 1e-12
+    )
+    np.testing.assert_array_equal(after_flush[0], after_train[0])
+    np.testing.assert_array_equal(after_flush[1], after_train[1])
+
+
+@pytest.mark.parametrize(
+    "update_ops, error, message",
+    [
+        ("bn", TypeError, r"update_ops must be None .*or a list of tf.Operation .*got 'bn'"),
+        (3, TypeError, r"update_ops must be None .*got 3 \(a builtins.int\)"),
+        ([1.0], TypeError, r"update_ops\[0\] must be a tf.Operation or tf.Tensor .*got 1.0"),
+    ],
+    ids=["str", "int", "float-in-list"],
+)
+def test_bad_update_ops_are_rejected_everywhere(update_ops, error, message):
+    with tf.Graph().as_default():
+        _, _, loss = _model()
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        with pytest.raises(error, match=message):
+            tf1_accum.build_accumulation(loss, opt, update_ops=update_ops)
+        with pytest.raises(error, match=message):
+            tf1_accum.AccumulationOptimizer(opt, 2, update_ops=update_ops)
+        dataset = tf.data.Dataset.from_tensor_slices(np.zeros((2, 3)))
+        with pytest.raises(error, match=message):
+            tf1_accum.build_dataset_accumulation(
+                lambda b: tf.reduce_mean(b), opt, dataset, 2, update_ops=update_ops
+            )
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_a_single_op_must_be_in_a_list():
+    with tf.Graph().as_default():
+        _, _, loss = _model()
+        op = v1.get_collection(v1.GraphKeys.UPDATE_OPS)[0]
+        with pytest.raises(TypeError, match=r"update_ops must be None .*got <tf.Operation"):
+            tf1_accum.build_accumulation(
+                loss, v1.train.GradientDescentOptimizer(0.1), update_ops=op
+            )
+
+
+def test_update_ops_from_another_graph_are_rejected():
+    with tf.Graph().as_default():
+        _model()
+        foreign = v1.get_collection(v1.GraphKeys.UPDATE_OPS)
+    with tf.Graph().as_default():
+        _, _, loss = _model()
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        with pytest.raises(ValueError, match=r"update_ops\[0\] .* is not in the graph of the loss"):
+            tf1_accum.build_accumulation(loss, opt, update_ops=foreign)
+        wrapper = tf1_accum.AccumulationOptimizer(opt, 2, update_ops=foreign)
+        with pytest.raises(ValueError, match=r"update_ops\[0\] .* is not in the graph"):
+            wrapper.minimize(loss)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_the_dataset_loop_rejects_ops_built_outside_it():
+    with tf.Graph().as_default():
+        outside = v1.get_variable("count", initializer=0.0).assign_add(1.0)
+        dataset = tf.data.Dataset.from_tensor_slices(np.zeros((2, 3)))
+
+        def loss_fn(batch):
+            w = v1.get_variable("w", initializer=1.0, dtype=tf.float64)
+            return tf.reduce_mean(w * batch)
+
+        message = r"update_ops=None .*got a list of 1 ops built outside"
+        with pytest.raises(ValueError, match=message):
+            tf1_accum.build_dataset_accumulation(
+                loss_fn, v1.train.GradientDescentOptimizer(0.1), dataset, 2, update_ops=[outside]
+            )
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
