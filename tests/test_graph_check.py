@@ -329,6 +329,33 @@ def test_build_accumulation_options_are_clean(options):
             assert tf1_accum.check_graph(fetches, acc.accum_op) == []
 
 
+def moving_average_update(model):
+    """A hand-written batch-norm-like moving mean, updated with each micro-batch."""
+    moving = v1.Variable(tf.zeros([1]), trainable=False, name="moving_mean")
+    batch_mean = tf.reduce_mean(model.labels, axis=0)
+    update = moving.assign(0.9 * moving + 0.1 * batch_mean)
+    v1.add_to_collection(v1.GraphKeys.UPDATE_OPS, update)
+    return moving
+
+
+def test_moving_averages_in_update_ops_are_not_findings():
+    """Never reset, like the running average of gradients, but never applied."""
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        moving_average_update(model)
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.AdamOptimizer(0.1), fused=True
+        )
+        assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
+        assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        moving_average_update(model)
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.1), steps=3)
+        train_op = wrapper.minimize(model.loss)
+        assert tf1_accum.check_graph(train_op, train_op) == []
+
+
 def test_weighted_accumulation_is_clean():
     with tf.Graph().as_default():
         model = Model(tf.float32, sparse=False)
@@ -350,6 +377,7 @@ def test_accumulation_optimizer_train_op_is_clean(optimizer, sparse):
         train_op = wrapper.minimize(model.loss, global_step=step)
         assert tf1_accum.check_graph(train_op, train_op) == []
         assert tf1_accum.check_graph(train_op) == []
+        assert tf1_accum.check_graph(wrapper.flush_op, train_op) == []
 
 
 @pytest.mark.parametrize(

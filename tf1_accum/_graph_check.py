@@ -145,16 +145,16 @@ def check_graph(apply_op, accum_ops=None, *, raise_on_findings=False):
       forward and backward pass again, and (with ``"apply_accumulates"``) the
       accumulation. Placeholders that reach the update otherwise, such as a
       learning rate, are fine.
-    * ``"apply_accumulates"``: fetching the apply runs an accumulate op that
-      the micro-batch fetches also run, so the last micro-batch is added
-      twice. Without ``accum_ops``, an accumulate op of fed data (from a
+    * ``"apply_accumulates"``: fetching the apply runs an accumulate op, into
+      an accumulator that the applied gradients come from, that the
+      micro-batch fetches also run, so the last micro-batch is added twice. Without ``accum_ops``, an accumulate op of fed data (from a
       placeholder) that the apply runs is reported unless the apply also
       resets that accumulator: an op that adds one micro-batch, applies and
       resets, run for the window's last micro-batch, is a correct fused step
       (tf1_accum's ``accum_apply_op`` and ``AccumulationOptimizer``'s train
       op are such steps).
-    * ``"never_reset"``: an accumulator that these fetches read or add to is
-      never assigned anything except by its initializer, so after the first
+    * ``"never_reset"``: an accumulator that the applied gradients come from
+      is never assigned anything except by its initializer, so after the first
       update it holds the sum over all of training (a running average keyed
       on the step behaves the same). So is a floating-point counter (a
       variable incremented by a constant, not the ``global_step``) that the
@@ -461,11 +461,24 @@ class _Checker:
         reset_in_apply = {
             var for var, ops in self.resets.items() if any(o in apply_set for o in ops)
         }
+        # The variables the applied gradients come from: only their
+        # accumulate ops matter below, not, say, those of a batch-norm moving
+        # average that a fused step updates too.
+        updates = [op for op in apply_set if _gradient_index(op) is not None]
+        used = set()
+        for update in updates:
+            grad = update.inputs[_gradient_index(update)].op
+            for op in self.reaches([grad], lambda o: o in self.writes, control=False):
+                if op.type in _VARIABLE_OPS:
+                    used.add(op)
+                elif op in self.accumulates:
+                    used.add(self.accumulates[op])
+
         # (ii) accumulate ops that the apply runs again.
         again = set()
         for op in apply_set:
             var = self.accumulates.get(op)
-            if var is None or var not in self.accumulators:
+            if var is None or var not in self.accumulators or var not in used:
                 continue
             if self.accum_given:
                 if op in accum_set:
@@ -500,7 +513,6 @@ class _Checker:
 
         # (i) and (iv): the gradients handed to the optimizer, and what the
         # accumulate ops run again add.
-        updates = [op for op in apply_set if _gradient_index(op) is not None]
         starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
         starts += [(op.inputs[_value_index(op)].op, op) for op in again]
         # Variables carry what was accumulated; only the writes that run
@@ -546,14 +558,8 @@ class _Checker:
                 )
             )
 
-        # (iii) accumulators that these fetches touch and nothing resets.
-        touched = apply_set | accum_set
-        used = set()
-        for op in touched:
-            if op.type in _VARIABLE_OPS:
-                used.add(op)
-            elif op in self.accumulates:
-                used.add(self.accumulates[op])
+        # (iii) accumulators that the applied gradients come from and
+        # nothing resets.
         for var in sorted(used & self.accumulators, key=lambda v: v.name):
             if var in self.resets:
                 continue
