@@ -68,6 +68,21 @@ def interleaved_medians(variants, repetitions, warmup=2, inner=1):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def reset_peak_rss():
+    """Lowers VmHWM to the current resident size (Linux); False if it cannot.
+
+    Called once the graph is built and its variables initialized, it keeps
+    the initializers' temporaries (a table-sized random tensor, say) out of
+    the peak of training.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def peak_rss_bytes():
     """This process's peak resident set size (VmHWM), in bytes."""
     try:
