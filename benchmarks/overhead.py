@@ -222,17 +222,9 @@ def build_variants(tf, spec, n, b, paths=None):
         return window
 
     def adds_alone():
-        # The model's variables, for their shapes only.
-        variables = [
-            v1.Variable(tf.zeros(s), trainable=False)
-            for s in [
-                (a, c)
-                for a, c in zip(
-                    [spec["features"], *spec["hidden"]], [*spec["hidden"], spec["classes"]]
-                )
-            ]
-            for s in (s, s[1:])
-        ]
+        sizes = [spec["features"], *spec["hidden"], spec["classes"]]
+        shapes = [s for m, k in zip(sizes, sizes[1:]) for s in ((m, k), (k,))]
+        variables = [v1.Variable(tf.zeros(shape), trainable=False) for shape in shapes]
         store = stored_gradients(variables)
         add = tf.group(*[a.assign_add(g) for a, g in zip(variables, store)])
 
