@@ -295,7 +295,7 @@ def rows_for(model, variants, medians):
                 over_limit,
                 over_forum,
                 ", ".join(target) or "-",
-                ("yes" if all(met) else "NO") if met else "-",
+                ", ".join("yes" if ok else "NO" for ok in met) or "-",
             ]
         )
     return rows

@@ -89,7 +89,10 @@ def test_overhead_table(outputs):
                      "dataset loop", "forum-style", "accumulating adds alone"):
             assert (model, path) in paths
     _ratios(headers, rows, ["ms/window", "/limit", "/forum"])
-    assert {row[-1] for row in rows} <= {"yes", "NO", "-"}
+    for row in rows:  # one verdict per target
+        verdicts = row[-1].split(", ")
+        assert set(verdicts) <= {"yes", "NO"} or verdicts == ["-"], row
+        assert len(verdicts) == len(row[-2].split(", ")), row
     limit = next(row for row in rows if row[:2] == ["mlp", "limit"])
     assert float(limit[headers.index("/limit")]) == 1.0
 
