@@ -341,13 +341,36 @@ def _values(gradient):
 
 
 def _global_norm(gradients):
-    """The global L2 norm of ``gradients``, in float64 whatever their dtypes.
+    """The global L2 norm of ``gradients``, as float64 whatever their dtypes.
 
     A sparse gradient holds each touched row once, so the norm of its values
     is the norm of the dense gradient.
+
+    Each gradient's sum of squares is taken in one pass, in its own dtype
+    (float32 at least): casting every element to float64 first would cost
+    several passes over the gradients in every apply. Only if that sum
+    overflows is it taken again in float64, so a finite gradient whose norm
+    exceeds the float32 range still has a finite norm.
     """
-    squares = [tf.reduce_sum(tf.square(tf.cast(_values(g), tf.float64))) for g in gradients]
-    return tf.sqrt(tf.add_n(squares), name="global_norm")
+    values = [_values(g) for g in gradients]
+
+    def norm(widen):
+        # l2_loss is sum(t ** 2) / 2; doubling in float64 is exact.
+        squares = [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
+        return tf.sqrt(tf.add_n(squares))
+
+    def at_least_float32(v):
+        return tf.cast(v, tf.float32) if v.dtype.base_dtype.size < 4 else v
+
+    fast = norm(at_least_float32)
+    if all(v.dtype.base_dtype == tf.float64 for v in values):
+        return tf.identity(fast, name="global_norm")
+    return tf.cond(
+        tf.math.is_finite(fast),
+        lambda: tf.identity(fast),
+        lambda: norm(lambda v: tf.cast(v, tf.float64)),
+        name="global_norm",
+    )
 
 
 def _scale(gradients, factor):

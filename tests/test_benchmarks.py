@@ -1,0 +1,118 @@
+"""Smoke tests of the benchmark scripts: each runs, tiny and quick, and prints its table.
+
+They check the table's structure and that every ratio is a positive finite
+number; timings and peaks are never asserted (they come from the scripts
+alone, run on a quiet machine).
+"""
+
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("TF1_ACCUM_NESTED_RUN") == "1",
+    reason="the scripts choose their own graph mode: run once, by the outer run",
+)
+
+TINY_MLP = ["--hidden", "16", "--features", "8"]
+
+
+def _start(script, *args):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory):
+    """Runs the three scripts at once (each spends most of its time importing TF)."""
+    plots = tmp_path_factory.mktemp("plots")
+    runs = {
+        "overhead": _start("overhead.py", "--quick", "-n", "2", "-b", "4", *TINY_MLP),
+        "memory": _start(
+            "memory.py", "--quick", "--steps", "2", "--windows", "1", "--jobs", "4",
+            "--plot-dir", str(plots), *TINY_MLP,
+        ),
+        "sparse": _start(
+            "sparse.py", "--quick", "--rows", "1000", "--dim", "8", "--micro-batch", "16",
+            "-n", "2",
+        ),
+    }
+    out = {}
+    for name, process in runs.items():
+        stdout, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, f"{name}:\n{stderr[-4000:]}"
+        out[name] = stdout
+    return out, plots
+
+
+def _table(stdout):
+    """Parses the printed table: returns (headers, rows of cells)."""
+    lines = [line for line in stdout.splitlines() if line and not line.startswith("#")]
+    rule = next(i for i, line in enumerate(lines) if re.fullmatch(r"[- ]+", line))
+    split = lambda line: re.split(r"\s{2,}", line.strip())  # noqa: E731
+    headers = split(lines[rule - 1])
+    rows = [split(line) for line in lines[rule + 1 :]]
+    for row in rows:
+        assert len(row) == len(headers), (headers, row)
+    return headers, rows
+
+
+def _ratios(headers, rows, columns):
+    for column in columns:
+        i = headers.index(column)
+        for row in rows:
+            if row[i] == "-":
+                continue
+            value = float(row[i])
+            assert math.isfinite(value) and value > 0, (column, row)
+
+
+def test_overhead_table(outputs):
+    headers, rows = _table(outputs[0]["overhead"])
+    assert headers == ["model", "path", "runs", "ms/window", "/limit", "/forum", "target", "met"]
+    paths = {(row[0], row[1]) for row in rows}
+    for model in ("mlp", "tiny"):
+        for path in ("limit", "helper", "fused helper", "AccumulationOptimizer",
+                     "dataset loop", "forum-style", "accumulating adds alone"):
+            assert (model, path) in paths
+    _ratios(headers, rows, ["ms/window", "/limit", "/forum"])
+    for row in rows:  # one verdict per target
+        verdicts = row[-1].split(", ")
+        assert set(verdicts) <= {"yes", "NO"} or verdicts == ["-"], row
+        assert len(verdicts) == len(row[-2].split(", ")), row
+    limit = next(row for row in rows if row[:2] == ["mlp", "limit"])
+    assert float(limit[headers.index("/limit")]) == 1.0
+
+
+def test_memory_table_and_plots(outputs):
+    headers, rows = _table(outputs[0]["memory"])
+    assert headers[0] == "N"
+    assert [row[0] for row in rows] == ["1", "2"]
+    _ratios(headers, rows, ["accum peak MB", "big peak MB", "accum / big peak", "accum / big time"])
+    assert float(rows[0][headers.index("accum growth / param bytes")]) == 0.0
+    for name in ("memory_peak.png", "memory_window_time.png"):
+        assert (outputs[1] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sparse_table(outputs):
+    headers, rows = _table(outputs[0]["sparse"])
+    assert [row[0] for row in rows] == ["scatter-add (tf1_accum)", "densifying", "plain"]
+    _ratios(
+        headers,
+        rows,
+        ["ms/accumulate", "ms/window", "peak MB", "densifying / this (accumulate)",
+         "densifying / this (window)"],
+    )
