@@ -18,6 +18,8 @@ from tf1_accum._accumulation import STATE_COLLECTION
 from tf1_accum._accumulation import build_accumulation
 from tf1_accum._accumulation import plain_variables
 from tf1_accum._dataset import DatasetAccumulation
+from tf1_accum._distributed import CollectiveAllReduce
+from tf1_accum._distributed import broadcast_variables
 from tf1_accum._dataset import build_dataset_accumulation
 from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._session import run_accumulation
@@ -27,8 +29,10 @@ __version__ = "0.1.0"
 __all__ = (
     "Accumulation",
     "AccumulationOptimizer",
+    "CollectiveAllReduce",
     "DatasetAccumulation",
     "STATE_COLLECTION",
+    "broadcast_variables",
     "build_accumulation",
     "build_dataset_accumulation",
     "plain_variables",

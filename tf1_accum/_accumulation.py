@@ -6,6 +6,7 @@ import warnings
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _distributed
 from tf1_accum._window import STATE_COLLECTION
 from tf1_accum._window import Window
 
@@ -76,6 +77,7 @@ def build_accumulation(
     clip_norm=None,
     skip_nonfinite=True,
     fused=False,
+    cross_replica=None,
     name=None,
 ):
     """Builds the ops that accumulate gradients over micro-batches and apply once.
@@ -152,6 +154,11 @@ def build_accumulation(
             `run_accumulation`). It builds the optimizer's update a second
             time, so it is off by default; ``SyncReplicasOptimizer``, whose
             ``apply_gradients`` may be called only once, does not allow it.
+        cross_replica: Optional `CollectiveAllReduce`, for between-graph
+            replication over several workers: the apply sums the window
+            across the workers in one collective all-reduce, then every worker
+            applies the mean over all their micro-batches (see
+            `CollectiveAllReduce`). Every worker must then run every apply.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:
@@ -163,8 +170,8 @@ def build_accumulation(
             not a ``tf.compat.v1.train.Optimizer``, ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
             variable, ``average``, ``skip_nonfinite`` or ``fused`` is not a
-            bool, ``weight`` is not a real tensor, or ``clip_norm`` is not a
-            number.
+            bool, ``weight`` is not a real tensor, ``clip_norm`` is not a
+            number, or ``cross_replica`` is not a `CollectiveAllReduce`.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
             defined, ``weight`` is not a scalar of the loss's graph,
@@ -182,6 +189,13 @@ def build_accumulation(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
             "allows one apply_gradients call: build with fused=False (the default)."
         )
+    if cross_replica is not None and not isinstance(
+        cross_replica, _distributed.CollectiveAllReduce
+    ):
+        raise TypeError(
+            "cross_replica must be a tf1_accum.CollectiveAllReduce or None, got "
+            f"{_checks.describe(cross_replica)}."
+        )
     graph = loss.graph
     _checks.check_weight(weight, graph)
     with graph.as_default():
@@ -198,6 +212,7 @@ def build_accumulation(
                 weighted=weight is not None,
                 clip_norm=clip_norm,
                 skip_nonfinite=skip_nonfinite,
+                cross_replica=cross_replica and cross_replica.reducer(),
             )
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")

@@ -27,7 +27,16 @@ class Window:
     full name, re-entered for the ops built later.
     """
 
-    def __init__(self, pairs, average, scope, weighted=False, clip_norm=None, skip_nonfinite=True):
+    def __init__(
+        self,
+        pairs,
+        average,
+        scope,
+        weighted=False,
+        clip_norm=None,
+        skip_nonfinite=True,
+        cross_replica=None,
+    ):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -38,6 +47,8 @@ class Window:
         self.clip_norm = clip_norm
         self.skip_nonfinite = skip_nonfinite
         self.scope = scope
+        # Sums the window's totals across workers before the mean (see _distributed).
+        self.cross_replica = cross_replica
         self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
         self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
         self.weight_total = None
@@ -169,6 +180,11 @@ class Window:
             # non-finite guard skips (and counts), as it would any NaN window.
             checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
             with tf.control_dependencies(checks):
+                if self.cross_replica is not None:
+                    per_slot = [
+                        slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
+                    ]
+                    per_slot, count, weight = self.cross_replica.reduce(per_slot, count, weight)
                 if not self.average:
                     denominator = None
                 else:
@@ -329,6 +345,10 @@ class _VariableAccumulator:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple."""
         return (self.accumulator.assign_add(self._scaled(gradient, weight), use_locking=True),)
 
+    def totals(self):
+        """Reads what `add` returns: the accumulator's value, in a tuple."""
+        return (self.accumulator.read_value(),)
+
     def gradient(self, count, totals=None):
         """Returns ``(mean or sum, None)``, in the variable's dtype.
 
@@ -379,6 +399,9 @@ class _SparseAccumulator(_VariableAccumulator):
                 use_locking=True,
             ),
         )
+
+    def totals(self):
+        return (self.accumulator.read_value(), self.touched.read_value())
 
     def _rows(self, touched=None):
         touched = self.touched.read_value() if touched is None else touched
