@@ -180,7 +180,99 @@ def killed(server, task, workers, out_dir, timeout):
     return 0
 
 
+PS_WINDOWS = 4  # per worker, in the parameter-server scenario
+
+
+def parameter_servers(task, ports, out_dir):
+    """Scenario "ps": 1 parameter server + workers; TASK is "ps" or a worker index.
+
+    Trains with SyncReplicasOptimizer, then asynchronously with a plain
+    optimizer, each in a resource container of its own, and writes what the
+    test checks to OUT_DIR/ps<TASK>.npz.
+    """
+    ps, *workers = [f"127.0.0.1:{p}" for p in ports.split(",")]
+    cluster = v1.train.ClusterSpec({"ps": [ps], "worker": workers})
+    config = v1.ConfigProto(operation_timeout_in_ms=60000)
+    if task == "ps":
+        v1.train.Server(cluster, job_name="ps", task_index=0, config=config)
+        for other in range(len(workers)):
+            wait_for(out_dir / f"done{other}", 170)
+        return 0
+    server = v1.train.Server(cluster, job_name="worker", task_index=task, config=config)
+    results = {}
+    for mode in ("sync", "async"):
+        results.update(_ps_training(server, cluster, task, len(workers), mode, out_dir, config))
+    np.savez(out_dir / f"ps{task}.npz", **results)
+    (out_dir / f"done{task}").touch()
+    for other in range(len(workers)):
+        wait_for(out_dir / f"done{other}", 120)
+    return 0
+
+
+def _ps_training(server, cluster, task, workers, mode, out_dir, config):
+    chief = task == 0
+    count = PS_WINDOWS * workers * MICRO_BATCHES
+    batches = make_batches(tf.float32, False, count, 4)
+    held_out = make_batches(tf.float32, False, 1, 64, seed=7)[0]
+    setter = v1.train.replica_device_setter(
+        worker_device=f"/job:worker/task:{task}", cluster=cluster
+    )
+    with tf.Graph().as_default(), v1.device(setter), v1.container(mode):
+        model = Model(tf.float32, False, seed=3)
+        step = v1.train.get_or_create_global_step()
+        optimizer = v1.train.GradientDescentOptimizer(0.1)
+        hooks = []
+        if mode == "sync":
+            optimizer = v1.train.SyncReplicasOptimizer(
+                optimizer, replicas_to_aggregate=workers, total_num_replicas=workers
+            )
+            # A token for every window of every worker: an apply never waits
+            # for an update that needs a push the other worker will not make
+            # (its pushes were stale, or it has finished).
+            tokens = workers * PS_WINDOWS
+            hooks.append(optimizer.make_session_run_hook(is_chief=chief, num_tokens=tokens))
+        acc = tf1_accum.build_accumulation(model.loss, optimizer, global_step=step)
+        state = v1.get_collection(tf1_accum.STATE_COLLECTION)
+        local = {id(v) for v in v1.local_variables()}
+        glob = {id(v) for v in v1.global_variables()}
+        if not chief:  # start once the chief has initialized the parameter servers
+            wait_for(out_dir / f"{mode}-initialized", 120)
+        with v1.train.MonitoredTrainingSession(
+            master=server.target,
+            is_chief=chief,
+            hooks=hooks,
+            config=config,
+            stop_grace_period_secs=1,
+            save_checkpoint_secs=None,
+            save_summaries_steps=None,
+            log_step_count_steps=None,
+        ) as sess:
+            if chief:
+                (out_dir / f"{mode}-initialized").touch()
+            before = sess.run(model.loss, model.feed(held_out))
+            for w in range(PS_WINDOWS):
+                mine = window_batches(batches, workers, w, task)
+                tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
+            (out_dir / f"{mode}-trained{task}").touch()
+            # The chief's queue runner applies the synchronous updates: keep
+            # its session open until every worker has trained.
+            for other in range(workers):
+                wait_for(out_dir / f"{mode}-trained{other}", 120)
+            after = sess.run(model.loss, model.feed(held_out))
+            global_step = sess.run(step)
+    return {
+        f"{mode}|state_devices": np.array([v.device for v in state]),
+        f"{mode}|state_local": np.array([id(v) in local and id(v) not in glob for v in state]),
+        f"{mode}|model_devices": np.array([v.device for v in acc.var_list]),
+        f"{mode}|loss": np.array([before, after]),
+        f"{mode}|global_step": np.array(global_step),
+    }
+
+
 def main():
+    if sys.argv[1] == "ps":
+        task = sys.argv[2] if sys.argv[2] == "ps" else int(sys.argv[2])
+        return parameter_servers(task, sys.argv[3], pathlib.Path(sys.argv[4]))
     scenario, task, ports, out_dir = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
     out_dir = pathlib.Path(out_dir)
     addresses = [f"127.0.0.1:{p}" for p in ports.split(",")]

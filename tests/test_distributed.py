@@ -201,6 +201,47 @@ def test_a_lost_worker_makes_the_others_fail_within_the_timeout(tmp_path, how, e
     assert elapsed < limit
 
 
+def test_parameter_servers_accumulate_on_each_worker_and_push_one_window(tmp_path):
+    ports = ",".join(str(p) for p in free_ports(1 + WORKERS))
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    script = str(HERE / "_distributed_worker.py")
+    processes = [
+        subprocess.Popen(
+            [sys.executable, script, "ps", task, ports, str(tmp_path)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for task in ["ps"] + [str(t) for t in range(WORKERS)]
+    ]
+    outputs = finish(processes)
+    results = []
+    for task in range(WORKERS):
+        path = tmp_path / f"ps{task}.npz"
+        output = _quiet(outputs[task + 1])[-6000:]
+        assert path.exists(), f"worker {task} wrote no results:\n{output}"
+        with np.load(path) as data:
+            results.append(dict(data))
+    for task, result in enumerate(results):
+        for mode in ("sync", "async"):
+            # Accumulators and counters on the worker's own device, as local
+            # variables (each worker initializes its own); the model on the PS.
+            devices = set(result[f"{mode}|state_devices"])
+            assert devices == {f"/job:worker/task:{task}"}, (mode, task, devices)
+            assert result[f"{mode}|state_local"].all() and len(result[f"{mode}|state_local"]) == 5
+            assert set(result[f"{mode}|model_devices"]) == {"/job:ps/task:0"}
+    chief = results[0]
+    for mode in ("sync", "async"):
+        before, after = chief[f"{mode}|loss"]
+        assert after < 0.5 * before, (mode, before, after)
+    # Synchronous: one update per W pushed windows; a stale push is dropped.
+    assert 1 <= int(chief["sync|global_step"]) <= worker.PS_WINDOWS
+    # Asynchronous: every window of every worker is one update.
+    assert int(chief["async|global_step"]) == WORKERS * worker.PS_WINDOWS
+
+
 # In-process tests: one worker, no server.
 
 

@@ -6,6 +6,8 @@ optimizer and reset. `build_accumulation`, `AccumulationOptimizer` and the
 in-graph dataset loop all drive one.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 #: Graph collection holding every variable tf1_accum creates (accumulators,
@@ -49,12 +51,26 @@ class Window:
         self.scope = scope
         # Sums the window's totals across workers before the mean (see _distributed).
         self.cross_replica = cross_replica
-        self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
-        self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
-        self.weight_total = None
-        if weighted:
-            self.weight_total = state_variable(lambda: tf.constant(0.0, tf.float64), "weight_total")
-        self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+        # Parameter servers: the window's state stays on the worker that
+        # computes the gradients, as local variables that worker initializes.
+        worker = _worker_device(pairs)
+        with tf.device(worker) if worker else contextlib.nullcontext():
+            self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+            self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
+            self.weight_total = None
+            if weighted:
+                self.weight_total = state_variable(
+                    lambda: tf.constant(0.0, tf.float64), "weight_total"
+                )
+            self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+        if worker:
+            _make_local(self._state())
+
+    def _state(self):
+        state = [self.counter, self.skipped, self.weight_total]
+        for slot in self.slots:
+            state += [slot.accumulator, getattr(slot, "touched", None)]
+        return [v for v in state if v is not None]
 
     @property
     def var_list(self):
@@ -273,6 +289,36 @@ def state_variable(make_initial_value, name):
             name=name,
             collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
         )
+
+
+def _worker_device(pairs):
+    """The gradients' device when the variables live on another job, else None.
+
+    Under ``replica_device_setter`` variables go to ``/job:ps`` and every
+    other op to the worker: accumulating there, on a parameter server, would
+    send every micro-batch's gradient over the network, and the workers would
+    add into one another's accumulators.
+    """
+    for gradient, var in pairs:
+        here = tf.DeviceSpec.from_string(_values(gradient).op.device or "")
+        there = tf.DeviceSpec.from_string(var.device or "")
+        if here.job and there.job and here.job != there.job:
+            return here.to_string()
+    return None
+
+
+def _make_local(variables):
+    """Moves ``variables`` from the global to the local variables collection.
+
+    Each worker's ``local_init_op`` then initializes its own, and a chief's
+    ``ready_op`` (which checks global variables) does not wait for them.
+    """
+    graph = variables[0].graph
+    ids = {id(v) for v in variables}
+    global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    global_vars[:] = [v for v in global_vars if id(v) not in ids]
+    for v in variables:
+        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
 
 
 def _scales_loss(optimizer):
