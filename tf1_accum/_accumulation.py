@@ -94,6 +94,11 @@ def build_accumulation(
     scatter-added into the accumulator, never densified, and applied as the
     rows touched in the window.
 
+    Built under ``tf.compat.v1.train.replica_device_setter`` (variables on
+    parameter servers), the accumulators and counters go to the device that
+    computes the gradients, as local variables that each worker's
+    ``local_init_op`` initializes (see the guide "Across several machines").
+
     Example:
 
     >>> import numpy as np
