@@ -13,8 +13,8 @@ or from flags:
     python examples/distributed.py --workers host0:2222,host1:2222 --task 0
 
 With --local W it is a launcher instead: it starts W worker processes on
-127.0.0.1 (free ports), waits for them (bounded), and checks that they end
-with the same parameters and a lower loss.
+127.0.0.1 (free ports), waits for them (bounded), and prints the largest
+parameter difference between them at the end.
 
 Run:  python examples/distributed.py --local 2
 """
