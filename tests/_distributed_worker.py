@@ -38,31 +38,38 @@ WINDOWS = 3  # K
 MICRO_BATCHES = 3  # N per worker
 TIMEOUT = 5.0  # seconds, for the collective ops (the "killed" scenario)
 
-# (optimizer, dtype, sparse, weighted): each trained in a graph of its own.
+# (optimizer, dtype, sparse, kind): each trained in a graph of its own. kind
+# is "mean" (N equal micro-batches per worker), "weighted" (sizes differ,
+# weight= their size) or "uneven" (workers accumulate different numbers).
 CONFIGS = (
-    ("sgd", tf.float32, False, False),
-    ("momentum", tf.float32, False, False),
-    ("adam", tf.float32, False, False),
-    ("adam", tf.float64, True, False),
-    ("momentum", tf.float64, False, True),
+    ("sgd", tf.float32, False, "mean"),
+    ("momentum", tf.float32, False, "mean"),
+    ("adam", tf.float32, False, "mean"),
+    ("adam", tf.float64, True, "mean"),
+    ("momentum", tf.float64, False, "weighted"),
+    ("momentum", tf.float32, False, "uneven"),
 )
 
 
-def config_key(optimizer_name, dtype, sparse, weighted):
-    return f"{optimizer_name}-{dtype.name}-{'sparse' if sparse else 'dense'}-" + (
-        "weighted" if weighted else "mean"
-    )
+def config_key(optimizer_name, dtype, sparse, kind):
+    return f"{optimizer_name}-{dtype.name}-{'sparse' if sparse else 'dense'}-{kind}"
 
 
-def batch_sizes(weighted, count):
-    """Equal sizes, or (weighted) sizes that differ between micro-batches."""
-    return [3 + (i * 5) % 7 for i in range(count)] if weighted else 4
+def batch_sizes(kind, count):
+    """Equal sizes, or ("weighted") sizes that differ between micro-batches."""
+    return [3 + (i * 5) % 7 for i in range(count)] if kind == "weighted" else 4
 
 
-def window_batches(batches, workers, window, task):
-    """The micro-batches of ``task`` in ``window``: its slice of the W x N."""
-    start = (window * workers + task) * MICRO_BATCHES
-    return batches[start : start + MICRO_BATCHES]
+def micro_batches(task, kind):
+    """N of worker ``task``: 2 and 4 for "uneven", else MICRO_BATCHES."""
+    return 2 + 2 * task if kind == "uneven" else MICRO_BATCHES
+
+
+def window_batches(batches, workers, window, task, kind="mean"):
+    """The micro-batches of ``task`` in ``window``: its slice of the window's."""
+    per_task = [micro_batches(t, kind) for t in range(workers)]
+    start = window * sum(per_task) + sum(per_task[:task])
+    return batches[start : start + per_task[task]]
 
 
 def wait_for(path, seconds):
@@ -81,7 +88,7 @@ def train(
     optimizer_name,
     dtype,
     sparse,
-    weighted,
+    kind,
     windows,
     scope,
     after_first_window=None,
@@ -91,15 +98,15 @@ def train(
     Variables live in the servers, beyond one session: each configuration
     keeps them in a resource container of its own.
     """
-    count = windows * workers * MICRO_BATCHES
-    batches = make_batches(dtype, sparse, count, batch_sizes(weighted, count))
+    count = windows * sum(micro_batches(t, kind) for t in range(workers))
+    batches = make_batches(dtype, sparse, count, batch_sizes(kind, count))
     with tf.Graph().as_default() as graph, tf.device(
         f"/job:worker/replica:0/task:{task}"
     ), v1.container(scope):
         # A different initialization on every worker: the broadcast must fix it.
         model = Model(dtype, sparse, seed=100 + task)
         global_step = v1.train.get_or_create_global_step()
-        weight = tf.shape(model.labels)[0] if weighted else None
+        weight = tf.shape(model.labels)[0] if kind == "weighted" else None
         acc = tf1_accum.build_accumulation(
             model.loss,
             OPTIMIZERS[optimizer_name](dtype),
@@ -116,7 +123,7 @@ def train(
             sess.run(sync)
             values.append(values_by_name(sess, trained))
             for w in range(windows):
-                mine = window_batches(batches, workers, w, task)
+                mine = window_batches(batches, workers, w, task, kind)
                 runs = [(acc.accum_op, model.feed(b)) for b in mine]
                 runs.append((acc.apply_op, None))
                 per_run = []
@@ -163,7 +170,7 @@ def killed(server, task, workers, out_dir, timeout):
             "sgd",
             tf.float32,
             False,
-            False,
+            "mean",
             windows=2,
             scope="lost",
             after_first_window=after_first_window,
@@ -283,7 +290,7 @@ def main():
     server = v1.train.Server(cluster, job_name="worker", task_index=task, config=config)
     if scenario == "equivalence":
         results = {}
-        for i, (optimizer_name, dtype, sparse, weighted) in enumerate(CONFIGS):
+        for i, (optimizer_name, dtype, sparse, kind) in enumerate(CONFIGS):
             cross = tf1_accum.CollectiveAllReduce(
                 workers, task, timeout=timeout, instance_key=1000 * (i + 1)
             )
@@ -295,11 +302,11 @@ def main():
                 optimizer_name,
                 dtype,
                 sparse,
-                weighted,
+                kind,
                 WINDOWS,
                 scope=f"config{i}",
             )
-            key = config_key(optimizer_name, dtype, sparse, weighted)
+            key = config_key(optimizer_name, dtype, sparse, kind)
             for w, window_values in enumerate(values):
                 for name, value in window_values.items():
                     results[f"{key}|{w}|{name}"] = value

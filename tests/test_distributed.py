@@ -89,10 +89,10 @@ def _quiet(output):
     )
 
 
-def large_batch_training(optimizer_name, dtype, sparse, weighted):
+def large_batch_training(optimizer_name, dtype, sparse, kind):
     """Plain minimize on each window's W x N micro-batches, from worker 0's start."""
-    count = worker.WINDOWS * WORKERS * worker.MICRO_BATCHES
-    batches = make_batches(dtype, sparse, count, worker.batch_sizes(weighted, count))
+    count = worker.WINDOWS * sum(worker.micro_batches(t, kind) for t in range(WORKERS))
+    batches = make_batches(dtype, sparse, count, worker.batch_sizes(kind, count))
     with tf.Graph().as_default():
         model = Model(dtype, sparse, seed=100)  # worker 0's initialization
         global_step = v1.train.get_or_create_global_step()
@@ -104,7 +104,7 @@ def large_batch_training(optimizer_name, dtype, sparse, weighted):
                 window = [
                     b
                     for task in range(WORKERS)
-                    for b in worker.window_batches(batches, WORKERS, w, task)
+                    for b in worker.window_batches(batches, WORKERS, w, task, kind)
                 ]
                 sess.run(train_op, model.feed(concat(window)))
                 results.append(values_by_name(sess, v1.global_variables()))
@@ -129,8 +129,8 @@ def cluster_results(tmp_path_factory):
 )
 def test_every_worker_equals_large_batch_training(cluster_results, config):
     key = worker.config_key(*config)
-    optimizer_name, dtype, sparse, weighted = config
-    expected = large_batch_training(optimizer_name, dtype, sparse, weighted)
+    optimizer_name, dtype, sparse, kind = config
+    expected = large_batch_training(optimizer_name, dtype, sparse, kind)
     for task, results in enumerate(cluster_results):
         for w, want in enumerate(expected):
             got = {
