@@ -48,3 +48,16 @@ def test_quickstart(tmp_path, capsys):
     assert result["curves"]["big batch"][0] != result["curves"]["big batch"][-1]
     pytest.importorskip("matplotlib")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.skipif(
+    __import__("os").environ.get("TF1_ACCUM_NESTED_RUN") == "1",
+    reason="starts its own worker processes: run once, by the outer run",
+)
+def test_distributed_launcher_trains_two_equal_workers(capsys):
+    distributed = _load("distributed")
+    result = distributed.main(["--local", "2", "--updates", "4", "--steps", "3"])
+    assert "largest parameter difference between workers" in capsys.readouterr().out
+    assert result["spread"] == 0.0
+    for worker in result["results"]:
+        assert worker["after"] < 0.5 * worker["before"]

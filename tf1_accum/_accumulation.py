@@ -6,6 +6,7 @@ import warnings
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _distributed
 from tf1_accum import _stats
 from tf1_accum._window import STATE_COLLECTION
 from tf1_accum._window import Window
@@ -85,6 +86,7 @@ def build_accumulation(
     fused=False,
     statistics=False,
     micro_batch_size=None,
+    cross_replica=None,
     name=None,
 ):
     """Builds the ops that accumulate gradients over micro-batches and apply once.
@@ -100,6 +102,11 @@ def build_accumulation(
     Sparse gradients (from ``tf.gather`` or ``tf.nn.embedding_lookup``) are
     scatter-added into the accumulator, never densified, and applied as the
     rows touched in the window.
+
+    Built under ``tf.compat.v1.train.replica_device_setter`` (variables on
+    parameter servers), the accumulators and counters go to the device that
+    computes the gradients, as local variables that each worker's
+    ``local_init_op`` initializes (see the guide "Across several machines").
 
     Example:
 
@@ -178,6 +185,11 @@ def build_accumulation(
         micro_batch_size: Examples per micro-batch, for ``statistics``; needed
             unless ``weight`` is given (the window's mean weight is then the
             micro-batch size).
+        cross_replica: Optional `CollectiveAllReduce`, for between-graph
+            replication over several workers: the apply sums the window
+            across the workers in one collective all-reduce, then every worker
+            applies the mean over all their micro-batches (see
+            `CollectiveAllReduce`). Every worker must then run every apply.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:
@@ -190,16 +202,18 @@ def build_accumulation(
             something other than variables, ``global_step`` is not an integer
             variable, ``average``, ``skip_nonfinite``, ``fused`` or
             ``statistics`` is not a bool, ``weight`` is not a real tensor,
-            ``clip_norm`` or ``micro_batch_size`` is not a number, or
-            ``update_ops`` is not None or a list of ops or tensors.
+            ``clip_norm`` or ``micro_batch_size`` is not a number,
+            ``update_ops`` is not None or a list of ops or tensors, or
+            ``cross_replica`` is not a `CollectiveAllReduce`.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, no variable has a gradient, a variable's shape is not fully
             defined, ``weight`` is not a scalar of the loss's graph, an op of
             ``update_ops`` is not in the loss's graph, ``clip_norm`` is not
             positive, ``fused=True`` with a ``SyncReplicasOptimizer``,
             ``statistics=True`` without ``micro_batch_size`` or ``weight`` or
-            with ``fused=True``, or ``micro_batch_size`` is not positive, or
-            is given without ``statistics=True`` or together with ``weight``.
+            with ``fused=True`` or ``cross_replica``, or ``micro_batch_size``
+            is not positive, or is given without ``statistics=True`` or
+            together with ``weight``.
     """
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
@@ -217,6 +231,18 @@ def build_accumulation(
         raise ValueError(
             "statistics=True is fetched with apply_op, and fused=True applies in "
             "accum_apply_op: build with one of them."
+        )
+    if cross_replica is not None and not isinstance(
+        cross_replica, _distributed.CollectiveAllReduce
+    ):
+        raise TypeError(
+            "cross_replica must be a tf1_accum.CollectiveAllReduce or None, got "
+            f"{_checks.describe(cross_replica)}."
+        )
+    if statistics and cross_replica is not None:
+        raise ValueError(
+            "statistics=True measures one worker's micro-batches, and cross_replica "
+            "applies the mean over every worker's: build with one of them."
         )
     graph = loss.graph
     _checks.check_weight(weight, graph)
@@ -243,6 +269,7 @@ def build_accumulation(
                 clip_norm=clip_norm,
                 skip_nonfinite=skip_nonfinite,
                 statistics=observer,
+                cross_replica=cross_replica and cross_replica._reducer(),
             )
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")

@@ -6,6 +6,8 @@ optimizer and reset. `build_accumulation`, `AccumulationOptimizer` and the
 in-graph dataset loop all drive one.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 #: Graph collection holding every variable tf1_accum creates (accumulators,
@@ -36,6 +38,7 @@ class Window:
         clip_norm=None,
         skip_nonfinite=True,
         statistics=None,
+        cross_replica=None,
     ):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
@@ -47,20 +50,36 @@ class Window:
         self.clip_norm = clip_norm
         self.skip_nonfinite = skip_nonfinite
         self.scope = scope
-        self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
-        self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
-        self.weight_total = None
-        if weighted:
-            self.weight_total = state_variable(lambda: tf.constant(0.0, tf.float64), "weight_total")
-        self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+        # Sums the window's totals across workers before the mean (see _distributed).
+        self.cross_replica = cross_replica
         # Gradient statistics (a _stats.WindowStatistics) need one more sum:
         # of (weight times) each micro-batch gradient's squared norm.
         self.statistics = statistics
         self.square_norms = None
-        if statistics is not None:
-            self.square_norms = state_variable(
-                lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
-            )
+        # Parameter servers: the window's state stays on the worker that
+        # computes the gradients, as local variables that worker initializes.
+        worker = _worker_device(pairs)
+        with tf.device(worker) if worker else contextlib.nullcontext():
+            self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+            self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
+            self.weight_total = None
+            if weighted:
+                self.weight_total = state_variable(
+                    lambda: tf.constant(0.0, tf.float64), "weight_total"
+                )
+            self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+            if statistics is not None:
+                self.square_norms = state_variable(
+                    lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
+                )
+        if worker:
+            _make_local(self._state())
+
+    def _state(self):
+        state = [self.counter, self.skipped, self.weight_total, self.square_norms]
+        for slot in self.slots:
+            state += [slot.accumulator, getattr(slot, "touched", None)]
+        return [v for v in state if v is not None]
 
     @property
     def var_list(self):
@@ -223,6 +242,11 @@ class Window:
             # non-finite guard skips (and counts), as it would any NaN window.
             checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
             with tf.control_dependencies(checks):
+                if self.cross_replica is not None:
+                    per_slot = [
+                        slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
+                    ]
+                    per_slot, count, weight = self.cross_replica.reduce(per_slot, count, weight)
                 if not self.average:
                     denominator = None
                 else:
@@ -322,6 +346,36 @@ def state_variable(make_initial_value, name):
         )
 
 
+def _worker_device(pairs):
+    """The gradients' device when the variables live on another job, else None.
+
+    Under ``replica_device_setter`` variables go to ``/job:ps`` and every
+    other op to the worker: accumulating there, on a parameter server, would
+    send every micro-batch's gradient over the network, and the workers would
+    add into one another's accumulators.
+    """
+    for gradient, var in pairs:
+        here = tf.DeviceSpec.from_string(_values(gradient).op.device or "")
+        there = tf.DeviceSpec.from_string(var.device or "")
+        if here.job and there.job and here.job != there.job:
+            return here.to_string()
+    return None
+
+
+def _make_local(variables):
+    """Moves ``variables`` from the global to the local variables collection.
+
+    Each worker's ``local_init_op`` then initializes its own, and a chief's
+    ``ready_op`` (which checks global variables) does not wait for them.
+    """
+    graph = variables[0].graph
+    ids = {id(v) for v in variables}
+    global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    global_vars[:] = [v for v in global_vars if id(v) not in ids]
+    for v in variables:
+        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
+
+
 def _scales_loss(optimizer):
     """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer.
 
@@ -415,6 +469,10 @@ class _VariableAccumulator:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple."""
         return (self.accumulator.assign_add(self._scaled(gradient, weight), use_locking=True),)
 
+    def totals(self):
+        """Reads what `add` returns: the accumulator's value, in a tuple."""
+        return (self.accumulator.read_value(),)
+
     def gradient(self, count, totals=None):
         """Returns ``(mean or sum, None)``, in the variable's dtype.
 
@@ -465,6 +523,9 @@ class _SparseAccumulator(_VariableAccumulator):
                 use_locking=True,
             ),
         )
+
+    def totals(self):
+        return (self.accumulator.read_value(), self.touched.read_value())
 
     def _rows(self, touched=None):
         touched = self.touched.read_value() if touched is None else touched

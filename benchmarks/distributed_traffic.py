@@ -1,0 +1,181 @@
+"""What crosses the network per window: all-reduce once per window, or per micro-batch.
+
+Starts a local cluster of 2 workers (this script, run again as each worker),
+trains the same model both ways for one window of N micro-batches, and counts
+from the ``RunMetadata`` step stats of every ``session.run`` of the window:
+
+* all-reduces: collective reduce ops executed;
+* elements: float32 elements those all-reduces carried;
+* RecvBuf: buffer transfers between the workers, as traced (``RecvBuf``
+  nodes in the step stats: the collective runtime's messages);
+* MB sent: estimated bytes each worker sends, 2 (W - 1) / W x elements x 4
+  for a ring all-reduce.
+
+"per micro-batch" all-reduces each micro-batch's gradient (what synchronous
+data-parallel training without accumulation does); "per window" is
+``build_accumulation(..., cross_replica=CollectiveAllReduce(...))``.
+
+Run:  python benchmarks/distributed_traffic.py
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+WORKERS = 2
+MICRO_BATCHES = (1, 4, 16)
+LAYERS = (64, 256, 256, 10)  # an MLP of about 86k parameters
+
+
+def _worker(task, ports):
+    import numpy as np
+    import tensorflow as tf
+
+    import tf1_accum
+
+    v1 = tf.compat.v1
+    v1.disable_v2_behavior()
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    base = tf1_accum.CollectiveAllReduce(WORKERS, task, timeout=60.0)
+    server = v1.train.Server(
+        v1.train.ClusterSpec({"worker": addresses}),
+        job_name="worker",
+        task_index=task,
+        config=base.session_config(),
+    )
+    rng = np.random.RandomState(task)
+    results = []
+    for case, n in enumerate(MICRO_BATCHES):
+        for way in ("per micro-batch", "per window"):
+            key = 10000 * (case + 1) + (0 if way == "per window" else 5000)
+            cross = tf1_accum.CollectiveAllReduce(WORKERS, task, timeout=60.0, instance_key=key)
+            with tf.Graph().as_default() as graph, tf.device(
+                f"/job:worker/replica:0/task:{task}"
+            ), v1.container(f"case{case}{way[4]}"):
+                x = v1.placeholder(tf.float32, [None, LAYERS[0]])
+                y = v1.placeholder(tf.int32, [None])
+                h = x
+                for i, (a, b) in enumerate(zip(LAYERS[:-1], LAYERS[1:])):
+                    w = v1.get_variable(f"w{i}", [a, b])
+                    h = tf.matmul(h, w)
+                    h = tf.nn.relu(h) if i < len(LAYERS) - 2 else h
+                loss = tf.reduce_mean(
+                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h)
+                )
+                sgd = v1.train.GradientDescentOptimizer(0.1)
+                if way == "per window":
+                    acc = tf1_accum.build_accumulation(loss, sgd, cross_replica=cross)
+                    runs = [acc.accum_op] * n + [acc.apply_op]
+                    feeds = [True] * n + [False]
+                else:
+                    grads = [g for g, _ in sgd.compute_gradients(loss)]
+                    flat = tf.concat([tf.reshape(g, [-1]) for g in grads], 0)
+                    reduced = tf.raw_ops.CollectiveReduceV2(
+                        input=flat,
+                        group_size=WORKERS,
+                        group_key=cross.group_key,
+                        instance_key=key,
+                        ordering_token=[],
+                        merge_op="Add",
+                        final_op="Div",
+                        timeout_seconds=60.0,
+                    )
+                    total = v1.get_variable(
+                        "total", flat.shape, initializer=v1.zeros_initializer()
+                    )
+                    step = total.assign_add(reduced)
+                    runs = [step] * n
+                    feeds = [True] * n
+                collectives = {
+                    op.name: int(np.prod(op.inputs[0].shape.as_list()))
+                    for op in graph.get_operations()
+                    if op.type == "CollectiveReduceV2"
+                }
+                counts = {"all-reduces": 0, "elements": 0, "RecvBuf": 0}
+                with v1.Session(server.target, config=cross.session_config()) as sess:
+                    sess.run(v1.global_variables_initializer())
+                    for op, fed in zip(runs, feeds):
+                        feed = (
+                            {x: rng.randn(32, LAYERS[0]), y: rng.randint(0, LAYERS[-1], 32)}
+                            if fed
+                            else None
+                        )
+                        metadata = v1.RunMetadata()
+                        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+                        sess.run(op, feed, options=options, run_metadata=metadata)
+                        for device in metadata.step_stats.dev_stats:
+                            for node in device.node_stats:
+                                if node.node_name in collectives:
+                                    counts["all-reduces"] += 1
+                                    counts["elements"] += collectives[node.node_name]
+                                elif node.node_name == "RecvBuf":
+                                    counts["RecvBuf"] += 1
+                results.append(dict(n=n, way=way, **counts))
+    print("RESULTS " + json.dumps(results), flush=True)
+    # Keep this server up while the other worker may still read from it.
+    import time
+
+    time.sleep(2.0)
+
+
+def main():
+    sockets = [socket.socket() for _ in range(WORKERS)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [str(s.getsockname()[1]) for s in sockets]
+    for s in sockets:
+        s.close()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker", str(task), ",".join(ports)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for task in range(WORKERS)
+    ]
+    outputs = []
+    for process in processes:
+        try:
+            outputs.append(process.communicate(timeout=300)[0])
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise SystemExit("a worker did not finish within 300 s")
+    lines = [line for line in outputs[0].splitlines() if line.startswith("RESULTS ")]
+    if not lines:
+        raise SystemExit("worker 0 reported nothing:\n" + outputs[0][-3000:])
+    results = json.loads(lines[0][len("RESULTS ") :])
+    by = {(r["n"], r["way"]): r for r in results}
+    ring = 2 * (WORKERS - 1) / WORKERS
+    print(f"Traffic per window and per worker, {WORKERS} workers, float32 MLP {LAYERS}")
+    header = (
+        f"{'N':>3} | {'all-reduces':>19} | {'elements all-reduced':>25} | "
+        f"{'RecvBuf messages':>17} | {'MB sent (est.)':>15} | ratio"
+    )
+    print(header)
+    print("-" * len(header))
+    for n in MICRO_BATCHES:
+        micro, window = by[(n, "per micro-batch")], by[(n, "per window")]
+        mb = [ring * r["elements"] * 4 / 1e6 for r in (micro, window)]
+        print(
+            f"{n:>3} | {micro['all-reduces']:>8} vs {window['all-reduces']:>8} | "
+            f"{micro['elements']:>11} vs {window['elements']:>11} | "
+            f"{micro['RecvBuf']:>6} vs {window['RecvBuf']:>6} | "
+            f"{mb[0]:>6.2f} vs {mb[1]:>5.2f} | "
+            f"{micro['elements'] / window['elements']:.2f}x"
+        )
+    print(
+        "(per micro-batch vs per window; ratio = elements per micro-batch way / per window "
+        "way; the window's vector carries one extra element, its count)"
+    )
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        _worker(int(sys.argv[2]), sys.argv[3].split(","))
+    else:
+        main()

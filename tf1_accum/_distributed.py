@@ -1,0 +1,315 @@
+"""Accumulation across workers: one collective all-reduce per window.
+
+Between-graph replication on TensorFlow's own runtime: every worker runs the
+same graph-building code against its own ``tf.compat.v1.train.Server``, holds
+a replica of the variables and accumulates its own micro-batches. The apply
+then all-reduces the window across the workers, once, with TensorFlow's
+collective ops, and every worker applies the same update.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_accum import _checks
+
+
+class CollectiveAllReduce:
+    """Where and how the windows of W workers are all-reduced.
+
+    Pass one to ``build_accumulation(..., cross_replica=...)``. Every worker
+    builds the same graph, in the same order, with its own ``task_index``;
+    the apply of each window then sums, across the workers, in ONE
+    ``CollectiveReduceV2`` op: every accumulator (flattened and concatenated
+    into one vector) and the window's count of micro-batches (or its total
+    weight, with ``weight=``). Each worker divides the summed gradients by the
+    summed count (or weight) and applies the result, so all workers make the
+    same update: that of large-batch training on the W x N micro-batches. With
+    equal numbers of micro-batches this is the mean of the workers' means;
+    with ``average=False`` the sum over all of them is applied.
+
+    Sparse gradients are densified for the all-reduce: the accumulator of an
+    embedding table is dense already (untouched rows are zero), so it is
+    summed whole, together with its touched-row mask, and the apply hands the
+    optimizer the rows touched on any worker, as large-batch training would.
+    That costs the whole table's size in traffic per window, once per window.
+
+    Servers and sessions need ``session_config()`` (the collective group
+    leader). Variables must start equal on every worker: run
+    `broadcast_variables` once after initialization (or after restoring, on
+    worker 0, a checkpoint).
+
+    Example (one worker, so that it runs in a plain session; with W workers,
+    each runs this against its ``server.target``):
+
+    >>> import numpy as np
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     cross = tf1_accum.CollectiveAllReduce(num_workers=1, task_index=0)
+    ...     acc = tf1_accum.build_accumulation(
+    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    ...         cross_replica=cross)
+    ...     sync = tf1_accum.broadcast_variables(cross)
+    ...     with tf.compat.v1.Session(config=cross.session_config()) as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         sess.run(sync)
+    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
+    ...             _ = sess.run(acc.accum_op, {x: np.array(batch)})
+    ...         sess.run(acc.apply_op)
+    ...         print(round(float(sess.run(w)), 4))
+    2.5
+
+    Args:
+        num_workers: W, the number of workers (tasks of ``job_name``) taking
+            part; each window waits for all of them.
+        task_index: This worker's index, 0 to W - 1. Worker 0 is the group
+            leader and the source of `broadcast_variables`.
+        job_name: The cluster job the workers belong to.
+        timeout: Optional positive number of seconds: a collective op that
+            does not complete within it (a worker died, or never arrived)
+            fails with ``tf.errors.DeadlineExceededError`` instead of waiting
+            forever. ``session_config()`` also sets the session's
+            ``operation_timeout_in_ms`` to twice this, for the other ops.
+        group_key: The collective group's key; the same on every worker.
+        instance_key: The first collective instance key this object hands
+            out; each accumulation built with it (and each broadcast) takes
+            the next one, so every worker must build them in the same order.
+            Use distinct ranges for objects whose graphs share a server.
+
+    Raises:
+        TypeError: If ``num_workers``, ``task_index``, ``group_key`` or
+            ``instance_key`` is not an int, ``job_name`` is not a string, or
+            ``timeout`` is not a number.
+        ValueError: If ``num_workers`` is less than 1, ``task_index`` is not
+            in ``[0, num_workers)``, or ``timeout`` is not positive.
+    """
+
+    def __init__(
+        self,
+        num_workers,
+        task_index,
+        *,
+        job_name="worker",
+        timeout=None,
+        group_key=1,
+        instance_key=1000,
+    ):
+        for label, value in (
+            ("num_workers", num_workers),
+            ("task_index", task_index),
+            ("group_key", group_key),
+            ("instance_key", instance_key),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{label} must be an int, got {_checks.describe(value)}.")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be at least 1, got {num_workers}.")
+        if not 0 <= task_index < num_workers:
+            raise ValueError(
+                f"task_index must be in [0, num_workers) = [0, {num_workers}), got {task_index}."
+            )
+        if not isinstance(job_name, str):
+            raise TypeError(f"job_name must be a string, got {_checks.describe(job_name)}.")
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
+                raise TypeError(
+                    f"timeout must be a positive number of seconds or None, got "
+                    f"{_checks.describe(timeout)}."
+                )
+            if not timeout > 0:
+                raise ValueError(f"timeout must be positive (seconds), got {timeout}.")
+        self.num_workers = int(num_workers)
+        self.task_index = int(task_index)
+        self.job_name = job_name
+        self.timeout = None if timeout is None else float(timeout)
+        self.group_key = int(group_key)
+        self._next_instance_key = int(instance_key)
+
+    @property
+    def leader(self):
+        """The device name of the collective group leader, worker 0."""
+        return f"/job:{self.job_name}/replica:0/task:0"
+
+    def session_config(self, config=None):
+        """Returns a ``ConfigProto`` for this worker's server and sessions.
+
+        Args:
+            config: Optional ``tf.compat.v1.ConfigProto`` to start from (it is
+                copied, not changed).
+
+        Returns:
+            A ``tf.compat.v1.ConfigProto`` with
+            ``experimental.collective_group_leader`` set to worker 0 and, with
+            a ``timeout``, ``operation_timeout_in_ms`` set to twice it.
+        """
+        result = tf.compat.v1.ConfigProto()
+        if config is not None:
+            result.CopyFrom(config)
+        result.experimental.collective_group_leader = self.leader
+        if self.timeout is not None:
+            result.operation_timeout_in_ms = int(2000 * self.timeout)
+        return result
+
+    def _take_instance_key(self):
+        key = self._next_instance_key
+        self._next_instance_key += 1
+        return key
+
+    def _attrs(self):
+        return dict(
+            group_size=self.num_workers,
+            group_key=self.group_key,
+            timeout_seconds=self.timeout or 0.0,
+        )
+
+    def _reducer(self):
+        """Returns a `_WindowReducer` with an instance key of its own."""
+        return _WindowReducer(self, self._take_instance_key())
+
+
+class _WindowReducer:
+    """Sums a window's totals across the workers in one collective op.
+
+    Every all-reduce it builds uses one instance key: a window is applied by
+    one of its ops per step (``apply_op``, or the fused
+    ``accum_apply_op``), and every worker's choice matches any other's.
+    """
+
+    def __init__(self, collective, instance_key):
+        self.collective = collective
+        self.instance_key = instance_key
+
+    def reduce(self, per_slot, count, weight):
+        """All-reduces (sums) the window's totals.
+
+        Args:
+            per_slot: one tuple of dense tensors per accumulator: its sum, and
+                for a sparse one its touched-row mask.
+            count: the local int64 count of micro-batches.
+            weight: the local float64 total weight, or None.
+
+        Returns:
+            ``(per_slot, count, weight)``, each summed over the workers, in
+            the same structure and dtypes.
+        """
+        parts = [t for totals in per_slot for t in totals]
+        flat_dtype = tf.float64 if any(t.dtype == tf.float64 for t in parts) else tf.float32
+        denominator = count if weight is None else weight
+        pieces = [tf.reshape(tf.cast(t, flat_dtype), [-1]) for t in parts]
+        pieces.append(tf.reshape(tf.cast(denominator, flat_dtype), [1]))
+        flat = tf.concat(pieces, 0, name="window_flat")
+        summed = tf.raw_ops.CollectiveReduceV2(
+            input=flat,
+            instance_key=self.instance_key,
+            ordering_token=[],
+            merge_op="Add",
+            final_op="Id",
+            name="all_reduce_window",
+            **self.collective._attrs(),
+        )
+        sizes = [int(np.prod(t.shape.as_list())) for t in parts] + [1]
+        splits = tf.split(summed, sizes, name="window_parts")
+        reduced, at = [], 0
+        for totals in per_slot:
+            reduced.append(
+                tuple(
+                    tf.reshape(tf.cast(splits[at + i], t.dtype), t.shape)
+                    for i, t in enumerate(totals)
+                )
+            )
+            at += len(totals)
+        total_denominator = tf.reshape(splits[-1], [])
+        if weight is None:
+            return reduced, tf.cast(tf.round(total_denominator), tf.int64), None
+        return reduced, count, tf.cast(total_denominator, tf.float64)
+
+
+def broadcast_variables(collective, var_list=None, name=None):
+    """Returns an op that sets every worker's variables to worker 0's values.
+
+    Run it once on every worker, after initialization (on worker 0, after
+    restoring a checkpoint, if any), before the first window: replicas then
+    start identical whatever their initializers drew. The variables are
+    concatenated into one tensor per dtype, each sent in one collective
+    broadcast.
+
+    Example:
+
+    >>> with tf.Graph().as_default():
+    ...     w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
+    ...     cross = tf1_accum.CollectiveAllReduce(num_workers=1, task_index=0)
+    ...     sync = tf1_accum.broadcast_variables(cross, [w])
+    ...     with tf.compat.v1.Session(config=cross.session_config()) as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         sess.run(sync)
+    ...         print(sess.run(w))
+    [1. 2.]
+
+    Args:
+        collective: The `CollectiveAllReduce` of this worker.
+        var_list: Variables to broadcast; defaults to every global variable
+            that tf1_accum did not create (see `plain_variables`): the model,
+            the optimizer's slots, ``global_step``.
+        name: Name scope for the ops; defaults to ``"broadcast_variables"``.
+
+    Returns:
+        A ``tf.Operation`` that assigns every variable its value on worker 0.
+
+    Raises:
+        TypeError: If ``collective`` is not a `CollectiveAllReduce`, or
+            ``var_list`` holds something other than variables.
+        ValueError: If ``var_list`` is empty or holds a variable of a dtype
+            the collective broadcast cannot send (bool, float16, float32,
+            float64, int32, int64 are supported).
+    """
+    from tf1_accum import _accumulation  # noqa: PLC0415 - avoids an import cycle
+
+    _checks.check_graph_mode("broadcast_variables")
+    if not isinstance(collective, CollectiveAllReduce):
+        raise TypeError(
+            "collective must be a tf1_accum.CollectiveAllReduce, got "
+            f"{_checks.describe(collective)}."
+        )
+    graph = tf.compat.v1.get_default_graph()
+    if var_list is None:
+        var_list = _accumulation.plain_variables(graph)
+        if not var_list:
+            raise ValueError("var_list is empty: the graph has no variables to broadcast.")
+    else:
+        var_list = _checks.check_var_list(var_list, graph)
+    by_dtype = {}
+    for var in var_list:
+        dtype = var.dtype.base_dtype
+        if dtype not in _BROADCAST_DTYPES:
+            raise ValueError(
+                f"Variable {var.op.name} has dtype {dtype.name}, which the collective "
+                "broadcast cannot send; supported: "
+                + ", ".join(d.name for d in _BROADCAST_DTYPES)
+                + ". Leave it out of var_list."
+            )
+        by_dtype.setdefault(dtype, []).append(var)
+    with tf.compat.v1.name_scope(name, "broadcast_variables"):
+        assigns = []
+        for dtype, variables in by_dtype.items():
+            key = collective._take_instance_key()
+            sizes = [int(np.prod(v.shape.as_list())) for v in variables]
+            if collective.task_index == 0:
+                flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
+                values = tf.raw_ops.CollectiveBcastSendV2(
+                    input=flat, instance_key=key, name="send", **collective._attrs()
+                )
+            else:
+                values = tf.raw_ops.CollectiveBcastRecvV2(
+                    instance_key=key,
+                    shape=[sum(sizes)],
+                    T=dtype,
+                    name="receive",
+                    **collective._attrs(),
+                )
+            for var, part in zip(variables, tf.split(values, sizes)):
+                assigns.append(var.assign(tf.reshape(part, var.shape), read_value=False))
+        return tf.group(*assigns, name="broadcast")
+
+
+_BROADCAST_DTYPES = (tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
