@@ -80,6 +80,12 @@ def test_no_findings_in_clean_code():
         "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
         "ops = [a.assign_add(g) for a, (g, v) in zip(acc, gvs)]\n"
         "step = opt.apply_gradients([(a / N, v) for a, v in zip(acc, tvs)])\n",
+        # The gradients of a loss fed through placeholders: plain training.
+        "x = tf.placeholder(tf.float32, [None, 3])\n"
+        "loss = tf.reduce_sum(tf.matmul(x, w))\n"
+        "step = opt.apply_gradients(opt.compute_gradients(loss))\n"
+        "grads = tf.gradients(loss, tvs)\n"
+        "other = opt.apply_gradients(zip(grads, tvs))\n",
         # A learning-rate placeholder goes to the optimizer, not apply_gradients.
         "lr = tf.placeholder(tf.float32, [])\n"
         "step = tf.train.GradientDescentOptimizer(lr).apply_gradients(gvs)\n",

@@ -97,6 +97,7 @@ _PLACEHOLDER = "placeholder"
 _STEP = "global_step"
 _STEP_FUNCTIONS = {"get_or_create_global_step", "get_global_step", "create_global_step"}
 _SCALING = (ast.Div, ast.FloorDiv, ast.Mult)
+_GRADIENT_FUNCTIONS = {"compute_gradients", "gradients"}
 
 
 def _called_name(call):
@@ -394,6 +395,10 @@ class _Module:
         result = self._union(arguments)
         if isinstance(call.func, ast.Attribute):
             result |= self.tags(call.func.value)
+        if name in _GRADIENT_FUNCTIONS:
+            # The gradients of a loss computed from a placeholder are computed
+            # in the graph; only their inputs are fed.
+            result.discard((_PLACEHOLDER,))
         return result
 
     def _variable_tags(self, call):
