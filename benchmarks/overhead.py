@@ -209,7 +209,9 @@ def build_variants(tf, spec, n, b, paths=None):
         accumulate = tf.group(
             *[a.assign_add(g) for a, (g, _) in zip(accums, grads)], count.assign_add(1.0)
         )
-        apply = opt.apply_gradients([(a / count, v) for a, v in zip(accums, tvars)])
+        apply = opt.apply_gradients(
+            [(a / count, v) for a, v in zip(accums, tvars)]  # tf1_accum.check: ignore TFA002
+        )
         window_feeds = feeds(x, y)
 
         def window():

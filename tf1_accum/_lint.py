@@ -1,9 +1,11 @@
 """Finds the forum-style accumulation patterns in Python source, without running it.
 
 Reads source with `ast` (no TensorFlow import) and follows names through a
-module's assignments, all scopes together, tagging what each value is made
-from: a zero non-trainable variable (an accumulator), the result of its
-``assign_add``, a float counter variable, a placeholder, the global step.
+module's assignments, scope by scope as Python resolves them (a function,
+lambda or comprehension sees its own names first, then those of the functions
+around it, then the module's), tagging what each value is made from: a zero
+non-trainable variable (an accumulator), the result of its ``assign_add``, a
+float counter variable, a placeholder, the global step.
 The rules then look at what reaches ``apply_gradients`` and ``tf.cond``.
 It is a heuristic: it finds the patterns as they are usually written, and
 says nothing about code it cannot follow.
@@ -95,6 +97,7 @@ _PLACEHOLDER = "placeholder"
 _STEP = "global_step"
 _STEP_FUNCTIONS = {"get_or_create_global_step", "get_global_step", "create_global_step"}
 _SCALING = (ast.Div, ast.FloorDiv, ast.Mult)
+_GRADIENT_FUNCTIONS = {"compute_gradients", "gradients"}
 
 
 def _called_name(call):
@@ -129,41 +132,152 @@ def _argument(call, index, *keywords):
     return None
 
 
+_FUNCTION_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_COMPREHENSIONS = (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)
+
+
+class _Scope:
+    """One scope's names, as Python scopes them: a module, class, function,
+    lambda or comprehension."""
+
+    def __init__(self, parent=None, kind="function"):
+        self.parent = parent
+        self.kind = kind  # "module", "class", "function" or "comprehension"
+        self.local = set()  # names bound in this scope (parameters included)
+        self.declared_global = set()
+        self.declared_nonlocal = set()
+        self.values = {}  # name -> expressions assigned to it in this scope
+        self.functions = {}  # name -> function definitions of that name here
+
+
 class _Module:
-    """The assignments of one module and the tags of its expressions."""
+    """The assignments of one module, scope by scope, and the tags of its expressions."""
 
     def __init__(self, tree):
         self.tree = tree
-        self.values = {}  # name -> expressions assigned to it, in any scope
-        self.functions = {}  # name -> function definitions of that name
+        self.root = _Scope(kind="module")
+        self._scope_of = {}  # id(node) -> the scope the node is evaluated in
+        self._bindings = []  # (scope, target, value), bound once every scope's names are known
+        self._mutations = []  # (scope, name, value): xs.append(v), xs.attr = v, xs[i] = v
         self._busy = set()
         self._cache = {}
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if node.value is not None:
-                    for target in targets:
-                        self._bind(target, node.value)
-            elif isinstance(node, (ast.For, ast.AsyncFor, ast.comprehension)):
-                self._bind(node.target, node.iter)
-            elif isinstance(node, ast.withitem) and node.optional_vars is not None:
-                self._bind(node.optional_vars, node.context_expr)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                self.functions.setdefault(node.name, []).append(node)
-            elif (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("append", "extend")
-                and isinstance(node.func.value, ast.Name)
-                and node.args
-            ):
-                self.values.setdefault(node.func.value.id, []).append(node.args[0])
+        self._visit(tree, self.root)
+        for scope, target, value in self._bindings:
+            self._bind(target, value, scope)
+        for scope, name, value in self._mutations:
+            self._resolve(scope, name).values.setdefault(name, []).append(value)
         self.summed = set()  # accumulators that some assign_add adds to
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and _called_name(node) == "assign_add":
                 self.summed |= {t for t in self._receiver_tags(node) if t[0] == _ACC}
 
-    def _bind(self, target, value):
+    # -- the scopes and what is bound in each ---------------------------------
+
+    def _visit_all(self, nodes, scope):
+        for node in nodes:
+            if node is not None:
+                self._visit(node, scope)
+
+    def _visit(self, node, scope):
+        self._scope_of[id(node)] = scope
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            # Decorators, defaults and annotations run in the enclosing scope.
+            arguments = node.args
+            outer = list(arguments.defaults) + [d for d in arguments.kw_defaults if d]
+            if not isinstance(node, ast.Lambda):
+                scope.local.add(node.name)
+                scope.functions.setdefault(node.name, []).append(node)
+                outer += node.decorator_list + [node.returns]
+                outer += [a.annotation for a in self._parameters(arguments)]
+            self._visit_all(outer, scope)
+            inner = _Scope(scope)
+            inner.local |= {a.arg for a in self._parameters(arguments)}
+            body = [node.body] if isinstance(node, ast.Lambda) else node.body
+            self._visit_all(body, inner)
+            return
+        if isinstance(node, ast.ClassDef):
+            scope.local.add(node.name)
+            self._visit_all(node.decorator_list + node.bases + node.keywords, scope)
+            self._visit_all(node.body, _Scope(scope, "class"))
+            return
+        if isinstance(node, _COMPREHENSIONS):
+            # The first iterable runs in the enclosing scope, the rest inside.
+            inner = _Scope(scope, "comprehension")
+            self._scope_of[id(node)] = inner
+            for index, generator in enumerate(node.generators):
+                self._scope_of[id(generator)] = inner
+                self._visit(generator.iter, scope if index == 0 else inner)
+                self._visit(generator.target, inner)
+                self._visit_all(generator.ifs, inner)
+                self._bindings.append((inner, generator.target, generator.iter))
+            elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
+            self._visit_all(elements, inner)
+            return
+        if isinstance(node, ast.NamedExpr):
+            # x := v in a comprehension binds x in the enclosing function.
+            target_scope = scope
+            while target_scope.kind == "comprehension":
+                target_scope = target_scope.parent
+            target_scope.local.add(node.target.id)
+            self._scope_of[id(node.target)] = target_scope
+            self._bindings.append((target_scope, node.target, node.value))
+            self._visit(node.value, scope)
+            return
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            scope.local.add(node.id)
+        elif isinstance(node, ast.Global):
+            scope.declared_global |= set(node.names)
+        elif isinstance(node, ast.Nonlocal):
+            scope.declared_nonlocal |= set(node.names)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            scope.local |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            scope.local.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if node.value is not None:
+                self._bindings += [(scope, target, node.value) for target in targets]
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self._bindings.append((scope, node.target, node.iter))
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            self._bindings.append((scope, node.optional_vars, node.context_expr))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("append", "extend")
+            and isinstance(node.func.value, ast.Name)
+            and node.args
+        ):
+            self._mutations.append((scope, node.func.value.id, node.args[0]))
+        for child in ast.iter_child_nodes(node):
+            self._visit(child, scope)
+
+    @staticmethod
+    def _parameters(arguments):
+        extra = [a for a in (arguments.vararg, arguments.kwarg) if a is not None]
+        return arguments.posonlyargs + arguments.args + arguments.kwonlyargs + extra
+
+    def _resolve(self, scope, name):
+        """The scope a name used in ``scope`` refers to, as Python resolves it."""
+        current, first = scope, True
+        while current.parent is not None:
+            # A class body's names are not visible in the scopes nested in it.
+            if first or current.kind != "class":
+                if name in current.declared_global:
+                    return self.root
+                if name in current.local and name not in current.declared_nonlocal:
+                    return current
+            current, first = current.parent, False
+        return self.root
+
+    def _store_scope(self, scope, name):
+        if name in scope.declared_global:
+            return self.root
+        if name in scope.declared_nonlocal and scope.parent is not None:
+            return self._resolve(scope.parent, name)
+        return scope
+
+    def _bind(self, target, value, scope):
         if isinstance(target, (ast.Tuple, ast.List)):
             elements = target.elts
             if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(elements):
@@ -178,13 +292,25 @@ class _Module:
                 pairs = None
             if pairs is not None:
                 for element, part in pairs:
-                    self._bind(element, part)
+                    self._bind(element, part, scope)
                 return
         # Otherwise every name gets the whole value: coarse, but it keeps what
-        # the value is made from.
+        # the value is made from. The names an attribute or item is set on
+        # (``xs`` in ``xs.attr = v``, ``xs[i] = v``) are looked up, not bound.
         for node in ast.walk(target):
             if isinstance(node, ast.Name):
-                self.values.setdefault(node.id, []).append(value)
+                if isinstance(node.ctx, ast.Load):
+                    home = self._resolve(scope, node.id)
+                else:
+                    home = self._store_scope(scope, node.id)
+                home.values.setdefault(node.id, []).append(value)
+
+    def functions(self, name_node):
+        """The function definitions a name refers to, where it is used."""
+        scope = self._resolve(self._scope_of.get(id(name_node), self.root), name_node.id)
+        return scope.functions.get(name_node.id, ())
+
+    # -- the tags -------------------------------------------------------------
 
     def _receiver_tags(self, call):
         """Tags of the variable an assign method or function updates."""
@@ -193,9 +319,13 @@ class _Module:
         return self.tags(call.func.value)
 
     def tags(self, node):
-        # A name's tags are those of everything assigned to it, wherever it
-        # is used: one entry per name keeps chains of names shallow.
-        key = node.id if isinstance(node, ast.Name) else id(node)
+        # A name's tags are those of everything assigned to it in the scope it
+        # refers to: one entry per name and scope keeps chains of names shallow.
+        if isinstance(node, ast.Name):
+            scope = self._resolve(self._scope_of.get(id(node), self.root), node.id)
+            key = (id(scope), node.id)
+        else:
+            key = id(node)
         if key not in self._cache:
             if key in self._busy:  # defined through itself
                 return frozenset()
@@ -215,7 +345,8 @@ class _Module:
 
     def _tags(self, node):
         if isinstance(node, ast.Name):
-            return self._union(self.values.get(node.id, ()))
+            scope = self._resolve(self._scope_of.get(id(node), self.root), node.id)
+            return self._union(scope.values.get(node.id, ()))
         if isinstance(node, ast.Call):
             return self._call_tags(node)
         if isinstance(node, ast.BinOp):
@@ -264,6 +395,10 @@ class _Module:
         result = self._union(arguments)
         if isinstance(call.func, ast.Attribute):
             result |= self.tags(call.func.value)
+        if name in _GRADIENT_FUNCTIONS:
+            # The gradients of a loss computed from a placeholder are computed
+            # in the graph; only their inputs are fed.
+            result.discard((_PLACEHOLDER,))
         return result
 
     def _variable_tags(self, call):
@@ -321,7 +456,7 @@ def _branch_bodies(module, branch):
     if isinstance(branch, ast.Lambda):
         return [branch.body]
     if isinstance(branch, ast.Name):
-        return [node for f in module.functions.get(branch.id, ()) for node in f.body]
+        return [node for f in module.functions(branch) for node in f.body]
     return []
 
 
