@@ -228,7 +228,7 @@ def test_update_ops_from_another_graph_are_rejected():
         with pytest.raises(ValueError, match=r"update_ops\[0\] .* is not in the graph of the loss"):
             tf1_accum.build_accumulation(loss, opt, update_ops=foreign)
         wrapper = tf1_accum.AccumulationOptimizer(opt, 2, update_ops=foreign)
-        with pytest.raises(ValueError, match=r"update_ops\[0\] .* is not in the graph"):
+        with pytest.raises(ValueError, match=r"update_ops\[0\] .* is not in the graph of the loss"):
             wrapper.minimize(loss)
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
 

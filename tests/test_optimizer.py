@@ -233,7 +233,8 @@ def test_flush_with_nothing_accumulated_changes_nothing():
     assert trained["global_step"] == 2
 
 
-def test_flush_op_exists_once_the_train_op_is_built():
+@pytest.mark.parametrize("name", ["flush_op", "micro_step", "skipped_windows"])
+def test_state_properties_exist_once_the_train_op_is_built(name):
     wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
-    with pytest.raises(ValueError, match="flush_op exists once the train op is built"):
-        wrapper.flush_op
+    with pytest.raises(ValueError, match=f"{name} exists once the train op is built"):
+        getattr(wrapper, name)

@@ -78,8 +78,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or is a ``SyncReplicasOptimizer``, ``steps`` is not an int, or
-            ``average`` or ``statistics`` is not a bool, or ``weight``,
+            or is a ``SyncReplicasOptimizer``, ``steps`` is not an int,
+            ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
+            or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
             wrong type.
         ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
@@ -231,7 +232,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             RuntimeError: If eager execution is active.
             TypeError: If ``global_step`` is not an integer variable.
             ValueError: If no gradient is given for any variable, or an op of
-                ``update_ops`` is not in the default graph.
+                ``update_ops`` is not in the graph of the loss.
         """
         _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
         _checks.check_global_step(global_step)
