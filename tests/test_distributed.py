@@ -245,6 +245,28 @@ def test_parameter_servers_accumulate_on_each_worker_and_push_one_window(tmp_pat
 # In-process tests: one worker, no server.
 
 
+def test_under_replica_device_setter_all_window_state_is_local_on_the_worker():
+    setter = v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker/task:0")
+    with tf.Graph().as_default(), v1.device(setter):
+        model = Model(tf.float32, True)
+        acc = tf1_accum.build_accumulation(
+            model.loss,
+            v1.train.GradientDescentOptimizer(0.1),
+            weight=tf.shape(model.labels)[0],
+            statistics=True,
+        )
+        state = v1.get_collection(tf1_accum.STATE_COLLECTION)
+        names = {v.op.name.split("/")[-1] for v in state}
+        # The moving averages of the statistics too, not only the accumulators.
+        assert {"noise_trace_ema", "gradient_square_ema", "accumulator_touched"} <= names
+        local = {id(v) for v in v1.local_variables()}
+        glob = {id(v) for v in v1.global_variables()}
+        for v in state:
+            assert v.device == "/job:worker/task:0", (v.op.name, v.device)
+            assert id(v) in local and id(v) not in glob, v.op.name
+        assert {v.device for v in acc.var_list} == {"/job:ps/task:0"}
+
+
 def _single_worker_accumulation(dtype=tf.float64, **kwargs):
     model = Model(dtype, False)
     cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)

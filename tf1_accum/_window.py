@@ -68,15 +68,18 @@ class Window:
                     lambda: tf.constant(0.0, tf.float64), "weight_total"
                 )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+            self.statistics_state = []
             if statistics is not None:
                 self.square_norms = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
                 )
+                self.statistics_state = statistics.create_state()
         if worker:
             _make_local(self._state())
 
     def _state(self):
         state = [self.counter, self.skipped, self.weight_total, self.square_norms]
+        state += self.statistics_state
         for slot in self.slots:
             state += [slot.accumulator, getattr(slot, "touched", None)]
         return [v for v in state if v is not None]
