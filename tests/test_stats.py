@@ -523,7 +523,7 @@ def test_a_failed_build_with_statistics_leaves_no_state(how):
     with tf.Graph().as_default():
         x = v1.placeholder(tf.float32, [None])
         fixed = v1.get_variable("fixed", initializer=1.0)
-        loose = v1.get_variable("loose", initializer=tf.ones([2]), validate_shape=False)
+        loose = v1.Variable(tf.ones([2]), shape=tf.TensorShape(None), name="loose")
         loss = tf.reduce_mean(fixed * x) + tf.reduce_sum(loose)
         before = list(v1.global_variables())
         opt = v1.train.GradientDescentOptimizer(0.1)
