@@ -327,6 +327,49 @@ def test_one_worker_equals_large_batch_training():
     assert_same_values(got, want, RTOL[tf.float64], "one worker")
 
 
+def test_with_nothing_accumulated_on_any_worker_the_apply_fails_after_the_all_reduce():
+    with tf.Graph().as_default():
+        model, cross, acc = _single_worker_accumulation()
+        with v1.Session(config=cross.session_config()) as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, v1.global_variables())
+            match = "nothing accumulated on any worker"
+            with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+                sess.run(acc.apply_op)
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0.0, "")
+            # The window still works afterwards.
+            batch = make_batches(tf.float64, False, 1, 4)[0]
+            tf1_accum.run_accumulation(sess, acc, [model.feed(batch)])
+            after = values_by_name(sess, acc.var_list)
+        assert any(np.abs(after[k] - before[k]).max() > 0 for k in after)
+
+
+def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
+    from tf1_accum import _distributed  # noqa: PLC0415
+
+    weights = [2.0**24 + 1, 2.0**30 + 3.5, 7.0, 2.0**40 + 2.0**24 + 5]
+    with tf.Graph().as_default():
+        packed = [
+            _distributed._weight_pieces(tf.constant(w, tf.float64), tf.float32) for w in weights
+        ]
+        assert all(p.dtype == tf.float32 for pieces in packed for p in pieces)
+        alone = _distributed._join_weight_pieces(packed[0])
+        # Summed in float32, as the all-reduce of W = 4 workers sums them.
+        summed = _distributed._join_weight_pieces([tf.add_n(list(p)) for p in zip(*packed)])
+        # One worker through the collective itself, with a float32 model.
+        cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
+        _, count, weight = cross._reducer().reduce(
+            [(tf.constant([1.0, 2.0]),)],
+            tf.constant(3, tf.int64),
+            tf.constant(weights[0], tf.float64),
+        )
+        with v1.Session(config=cross.session_config()) as sess:
+            got = sess.run(dict(alone=alone, summed=summed, count=count, weight=weight))
+    assert got["alone"] == weights[0] == got["weight"]
+    assert got["summed"] == sum(weights)
+    assert got["count"] == 3
+
+
 def test_session_config_sets_the_leader_and_the_timeout():
     base = v1.ConfigProto(inter_op_parallelism_threads=2)
     config = tf1_accum.CollectiveAllReduce(3, 2, timeout=1.5, job_name="trainer").session_config(

@@ -20,6 +20,11 @@ _NOTHING_ACCUMULATED = (
     "accum_op on at least one micro-batch before apply_op; no variable was "
     "changed."
 )
+_NOTHING_ACCUMULATED_ANYWHERE = (
+    "tf1_accum: apply_op ran with nothing accumulated on any worker (the counters "
+    "summed across the workers are 0). Run accum_op on at least one micro-batch "
+    "before apply_op; no variable was changed."
+)
 
 
 class Window:
@@ -243,13 +248,21 @@ class Window:
             count = tf.identity(count)  # a value, not a reference
             # Weights summing to zero leave 0 / 0: a NaN mean, which the
             # non-finite guard skips (and counts), as it would any NaN window.
-            checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
+            if self.cross_replica is None:
+                checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
+            else:
+                # A worker with an empty window joins the all-reduce with
+                # zeros (failing before it would leave the others waiting in
+                # it): only the summed count is checked, so the apply fails
+                # on every worker or on none.
+                per_slot = [
+                    slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
+                ]
+                per_slot, count, weight = self.cross_replica.reduce(per_slot, count, weight)
+                checks = [
+                    tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED_ANYWHERE)
+                ]
             with tf.control_dependencies(checks):
-                if self.cross_replica is not None:
-                    per_slot = [
-                        slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
-                    ]
-                    per_slot, count, weight = self.cross_replica.reduce(per_slot, count, weight)
                 if not self.average:
                     denominator = None
                 else:
