@@ -74,8 +74,9 @@ class CollectiveAllReduce:
             ``operation_timeout_in_ms`` to twice this, for the other ops.
         group_key: The collective group's key; the same on every worker.
         instance_key: The first collective instance key this object hands
-            out; each accumulation built with it (and each broadcast) takes
-            the next one, so every worker must build them in the same order.
+            out; each accumulation built with it takes the next one, and
+            each `broadcast_variables` one per dtype it sends, so every
+            worker must build them in the same order.
             Use distinct ranges for objects whose graphs share a server.
 
     Raises:

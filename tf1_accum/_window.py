@@ -11,8 +11,11 @@ import contextlib
 import tensorflow as tf
 
 #: Graph collection holding every variable tf1_accum creates (accumulators,
-#: touched-row masks, counters). They are also global variables, so a default
-#: ``tf.compat.v1.train.Saver()`` saves them.
+#: touched-row masks, counters, the statistics' moving averages). They are
+#: also global variables, so a default ``tf.compat.v1.train.Saver()`` saves
+#: them; under ``replica_device_setter`` they are local variables on the
+#: worker instead, which the chief's ``Saver`` does not save (see
+#: :doc:`distributed`).
 STATE_COLLECTION = "tf1_accum_state"
 
 _NOTHING_ACCUMULATED = (
@@ -349,6 +352,10 @@ class Window:
 def state_variable(make_initial_value, name):
     """Creates a non-trainable global variable that tf1_accum owns.
 
+    A `Window` built under ``replica_device_setter`` then moves its state to
+    the local variables (see ``_make_local``): not saved by the chief's
+    ``Saver``.
+
     The initial value is made inside ``init_scope``, clear of the caller's
     control dependencies and control flow, so the initializer never needs a
     feed and a window can be built inside a loop body or a conditional branch.
@@ -381,8 +388,10 @@ def _worker_device(pairs):
 def _make_local(variables):
     """Moves ``variables`` from the global to the local variables collection.
 
-    Each worker's ``local_init_op`` then initializes its own, and a chief's
-    ``ready_op`` (which checks global variables) does not wait for them.
+    Each worker's ``local_init_op`` then initializes its own; the
+    ``ready_for_local_init_op`` a worker waits on before running it checks
+    global variables only (the default ``ready_op`` checks local ones too,
+    after ``local_init_op``). The chief's ``Saver`` does not save them.
     """
     graph = variables[0].graph
     ids = {id(v) for v in variables}
