@@ -40,7 +40,8 @@ TIMEOUT = 5.0  # seconds, for the collective ops (the "killed" scenario)
 
 # (optimizer, dtype, sparse, kind): each trained in a graph of its own. kind
 # is "mean" (N equal micro-batches per worker), "weighted" (sizes differ,
-# weight= their size) or "uneven" (workers accumulate different numbers).
+# weight= their size), "uneven" (workers accumulate different numbers) or
+# "empty" (worker 0 accumulates nothing, worker 1 N weighted micro-batches).
 CONFIGS = (
     ("sgd", tf.float32, False, "mean"),
     ("momentum", tf.float32, False, "mean"),
@@ -48,6 +49,7 @@ CONFIGS = (
     ("adam", tf.float64, True, "mean"),
     ("momentum", tf.float64, False, "weighted"),
     ("momentum", tf.float32, False, "uneven"),
+    ("momentum", tf.float32, True, "empty"),
 )
 
 
@@ -55,14 +57,23 @@ def config_key(optimizer_name, dtype, sparse, kind):
     return f"{optimizer_name}-{dtype.name}-{'sparse' if sparse else 'dense'}-{kind}"
 
 
+def weighted(kind):
+    """Whether ``kind`` trains with weight= (each micro-batch's size)."""
+    return kind in ("weighted", "empty")
+
+
 def batch_sizes(kind, count):
-    """Equal sizes, or ("weighted") sizes that differ between micro-batches."""
-    return [3 + (i * 5) % 7 for i in range(count)] if kind == "weighted" else 4
+    """Equal sizes, or (weighted kinds) sizes that differ between micro-batches."""
+    return [3 + (i * 5) % 7 for i in range(count)] if weighted(kind) else 4
 
 
 def micro_batches(task, kind):
-    """N of worker ``task``: 2 and 4 for "uneven", else MICRO_BATCHES."""
-    return 2 + 2 * task if kind == "uneven" else MICRO_BATCHES
+    """N of worker ``task``: 2 and 4 for "uneven", 0 and N for "empty", else N."""
+    if kind == "uneven":
+        return 2 + 2 * task
+    if kind == "empty":
+        return MICRO_BATCHES if task else 0
+    return MICRO_BATCHES
 
 
 def window_batches(batches, workers, window, task, kind="mean"):
@@ -106,7 +117,7 @@ def train(
         # A different initialization on every worker: the broadcast must fix it.
         model = Model(dtype, sparse, seed=100 + task)
         global_step = v1.train.get_or_create_global_step()
-        weight = tf.shape(model.labels)[0] if kind == "weighted" else None
+        weight = tf.shape(model.labels)[0] if weighted(kind) else None
         acc = tf1_accum.build_accumulation(
             model.loss,
             OPTIMIZERS[optimizer_name](dtype),

@@ -245,6 +245,28 @@ def test_parameter_servers_accumulate_on_each_worker_and_push_one_window(tmp_pat
 # In-process tests: one worker, no server.
 
 
+def test_under_replica_device_setter_all_window_state_is_local_on_the_worker():
+    setter = v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker/task:0")
+    with tf.Graph().as_default(), v1.device(setter):
+        model = Model(tf.float32, True)
+        acc = tf1_accum.build_accumulation(
+            model.loss,
+            v1.train.GradientDescentOptimizer(0.1),
+            weight=tf.shape(model.labels)[0],
+            statistics=True,
+        )
+        state = v1.get_collection(tf1_accum.STATE_COLLECTION)
+        names = {v.op.name.split("/")[-1] for v in state}
+        # The moving averages of the statistics too, not only the accumulators.
+        assert {"noise_trace_ema", "gradient_square_ema", "accumulator_touched"} <= names
+        local = {id(v) for v in v1.local_variables()}
+        glob = {id(v) for v in v1.global_variables()}
+        for v in state:
+            assert v.device == "/job:worker/task:0", (v.op.name, v.device)
+            assert id(v) in local and id(v) not in glob, v.op.name
+        assert {v.device for v in acc.var_list} == {"/job:ps/task:0"}
+
+
 def _single_worker_accumulation(dtype=tf.float64, **kwargs):
     model = Model(dtype, False)
     cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
@@ -303,6 +325,49 @@ def test_one_worker_equals_large_batch_training():
                 sess.run(train_op, model.feed(concat(window)))
             want = values_by_name(sess, v1.trainable_variables())
     assert_same_values(got, want, RTOL[tf.float64], "one worker")
+
+
+def test_with_nothing_accumulated_on_any_worker_the_apply_fails_after_the_all_reduce():
+    with tf.Graph().as_default():
+        model, cross, acc = _single_worker_accumulation()
+        with v1.Session(config=cross.session_config()) as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, v1.global_variables())
+            match = "nothing accumulated on any worker"
+            with pytest.raises(tf.errors.InvalidArgumentError, match=match):
+                sess.run(acc.apply_op)
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0.0, "")
+            # The window still works afterwards.
+            batch = make_batches(tf.float64, False, 1, 4)[0]
+            tf1_accum.run_accumulation(sess, acc, [model.feed(batch)])
+            after = values_by_name(sess, acc.var_list)
+        assert any(np.abs(after[k] - before[k]).max() > 0 for k in after)
+
+
+def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
+    from tf1_accum import _distributed  # noqa: PLC0415
+
+    weights = [2.0**24 + 1, 2.0**30 + 3.5, 7.0, 2.0**40 + 2.0**24 + 5]
+    with tf.Graph().as_default():
+        packed = [
+            _distributed._weight_pieces(tf.constant(w, tf.float64), tf.float32) for w in weights
+        ]
+        assert all(p.dtype == tf.float32 for pieces in packed for p in pieces)
+        alone = _distributed._join_weight_pieces(packed[0])
+        # Summed in float32, as the all-reduce of W = 4 workers sums them.
+        summed = _distributed._join_weight_pieces([tf.add_n(list(p)) for p in zip(*packed)])
+        # One worker through the collective itself, with a float32 model.
+        cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
+        _, count, weight = cross._reducer().reduce(
+            [(tf.constant([1.0, 2.0]),)],
+            tf.constant(3, tf.int64),
+            tf.constant(weights[0], tf.float64),
+        )
+        with v1.Session(config=cross.session_config()) as sess:
+            got = sess.run(dict(alone=alone, summed=summed, count=count, weight=weight))
+    assert got["alone"] == weights[0] == got["weight"]
+    assert got["summed"] == sum(weights)
+    assert got["count"] == 3
 
 
 def test_session_config_sets_the_leader_and_the_timeout():

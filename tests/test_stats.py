@@ -516,3 +516,24 @@ def test_optimizer_statistics_options():
             _ = wrapper.statistics
         wrapper.minimize(model.loss)
         assert wrapper.statistics is None
+
+
+@pytest.mark.parametrize("how", ["build_accumulation", "optimizer"])
+def test_a_failed_build_with_statistics_leaves_no_state(how):
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None])
+        fixed = v1.get_variable("fixed", initializer=1.0)
+        loose = v1.Variable(tf.ones([2]), shape=tf.TensorShape(None), name="loose")
+        loss = tf.reduce_mean(fixed * x) + tf.reduce_sum(loose)
+        before = list(v1.global_variables())
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        with pytest.raises(ValueError, match="loose has shape .* not fully defined"):
+            if how == "optimizer":
+                tf1_accum.AccumulationOptimizer(
+                    opt, 2, statistics=True, micro_batch_size=4
+                ).minimize(loss)
+            else:
+                tf1_accum.build_accumulation(loss, opt, statistics=True, micro_batch_size=4)
+        assert v1.global_variables() == before
+        assert v1.local_variables() == []
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []

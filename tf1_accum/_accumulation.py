@@ -189,7 +189,10 @@ def build_accumulation(
             replication over several workers: the apply sums the window
             across the workers in one collective all-reduce, then every worker
             applies the mean over all their micro-batches (see
-            `CollectiveAllReduce`). Every worker must then run every apply.
+            `CollectiveAllReduce`). Every worker must then run every apply,
+            even with nothing accumulated: a worker with an empty window adds
+            zeros, and the apply fails (``InvalidArgumentError``, on every
+            worker) only if the windows of all workers are empty.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:

@@ -20,8 +20,9 @@ class CollectiveAllReduce:
     builds the same graph, in the same order, with its own ``task_index``;
     the apply of each window then sums, across the workers, in ONE
     ``CollectiveReduceV2`` op: every accumulator (flattened and concatenated
-    into one vector) and the window's count of micro-batches (or its total
-    weight, with ``weight=``). Each worker divides the summed gradients by the
+    into one vector), the window's count of micro-batches and, with
+    ``weight=``, its total weight (sent so that integer totals below 2^48 stay
+    exact even in a float32 vector). Each worker divides the summed gradients by the
     summed count (or weight) and applies the result, so all workers make the
     same update: that of large-batch training on the W x N micro-batches. With
     equal numbers of micro-batches this is the mean of the workers' means;
@@ -73,8 +74,9 @@ class CollectiveAllReduce:
             ``operation_timeout_in_ms`` to twice this, for the other ops.
         group_key: The collective group's key; the same on every worker.
         instance_key: The first collective instance key this object hands
-            out; each accumulation built with it (and each broadcast) takes
-            the next one, so every worker must build them in the same order.
+            out; each accumulation built with it takes the next one, and
+            each `broadcast_variables` one per dtype it sends, so every
+            worker must build them in the same order.
             Use distinct ranges for objects whose graphs share a server.
 
     Raises:
@@ -195,9 +197,12 @@ class _WindowReducer:
         """
         parts = [t for totals in per_slot for t in totals]
         flat_dtype = tf.float64 if any(t.dtype == tf.float64 for t in parts) else tf.float32
-        denominator = count if weight is None else weight
         pieces = [tf.reshape(tf.cast(t, flat_dtype), [-1]) for t in parts]
-        pieces.append(tf.reshape(tf.cast(denominator, flat_dtype), [1]))
+        # The count is exact in float32 up to 2^24 micro-batches per window.
+        tail = [tf.cast(count, flat_dtype)]
+        if weight is not None:
+            tail += _weight_pieces(weight, flat_dtype)
+        pieces.append(tf.stack(tail))
         flat = tf.concat(pieces, 0, name="window_flat")
         summed = tf.raw_ops.CollectiveReduceV2(
             input=flat,
@@ -208,7 +213,7 @@ class _WindowReducer:
             name="all_reduce_window",
             **self.collective._attrs(),
         )
-        sizes = [int(np.prod(t.shape.as_list())) for t in parts] + [1]
+        sizes = [int(np.prod(t.shape.as_list())) for t in parts] + [len(tail)]
         splits = tf.split(summed, sizes, name="window_parts")
         reduced, at = [], 0
         for totals in per_slot:
@@ -219,10 +224,49 @@ class _WindowReducer:
                 )
             )
             at += len(totals)
-        total_denominator = tf.reshape(splits[-1], [])
+        totals = tf.unstack(splits[-1])
+        total_count = tf.cast(tf.round(totals[0]), tf.int64)
         if weight is None:
-            return reduced, tf.cast(tf.round(total_denominator), tf.int64), None
-        return reduced, count, tf.cast(total_denominator, tf.float64)
+            return reduced, total_count, None
+        return reduced, total_count, _join_weight_pieces(totals[1:])
+
+
+# A float64 weight total crosses a float32 all-reduce as integers of
+# _CHUNK_BITS bits each (float32 sums them exactly across up to
+# 2^(24 - _CHUNK_BITS) workers), the highest unbounded, plus the fraction.
+# Two float32 halves (hi = f32(x), lo = x - hi) would not do: the sum of the
+# workers' halves rounds again wherever their exponents differ.
+_CHUNK_BITS = 12
+_CHUNKS = 4  # integers exact up to 2^48 (higher ones as exact as float32 allows)
+
+
+def _weight_pieces(weight, dtype):
+    """Splits the float64 scalar ``weight`` (>= 0) into ``dtype`` scalars that sum exactly.
+
+    In float64 one piece is enough. Returns a list of scalar tensors.
+    """
+    weight = tf.cast(weight, tf.float64)
+    if dtype == tf.float64:
+        return [weight]
+    whole = tf.floor(weight)
+    pieces = [weight - whole]
+    for k in range(_CHUNKS):
+        chunk = tf.floor(whole / 2.0 ** (_CHUNK_BITS * k))
+        if k < _CHUNKS - 1:
+            chunk = tf.math.floormod(chunk, 2.0**_CHUNK_BITS)
+        pieces.append(chunk)
+    return [tf.cast(p, dtype) for p in pieces]
+
+
+def _join_weight_pieces(pieces):
+    """The float64 weight total from what `_weight_pieces` sent, summed."""
+    pieces = [tf.cast(p, tf.float64) for p in pieces]
+    if len(pieces) == 1:
+        return pieces[0]
+    total = pieces[0]
+    for k, chunk in enumerate(pieces[1:]):
+        total += chunk * 2.0 ** (_CHUNK_BITS * k)
+    return total
 
 
 def broadcast_variables(collective, var_list=None, name=None):

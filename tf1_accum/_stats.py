@@ -90,11 +90,22 @@ class WindowStatistics:
         self.variables = list(variables)
         self.micro_batch_size = micro_batch_size  # None: the window's mean weight
         self.average = average
+        self.trace_ema = None  # the moving averages: see create_state
+        self.square_ema = None
+        self.result = None
+
+    def create_state(self):
+        """Creates the moving averages' variables; returns them.
+
+        The `Window` calls it once its own checks have passed (a failed build
+        leaves no state) and on its device, so that the averages live where
+        the rest of the window's state does.
+        """
         self.trace_ema = state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema")
         self.square_ema = state_variable(
             lambda: tf.constant(0.0, tf.float64), "gradient_square_ema"
         )
-        self.result = None
+        return [self.trace_ema, self.square_ema]
 
     def square_norm(self, gradients):
         """The float64 squared global norm of one micro-batch's gradients.

@@ -11,14 +11,22 @@ import contextlib
 import tensorflow as tf
 
 #: Graph collection holding every variable tf1_accum creates (accumulators,
-#: touched-row masks, counters). They are also global variables, so a default
-#: ``tf.compat.v1.train.Saver()`` saves them.
+#: touched-row masks, counters, the statistics' moving averages). They are
+#: also global variables, so a default ``tf.compat.v1.train.Saver()`` saves
+#: them; under ``replica_device_setter`` they are local variables on the
+#: worker instead, which the chief's ``Saver`` does not save (see
+#: :doc:`distributed`).
 STATE_COLLECTION = "tf1_accum_state"
 
 _NOTHING_ACCUMULATED = (
     "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
     "accum_op on at least one micro-batch before apply_op; no variable was "
     "changed."
+)
+_NOTHING_ACCUMULATED_ANYWHERE = (
+    "tf1_accum: apply_op ran with nothing accumulated on any worker (the counters "
+    "summed across the workers are 0). Run accum_op on at least one micro-batch "
+    "before apply_op; no variable was changed."
 )
 
 
@@ -68,15 +76,18 @@ class Window:
                     lambda: tf.constant(0.0, tf.float64), "weight_total"
                 )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+            self.statistics_state = []
             if statistics is not None:
                 self.square_norms = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
                 )
+                self.statistics_state = statistics.create_state()
         if worker:
             _make_local(self._state())
 
     def _state(self):
         state = [self.counter, self.skipped, self.weight_total, self.square_norms]
+        state += self.statistics_state
         for slot in self.slots:
             state += [slot.accumulator, getattr(slot, "touched", None)]
         return [v for v in state if v is not None]
@@ -240,13 +251,21 @@ class Window:
             count = tf.identity(count)  # a value, not a reference
             # Weights summing to zero leave 0 / 0: a NaN mean, which the
             # non-finite guard skips (and counts), as it would any NaN window.
-            checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
+            if self.cross_replica is None:
+                checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
+            else:
+                # A worker with an empty window joins the all-reduce with
+                # zeros (failing before it would leave the others waiting in
+                # it): only the summed count is checked, so the apply fails
+                # on every worker or on none.
+                per_slot = [
+                    slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
+                ]
+                per_slot, count, weight = self.cross_replica.reduce(per_slot, count, weight)
+                checks = [
+                    tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED_ANYWHERE)
+                ]
             with tf.control_dependencies(checks):
-                if self.cross_replica is not None:
-                    per_slot = [
-                        slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
-                    ]
-                    per_slot, count, weight = self.cross_replica.reduce(per_slot, count, weight)
                 if not self.average:
                     denominator = None
                 else:
@@ -333,6 +352,10 @@ class Window:
 def state_variable(make_initial_value, name):
     """Creates a non-trainable global variable that tf1_accum owns.
 
+    A `Window` built under ``replica_device_setter`` then moves its state to
+    the local variables (see ``_make_local``): not saved by the chief's
+    ``Saver``.
+
     The initial value is made inside ``init_scope``, clear of the caller's
     control dependencies and control flow, so the initializer never needs a
     feed and a window can be built inside a loop body or a conditional branch.
@@ -365,8 +388,10 @@ def _worker_device(pairs):
 def _make_local(variables):
     """Moves ``variables`` from the global to the local variables collection.
 
-    Each worker's ``local_init_op`` then initializes its own, and a chief's
-    ``ready_op`` (which checks global variables) does not wait for them.
+    Each worker's ``local_init_op`` then initializes its own; the
+    ``ready_for_local_init_op`` a worker waits on before running it checks
+    global variables only (the default ``ready_op`` checks local ones too,
+    after ``local_init_op``). The chief's ``Saver`` does not save them.
     """
     graph = variables[0].graph
     ids = {id(v) for v in variables}
