@@ -1,6 +1,7 @@
 """Smoke tests of the examples, with tiny settings, so they cannot rot."""
 
 import importlib.util
+import os
 import pathlib
 
 import numpy as np
@@ -54,7 +55,7 @@ def test_quickstart(tmp_path, capsys):
 
 
 @pytest.mark.skipif(
-    __import__("os").environ.get("TF1_ACCUM_NESTED_RUN") == "1",
+    os.environ.get("TF1_ACCUM_NESTED_RUN") == "1",
     reason="starts its own worker processes: run once, by the outer run",
 )
 def test_distributed_launcher_trains_two_equal_workers(capsys):
