@@ -260,3 +260,15 @@ def check_short_window(optimizer_name, path, sizes=(4, 4, 2), dtype=tf.float64, 
     for w, (got, want) in enumerate(zip(actual, expected)):
         assert_same_values(got, want, RTOL[dtype], f"{path}: window {w} of sizes {sizes}")
         assert got["global_step"] == w + 1
+
+
+def ancestors(op):
+    """``op`` and every op it depends on, through inputs or control inputs."""
+    reached, stack = set(), [op]
+    while stack:
+        current = stack.pop()
+        if current not in reached:
+            reached.add(current)
+            stack.extend(t.op for t in current.inputs)
+            stack.extend(current.control_inputs)
+    return reached

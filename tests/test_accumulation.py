@@ -7,6 +7,7 @@ import tensorflow as tf
 import tf1_accum
 from _helpers import OPTIMIZERS
 from _helpers import Model
+from _helpers import ancestors
 from _helpers import check_equivalence
 from _helpers import check_short_window
 from _helpers import make_batches
@@ -20,18 +21,6 @@ v1 = tf.compat.v1
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
 def test_ops_equal_large_batch_training(optimizer_name, dtype, sparse):
     check_equivalence(optimizer_name, dtype, sparse, path="ops")
-
-
-def _ancestors(op):
-    """``op`` and every op it depends on, through inputs or control inputs."""
-    reached, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current not in reached:
-            reached.add(current)
-            stack.extend(t.op for t in current.inputs)
-            stack.extend(current.control_inputs)
-    return reached
 
 
 def _sgd_model(dtype=tf.float64, sparse=False, lr=0.1):
@@ -72,7 +61,7 @@ def test_apply_has_no_path_to_placeholders_or_accumulate():
                     var_list=v1.trainable_variables(scope),
                     global_step=v1.train.get_or_create_global_step(),
                 )
-            reached = _ancestors(acc.apply_op)
+            reached = ancestors(acc.apply_op)
             placeholders = [op.name for op in reached if op.type.startswith("Placeholder")]
             assert placeholders == []
             assert acc.accum_op not in reached
@@ -384,7 +373,7 @@ def test_sparse_gradients_are_scatter_added_never_densified():
     with tf.Graph().as_default():
         model = Model(tf.float32, sparse=True)
         acc = tf1_accum.build_accumulation(model.loss, v1.train.AdagradOptimizer(0.1))
-        types = {o.type for o in _ancestors(acc.accum_op)}
+        types = {o.type for o in ancestors(acc.accum_op)}
         # IndexedSlices become dense tensors through UnsortedSegmentSum.
         assert "UnsortedSegmentSum" not in types
         assert types & {"ScatterAdd", "ResourceScatterAdd"}

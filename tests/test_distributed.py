@@ -23,6 +23,7 @@ from _helpers import OPTIMIZERS
 from _helpers import RTOL
 from _helpers import Model
 from _helpers import assert_same_values
+from _helpers import ancestors
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
@@ -276,27 +277,16 @@ def _single_worker_accumulation(dtype=tf.float64, **kwargs):
     return model, cross, acc
 
 
-def _ancestors(op):
-    reached, stack = set(), [op]
-    while stack:
-        current = stack.pop()
-        if current not in reached:
-            reached.add(current)
-            stack.extend(t.op for t in current.inputs)
-            stack.extend(current.control_inputs)
-    return reached
-
-
 @pytest.mark.parametrize("fused", [False, True])
 def test_the_apply_holds_one_all_reduce_of_everything(fused):
     with tf.Graph().as_default() as graph:
         model, _, acc = _single_worker_accumulation(fused=fused)
         collective = [op for op in graph.get_operations() if op.type.startswith("Collective")]
         assert len(collective) == (2 if fused else 1)
-        apply_path = _ancestors(acc.apply_op)
+        apply_path = ancestors(acc.apply_op)
         in_apply = [op for op in collective if op in apply_path]
         assert len(in_apply) == 1
-        assert not [op for op in collective if op in _ancestors(acc.accum_op)]
+        assert not [op for op in collective if op in ancestors(acc.accum_op)]
         # One flat vector: every accumulator's elements, plus the count.
         elements = sum(int(np.prod(v.shape.as_list())) for v in acc.var_list)
         assert in_apply[0].inputs[0].shape.as_list() == [elements + 1]
