@@ -42,6 +42,7 @@ def test_equals_large_batch_training(way, optimizer_name, dtype, sparse):
         # steps=4: the train op applies the windows of 4, flush_op the last 2.
         pytest.param("optimizer", "momentum", (4, 4, 2), False, 3, id="optimizer-momentum"),
         pytest.param("optimizer", "adam", (4, 4, 2), False, 3, id="optimizer-adam"),
+        pytest.param("optimizer", "adam", (4, 4, 2), True, 3, id="optimizer-adam-sparse"),
         # steps=3: the end of the data cuts the last window to 1 micro-batch.
         pytest.param("dataset", "adam", (3, 3, 1), True, 5, id="dataset-adam-sparse"),
     ],

@@ -8,7 +8,6 @@ import tensorflow as tf
 
 from tf1_accum import _checks
 from tf1_accum import _stats
-from tf1_accum._window import Added
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
 from tf1_accum._window import window_options
@@ -361,7 +360,7 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
                 caller_scope,
                 name="apply_or_stop",
                 before_idle=lambda: tf.nest.flatten(iterator.get_next()),
-                totals=(lambda: _rescaled_if_short(window, count, steps)) if prescaled else None,
+                totals=(lambda: window.rescaled_if_short(steps, count)) if prescaled else None,
             )
         done = (applied.applied, applied.norm, applied.statistics, loss_sum, weight_sum, drawn)
         return done, None
@@ -394,42 +393,6 @@ def _restore_collections(graph, kept):
     for key, items in kept.items():
         collection = graph.get_collection_ref(key)
         collection[:] = items
-
-
-def _rescaled_if_short(window, count, steps):
-    """The totals of accumulators that hold the sum divided by ``steps``, as an `Added`.
-
-    A full window holds its mean, applied as it is. A shorter one (the end of
-    the data) holds ``count / steps`` of its mean: it is rescaled in place,
-    once, by ``steps / count``. The apply reads what the conditional returns,
-    so it comes after the rescale.
-    """
-    slots = window.slots
-
-    def rescaled():
-        values = []
-        for slot in slots:
-            factor = tf.cast(steps, slot.dtype) / tf.cast(count, slot.dtype)
-            total = slot.accumulator.assign(slot.accumulator.read_value() * factor)
-            values.append(tf.identity(total))
-            if hasattr(slot, "touched"):
-                values.append(slot.touched.read_value())
-        return values
-
-    def as_they_are():
-        return [tf.identity(t) for slot in slots for t in slot.totals()]
-
-    with tf.compat.v1.name_scope(window.scope):
-        flat = tf.cond(count < steps, rescaled, as_they_are, name="rescale_if_short")
-    flat = list(flat) if isinstance(flat, (list, tuple)) else [flat]
-    per_slot = []
-    for slot in slots:
-        width = 2 if hasattr(slot, "touched") else 1
-        per_slot.append(tuple(flat[:width]))
-        flat = flat[width:]
-    return Added(
-        op=None, per_slot=per_slot, count=count, weight=None, square_norm=None, micro_batches=None
-    )
 
 
 def _inside_branch(gradient):

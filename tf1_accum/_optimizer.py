@@ -156,6 +156,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._optimizer = optimizer
         self._steps = int(steps)
         self._minimizing = False  # minimize() guards the whole build, gradients included
+        self._prescaled = False  # minimize() scaled the loss by 1 / steps (see _prescales)
         self._windows = []
         self._trains = []  # the Applied of each train op built, aligned with _windows
         self._flushes = []  # the Applied of each flush
@@ -339,6 +340,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     def _build(self, pairs, global_step, name, graph, update_ops):
         options = self._options
+        # Gradients already divided by steps: a full window holds its mean.
+        prescaled = self._prescaled
+        if prescaled:
+            options = options._replace(average=False)
         weight = options.weight
         if callable(weight):
             weight = weight()
@@ -373,8 +378,18 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # Built now, not when first asked for: a MonitoredSession
             # finalizes the graph before the end of training.
             with tf.control_dependencies(None):
+                steps = self._steps
+                rescaled = lambda: window.rescaled_if_short(steps)  # noqa: E731
                 flushed, _ = window.exclusive(
-                    lambda: (window.flush(self._optimizer, global_step, caller_scope), None),
+                    lambda: (
+                        window.flush(
+                            self._optimizer,
+                            global_step,
+                            caller_scope,
+                            totals=rescaled if prescaled else None,
+                        ),
+                        None,
+                    ),
                     name="flush",
                 )
         self._windows.append(window)
@@ -426,17 +441,45 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # (no gradient after all, the wrapped optimizer's apply) puts the
             # graph's collections back and says which ops remain.
             guard = _checks.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize")
-            with guard, self._building_in_minimize():
+            prescaled = self._prescales(loss, variables)
+            with guard, self._building_in_minimize(prescaled):
+                if prescaled:
+                    with tf.compat.v1.name_scope(self._name + "_loss"):
+                        loss = tf.multiply(
+                            loss, tf.constant(1.0 / self._steps, loss.dtype), name="per_step"
+                        )
                 return super().minimize(loss, global_step, var_list, *args, **kwargs)
         return super().minimize(loss, global_step, var_list, *args, **kwargs)
 
+    def _prescales(self, loss, variables):
+        """Whether `minimize` scales the loss by 1 / steps (see `_build`).
+
+        Then each micro-batch's gradient arrives divided by ``steps``, the
+        accumulators hold the window's mean once it is full, and the apply
+        divides nothing: a pass over the parameters saved in every update. A
+        window flushed short is rescaled once, by ``steps / count``. Only for
+        the plain mean in float32 and float64: a float16 or bfloat16 1 / steps
+        would be rounded to 3 significant digits, and every gradient with it;
+        weights and statistics need each micro-batch's own gradient.
+        """
+        options = self._options
+        wide = (tf.float32, tf.float64)
+        return (
+            options.average
+            and options.weight is None
+            and not options.statistics
+            and self._steps > 1
+            and loss.dtype.base_dtype in wide
+            and all(v.dtype.base_dtype in wide for v in variables)
+        )
+
     @contextlib.contextmanager
-    def _building_in_minimize(self):
-        self._minimizing = True
+    def _building_in_minimize(self, prescaled):
+        self._minimizing, self._prescaled = True, prescaled
         try:
             yield
         finally:
-            self._minimizing = False
+            self._minimizing, self._prescaled = False, False
 
     def get_slot(self, var: tf.Variable, name: str) -> tf.Variable | None:
         """The wrapped optimizer's slot ``name`` of ``var`` (as plain training names it)."""

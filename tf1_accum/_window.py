@@ -351,12 +351,13 @@ class Window:
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
         return self.apply_if(due, optimizer, global_step, caller_scope, name="apply_if_due")
 
-    def flush(self, optimizer, global_step, caller_scope, name=None):
+    def flush(self, optimizer, global_step, caller_scope, name=None, totals=None):
         """Applies a partial window with its true count and resets; nothing if empty.
 
         Needs no feed: it reads only the window's state. Returns the
         conditional's `Applied`, its ``op`` named ``name``: the statistics of
-        the flushed window (idle when there was nothing to flush).
+        the flushed window (idle when there was nothing to flush). ``totals``
+        is as `apply_if`'s.
         """
         with tf.control_dependencies(None), tf.compat.v1.name_scope(self.scope):
             result = self.apply_if(
@@ -365,6 +366,7 @@ class Window:
                 global_step,
                 caller_scope,
                 name="flush_if_any",
+                totals=totals,
             )
             return result._replace(op=tf.group(result.applied, name=name))
 
@@ -397,6 +399,50 @@ class Window:
         statistics = None if self.statistics is None else self.statistics.pack(rest)
         return Applied(
             grads_and_vars=None, op=None, norm=norm, applied=applied, statistics=statistics
+        )
+
+    def rescaled_if_short(self, steps, count=None):
+        """The totals of accumulators that hold their sum divided by ``steps``, as an `Added`.
+
+        For the ways in that scale each micro-batch's loss by 1 / steps. A
+        full window holds its mean, applied as it is. A shorter one (the end of
+        the data, a flush) holds ``count / steps`` of its mean: it is rescaled
+        in place, once, by ``steps / count``. The apply reads what the
+        conditional returns, so it comes after the rescale. ``count`` is the
+        window's count, by default read from the counter.
+        """
+        if count is None:
+            count = tf.identity(self.counter)
+        slots = self.slots
+
+        def rescaled():
+            values = []
+            for slot in slots:
+                factor = tf.cast(steps, slot.dtype) / tf.cast(count, slot.dtype)
+                total = slot.accumulator.assign(slot.accumulator.read_value() * factor)
+                values.append(tf.identity(total))
+                if hasattr(slot, "touched"):
+                    values.append(slot.touched.read_value())
+            return values
+
+        def as_they_are():
+            return [tf.identity(t) for slot in slots for t in slot.totals()]
+
+        with tf.compat.v1.name_scope(self.scope):
+            flat = tf.cond(count < steps, rescaled, as_they_are, name="rescale_if_short")
+        flat = list(flat) if isinstance(flat, (list, tuple)) else [flat]
+        per_slot = []
+        for slot in slots:
+            width = 2 if hasattr(slot, "touched") else 1
+            per_slot.append(tuple(flat[:width]))
+            flat = flat[width:]
+        return Added(
+            op=None,
+            per_slot=per_slot,
+            count=count,
+            weight=None,
+            square_norm=None,
+            micro_batches=None,
         )
 
     def _apply_in_branch(self, optimizer, global_step, caller_scope, totals=None):
