@@ -375,6 +375,9 @@ class Window:
     ):
         """The apply inside ``tf.cond(predicate, ...)``; returns its outputs as an `Applied`.
 
+        ``predicate`` must imply that the window holds a micro-batch (the
+        apply does not check the counter again).
+
         ``before_idle``, if given, returns ops the other branch runs first.
         ``totals``, if given, is called inside the applying branch and returns
         the `Added` to apply (as `apply`'s ``totals``); by default the apply
@@ -456,7 +459,7 @@ class Window:
         added = None if totals is None else totals()
         branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
         with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-            result = self.apply(optimizer, global_step, totals=added)
+            result = self.apply(optimizer, global_step, totals=added, nonempty=True)
         outcome = [result.applied, result.norm] + tf.nest.flatten(result.statistics or ())
         with tf.control_dependencies([result.op]):
             return tuple(tf.identity(t) for t in outcome)
@@ -527,7 +530,7 @@ class Window:
             micro_batches=self.weighted_micro_batches,
         )
 
-    def apply(self, optimizer, global_step=None, name=None, totals=None):
+    def apply(self, optimizer, global_step=None, name=None, totals=None, nonempty=False):
         """Builds the apply: mean (or sum) through ``optimizer``, then reset.
 
         Args:
@@ -536,6 +539,9 @@ class Window:
             name: name of the returned op.
             totals: the `Added` of an add, to apply right after that add in
                 the same ``session.run``; None reads the variables.
+            nonempty: True where the window cannot be empty (the apply of
+                `apply_if`, whose predicate implies a micro-batch): the
+                apply then does not check the counter.
 
         Returns:
             An `Applied`: what the optimizer is handed, the op that applies it
@@ -560,7 +566,18 @@ class Window:
             # non-finite guard skips (and counts), as it would any NaN window.
             # (With average=False the sum of such a window is 0, applied.)
             if self.cross_replica is None:
-                checks = [tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED)]
+                # An apply right after an add, or behind a predicate that
+                # implies an add (apply_if), cannot find the window empty:
+                # only the apply alone checks. A bare Assert: its message is
+                # a constant, and an assert_positive would wrap it in a
+                # conditional, a dozen ops more in the apply's run.
+                checks = []
+                if not (after_add or nonempty):
+                    checks.append(
+                        tf.debugging.Assert(
+                            tf.greater(count, 0), [_NOTHING_ACCUMULATED], name="nothing_accumulated"
+                        )
+                    )
             else:
                 # A worker with an empty window joins the all-reduce with
                 # zeros (failing before it would leave the others waiting in
