@@ -30,6 +30,13 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     powers are created outside the conditional, with the names plain training
     gives them.
 
+    ``minimize`` (averaging, without ``weight`` or statistics, in float32 or
+    float64) scales each micro-batch's loss by 1 / ``steps``: the
+    accumulators hold the gradients' sum divided by ``steps``, so a full
+    window holds its mean and the apply divides nothing; ``flush_op``
+    rescales a short window once. Gradients handed to ``apply_gradients``
+    are accumulated as they are.
+
     Optimizers that replace ``apply_gradients`` and create their state inside
     it (BERT's ``AdamWeightDecayOptimizer``, LAMB, LARS) work as they are: the
     train op's apply and ``flush_op``'s share the state the first one created.
