@@ -571,7 +571,9 @@ class Window:
                 # only the apply alone checks. A bare Assert: its message is
                 # a constant, and an assert_positive would wrap it in a
                 # conditional, a dozen ops more in the apply's run.
-                checks = []
+                # After an add, what follows reads what the adds wrote: it
+                # waits for their count (which waits for every add).
+                checks = [count] if after_add else []
                 if not (after_add or nonempty):
                     checks.append(
                         tf.debugging.Assert(
