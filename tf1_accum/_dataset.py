@@ -90,16 +90,19 @@ def build_dataset_accumulation(
     step of ``optimizer`` on the N micro-batches together.
 
     ``loss_fn(batch)`` is ordinary TF1 model code: it takes one element of
-    ``dataset`` and returns the scalar mean loss of that micro-batch, creating
-    its variables with ``tf.compat.v1.get_variable``. It is called twice while
-    building: once outside the loop, which creates the variables (its ops
-    never run), and once inside, reusing them. So the variables are created
-    once, with the names they would have without accumulation; variables made
-    with ``tf.Variable`` inside ``loss_fn`` would be made twice, so use
-    ``get_variable``. ``weight``, if given, is called on that first batch too,
-    and what both return is checked before the loop is built. The
-    ``UPDATE_OPS`` that the loop's call adds (batch-norm moving averages) run
-    with each micro-batch (see ``update_ops``).
+    ``dataset`` and returns the scalar mean loss of that micro-batch. It is
+    called once, inside the loop, on the element each iteration draws: the
+    model is built once, and a constant it holds is in the graph once. The
+    variables it creates (``tf.compat.v1.get_variable``, ``tf.Variable``,
+    tf_keras layers) are built clear of the loop, as a variable's constructor
+    does, with the names they would have without accumulation; so is their
+    initial value, which must therefore be a NumPy value, an initializer
+    (``tf.compat.v1.glorot_uniform_initializer()``) or a callable, not a
+    tensor that ``loss_fn`` computes (create such a variable before calling
+    this). ``weight``, if given, is called once too, on the same element, and
+    what both return is checked before anything is built from it. The
+    ``UPDATE_OPS`` that ``loss_fn`` adds (batch-norm moving averages) run with
+    each micro-batch (see ``update_ops``).
 
     The dataset is read through a one-shot iterator, so it must not capture
     placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.
@@ -195,7 +198,8 @@ def build_dataset_accumulation(
             there is no variable to train, no variable has a gradient, a
             trained variable's shape is not fully defined, or the optimizer
             creates a variable inside ``apply_gradients`` from a tensor
-            computed there.
+            computed there, or ``loss_fn`` creates a variable from a tensor
+            it computes.
     """
     _checks.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
