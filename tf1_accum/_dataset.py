@@ -260,8 +260,8 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
     def build_window(batch):
         """Calls loss_fn (and weight) on the micro-batch drawn; builds the window and its add.
 
-        Returns the add's count and this micro-batch's loss and weight (None
-        if unweighted), in the loss's dtype.
+        Returns the add's count, and the micro-batch's loss and weight (None
+        if unweighted) as ``loss_fn`` and ``weight`` returned them.
         """
         branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
         # Called in the caller's name scope (the variable scope has not
@@ -298,7 +298,8 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
         # divided by steps; the short window's rescale would not reach that
         # sum. The unscaled gradients, divided at the apply, keep the
         # statistics those of every other way in, for one pass over the
-        # parameters per window.
+        # parameters per window. The gradients are not built yet: the
+        # variables looked at are those the loss reads.
         wide = (tf.float32, tf.float64)
         prescaled = (
             options.average
