@@ -413,23 +413,70 @@ def test_variables_made_inside_the_loop_train_like_large_batches(kind):
 
 
 @pytest.mark.parametrize("maker", ["get_variable", "Variable"])
-def test_a_variable_initialized_from_a_tensor_of_loss_fn_is_refused(maker):
+def test_a_variable_initialized_from_a_tensor_of_loss_fn_trains_like_large_batches(maker):
+    """Its initial value is computed from nothing of the loop: it is built again outside."""
+    batches = make_batches(tf.float64, False, 4, 3)
+    start = (np.arange(FEATURES, dtype=np.float64) / 4.0 - 0.3).reshape(FEATURES, 1)
+
+    def loss_fn(batch, initial=None):
+        inputs, labels = batch
+        if initial is None:  # tf.range, a cast, a reshape: several ops, built inside loss_fn
+            initial = tf.reshape(tf.cast(tf.range(FEATURES), tf.float64) / 4.0 - 0.3, [-1, 1])
+        if maker == "get_variable":
+            w = v1.get_variable("w", initializer=initial)
+        else:
+            w = v1.Variable(initial, name="w")
+        return tf.reduce_mean((tf.matmul(inputs, w) - labels) ** 2)
+
+    with tf.Graph().as_default():
+        acc = tf1_accum.build_dataset_accumulation(
+            loss_fn, OPTIMIZERS["momentum"](tf.float64), _dataset(batches), 2
+        )
+        assert [v.op.name for v in acc.var_list] == ["w"]
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            np.testing.assert_array_equal(sess.run(acc.var_list[0]), start)
+            got = []
+            for _ in range(2):
+                sess.run(acc.train_op)
+                got.append(values_by_name(sess, acc.var_list))
+    with tf.Graph().as_default():
+        inputs = v1.placeholder(tf.float64, [None, FEATURES])
+        labels = v1.placeholder(tf.float64, [None, 1])
+        train = OPTIMIZERS["momentum"](tf.float64).minimize(loss_fn((inputs, labels), start))
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            expected = []
+            for window in (batches[:2], batches[2:]):
+                x, y = (np.concatenate(part) for part in zip(*window))
+                sess.run(train, {inputs: x, labels: y})
+                expected.append(values_by_name(sess, v1.trainable_variables()))
+    for w, (have, want) in enumerate(zip(got, expected)):
+        assert_same_values(have, want, RTOL[tf.float64], f"{maker}, window {w}")
+
+
+@pytest.mark.parametrize("reads", ["micro-batch", "variable"])
+@pytest.mark.parametrize("maker", ["get_variable", "Variable"])
+def test_a_variable_initialized_from_a_value_of_the_loop_is_refused(maker, reads):
     def loss_fn(batch):
         inputs, labels = batch
-        start = tf.ones([FEATURES, 1], tf.float64)
-        if maker == "get_variable":
-            w = v1.get_variable("w", initializer=start)
+        if reads == "micro-batch":
+            initial = tf.reshape(tf.reduce_mean(inputs, 0), [FEATURES, 1])
         else:
-            w = v1.Variable(start, name="w")
+            initial = 2.0 * v1.get_variable("v", initializer=np.ones([FEATURES, 1]))
+        if maker == "get_variable":
+            w = v1.get_variable("w", initializer=initial)
+        else:
+            w = v1.Variable(initial, name="w")
         return tf.reduce_mean((tf.matmul(inputs, w) - labels) ** 2)
 
     with tf.Graph().as_default():
         data = _dataset(make_batches(tf.float64, False, 2, 2))
         with pytest.raises(
             ValueError,
-            match=r"loss_fn creates the variable w from the tensor .*ones.*, which loss_fn "
-            r"computes\. build_dataset_accumulation calls loss_fn once, inside its "
-            r"tf\.while_loop",
+            match=r"loss_fn creates the variable w from the tensor .*, which reads a value of "
+            r"the loop \(the micro-batch, a variable, a value from outside loss_fn\)\. "
+            r"build_dataset_accumulation calls loss_fn once, inside its tf\.while_loop",
         ):
             tf1_accum.build_dataset_accumulation(loss_fn, OPTIMIZERS["sgd"](tf.float64), data, 2)
         assert v1.global_variables() == []

@@ -96,11 +96,13 @@ def build_dataset_accumulation(
     variables it creates (``tf.compat.v1.get_variable``, ``tf.Variable``,
     tf_keras layers) are built clear of the loop, as a variable's constructor
     does, with the names they would have without accumulation; so is their
-    initial value, which must therefore be a NumPy value, an initializer
-    (``tf.compat.v1.glorot_uniform_initializer()``) or a callable, not a
-    tensor that ``loss_fn`` computes (create such a variable before calling
-    this). ``weight``, if given, is called once too, on the same element, and
-    what both return is checked before anything is built from it. The
+    initial value: a NumPy value, an initializer, a callable, or a tensor
+    that ``loss_fn`` computes from nothing of the loop (``tf.zeros``,
+    ``tf.random.normal``), whose ops are copied out of the loop. An initial
+    value computed from the micro-batch or from a variable cannot be: create
+    such a variable before calling this. ``weight``, if given, is called once
+    too, on the same element, and what both return is checked before
+    anything is built from it. The
     ``UPDATE_OPS`` that ``loss_fn`` adds (batch-norm moving averages) run with
     each micro-batch (see ``update_ops``).
 
@@ -199,7 +201,7 @@ def build_dataset_accumulation(
             trained variable's shape is not fully defined, or the optimizer
             creates a variable inside ``apply_gradients`` from a tensor
             computed there, or ``loss_fn`` creates a variable from a tensor
-            it computes.
+            that reads a value of the loop (the micro-batch, a variable).
     """
     _checks.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
@@ -427,28 +429,100 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
 
 
 def _initialized_outside_the_loop(graph, next_creator, **kwargs):
-    """Refuses a variable whose initial value loss_fn computed, inside the loop.
+    """Builds a variable's initial value outside the loop, as its initializer needs.
 
     A variable is built clear of the loop (its constructor enters
-    ``init_scope``), so its initial value must be too: a NumPy value, an
-    initializer or a callable is built there; a tensor that loss_fn computed
-    lives inside the loop, where the initializer cannot read it.
+    ``init_scope``), and so is an initial value given as a NumPy value, an
+    initializer or a callable. A tensor that loss_fn computed lives inside the
+    loop (a function graph, or ``graph`` in a loop context), where the
+    initializer cannot read it: its ops are copied out of the loop when they
+    read nothing from it (``tf.zeros``, ``tf.random.normal``, a constant), and
+    the variable is refused otherwise.
     """
     initial_value = kwargs.get("initial_value")
     if isinstance(initial_value, tf.Tensor) and (
         initial_value.graph is not graph or initial_value.op._get_control_flow_context() is not None
     ):
-        name = kwargs.get("name") or "a variable"
-        raise ValueError(
-            f"loss_fn creates the variable {name} from the tensor {initial_value.name}, "
-            "which loss_fn computes. build_dataset_accumulation calls loss_fn once, inside "
-            "its tf.while_loop, and a variable's initial value is computed outside the "
-            "loop. Give the initial value as a NumPy value or an initializer (e.g. "
-            "tf.compat.v1.get_variable(name, shape, initializer="
-            "tf.compat.v1.random_normal_initializer()), or tf.Variable(lambda: ...)), or "
-            "create the variable before calling build_dataset_accumulation."
-        )
+        lifted = _copied_out_of_the_loop(initial_value, graph)
+        if lifted is None:
+            name = kwargs.get("name") or "a variable"
+            raise ValueError(
+                f"loss_fn creates the variable {name} from the tensor {initial_value.name}, "
+                "which reads a value of the loop (the micro-batch, a variable, a value from "
+                "outside loss_fn). build_dataset_accumulation calls loss_fn once, inside its "
+                "tf.while_loop, and a variable's initial value is computed outside the loop. "
+                "Give the initial value as a NumPy value or an initializer (e.g. "
+                "tf.compat.v1.get_variable(name, shape, initializer="
+                "tf.compat.v1.random_normal_initializer())), or create the variable before "
+                "calling build_dataset_accumulation."
+            )
+        kwargs["initial_value"] = lifted
     return next_creator(**kwargs)
+
+
+# Ops that carry values into, around or out of a loop or conditional, or call
+# a function: an initial value computed through one reads the loop.
+_LOOP_OP_TYPES = frozenset(
+    [
+        "Placeholder",  # a value captured by a function graph, or the micro-batch
+        "Enter",
+        "RefEnter",
+        "Exit",
+        "RefExit",
+        "Switch",
+        "RefSwitch",
+        "Merge",
+        "RefMerge",
+        "NextIteration",
+        "RefNextIteration",
+        "LoopCond",
+        "ControlTrigger",
+    ]
+)
+
+
+def _copied_out_of_the_loop(tensor, graph):
+    """``tensor`` built again in ``graph``, clear of the loop, or None if it reads the loop.
+
+    Every op it is computed from is copied, with the same attributes (a
+    random op keeps its seeds), if none reads a variable, a value from outside
+    loss_fn, or the micro-batch: if none takes an input from outside the ops
+    that loss_fn built from nothing.
+    """
+    order, seen, stack = [], set(), [(tensor.op, False)]
+    while stack:
+        op, inputs_done = stack.pop()
+        if inputs_done:
+            order.append(op)
+            continue
+        if op in seen:
+            continue
+        seen.add(op)
+        if (
+            op.type in _LOOP_OP_TYPES
+            or op.type.endswith("VariableOp")
+            or op.type.startswith("Variable")
+            or any(value.HasField("func") for value in op.node_def.attr.values())
+            or any(t.dtype in (tf.resource, tf.variant) for t in op.inputs)
+        ):
+            return None
+        stack.append((op, True))
+        stack += [(t.op, False) for t in op.inputs]
+    copies = {}
+    with tf.init_scope():
+        if tf.compat.v1.get_default_graph() is not graph:
+            return None
+        for op in order:
+            attrs = {key: value for key, value in op.node_def.attr.items() if key[0] != "_"}
+            copies[op] = graph.create_op(
+                op.type,
+                [copies[t.op].outputs[t.value_index] for t in op.inputs],
+                [t.dtype for t in op.outputs],
+                name=op.name.split("/")[-1],
+                attrs=attrs,
+                op_def=op.op_def,
+            )
+    return copies[tensor.op].outputs[tensor.value_index]
 
 
 def _plus(total, value):
