@@ -320,7 +320,7 @@ def _constants_equal_to(graph, value):
 
 
 def test_a_large_constant_of_loss_fn_is_in_the_graph_once():
-    """The probe call that built the model a second time, outside the loop, is gone."""
+    """The model is built once: no second copy of its constants outside the loop."""
     rng = np.random.RandomState(3)
     table = rng.randn(257, FEATURES)  # looked up by the loss: a constant of the model
     start = rng.randn(FEATURES, 1)  # a variable's initial value
