@@ -420,9 +420,8 @@ def _non_scalar(batch):
 
 
 def _undefined_shape(batch):
-    # A NumPy initial value: the loop refuses one that loss_fn computes.
     loose = v1.get_variable(
-        "loose", initializer=np.ones(2), validate_shape=False, use_resource=False
+        "loose", initializer=tf.ones([2], tf.float64), validate_shape=False, use_resource=False
     )
     return tf.reduce_mean(tf.tensordot(batch, tf.reshape(loose, [2]), 1))
 
