@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras
 
 import tf1_accum
+from _helpers import FEATURES
 from _helpers import OPTIMIZERS
 from _helpers import RTOL
 from _helpers import Model
@@ -264,3 +266,217 @@ def test_applied_is_false_for_the_window_skipped_as_non_finite(statistics):
         assert np.isfinite(first.noise_scale) and np.isnan(skipped.noise_scale)
         assert skipped.noise_scale_ema == first.noise_scale_ema
         assert np.isfinite(last.noise_scale) and last.noise_scale_ema != first.noise_scale_ema
+
+
+# ---- the model is built once, inside the loop ----------------------------------------
+
+
+def _counting(fn, calls):
+    def counted(batch):
+        calls.append(batch)
+        return fn(batch)
+
+    return counted
+
+
+def test_loss_fn_and_weight_are_called_once():
+    batches = make_batches(tf.float64, False, 5, 4)
+    weights = [2.0, 1.0, 3.0, 1.0, 4.0]
+    loss_calls, weight_calls = [], []
+    with tf.Graph().as_default():
+        acc = tf1_accum.build_dataset_accumulation(
+            _counting(_model_loss(False), loss_calls),
+            OPTIMIZERS["sgd"](tf.float64),
+            _weighted_dataset(batches, weights),
+            3,
+            weight=_counting(lambda b: b[2], weight_calls),
+        )
+        assert (len(loss_calls), len(weight_calls)) == (1, 1)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            losses = [sess.run([acc.train_op, acc.loss])[1] for _ in range(2)]
+    assert (len(loss_calls), len(weight_calls)) == (1, 1)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            first = [sess.run(model.loss, model.feed(b)) for b in batches[:3]]
+    np.testing.assert_allclose(losses[0], np.average(first, weights=weights[:3]), rtol=1e-12)
+
+
+def _constants_equal_to(graph, value):
+    """The Const ops that hold ``value``, in the graph and in its functions (loop bodies)."""
+    graph_def = graph.as_graph_def()
+    nodes = list(graph_def.node)
+    for function in graph_def.library.function:
+        nodes += list(function.node_def)
+    found = []
+    for node in nodes:
+        if node.op == "Const" and node.attr["value"].tensor.tensor_shape.dim:
+            held = tf.make_ndarray(node.attr["value"].tensor)
+            if held.shape == value.shape and np.array_equal(held, value):
+                found.append(node.name)
+    return found
+
+
+def test_a_large_constant_of_loss_fn_is_in_the_graph_once():
+    """The model is built once: no second copy of its constants outside the loop."""
+    rng = np.random.RandomState(3)
+    table = rng.randn(257, FEATURES)  # looked up by the loss: a constant of the model
+    start = rng.randn(FEATURES, 1)  # a variable's initial value
+    batches = make_batches(tf.float64, False, 4, 5)
+
+    def loss_fn(batch):
+        inputs, labels = batch
+        w = v1.get_variable("w", initializer=start)
+        offsets = tf.gather(tf.constant(table), tf.range(tf.shape(inputs)[0]))
+        return tf.reduce_mean((tf.matmul(inputs + offsets, w) - labels) ** 2)
+
+    with tf.Graph().as_default() as graph:
+        acc = tf1_accum.build_dataset_accumulation(
+            loss_fn, OPTIMIZERS["sgd"](tf.float64), _dataset(batches), 2
+        )
+        assert len(_constants_equal_to(graph, table)) == 1
+        assert len(_constants_equal_to(graph, start)) == 1
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            loss = sess.run([acc.train_op, acc.loss])[1]
+    inputs = [b[0] + table[:5] for b in batches[:2]]
+    expected = np.mean([np.mean((x @ start - b[1]) ** 2) for x, b in zip(inputs, batches)])
+    np.testing.assert_allclose(loss, expected, rtol=1e-12)
+
+
+def _linear_loss(kind, kernel, bias):
+    """A linear model on one micro-batch, its variables made as ``kind`` says."""
+
+    def loss_fn(batch):
+        inputs, labels = batch
+        if kind == "keras":
+            predictions = tf_keras.layers.Dense(
+                1,
+                kernel_initializer=tf_keras.initializers.Constant(kernel),
+                bias_initializer=tf_keras.initializers.Constant(bias),
+                dtype=tf.float64,
+            )(inputs)
+        else:
+            with v1.variable_scope("linear"):
+                w = v1.get_variable(
+                    "kernel",
+                    kernel.shape,
+                    tf.float64,
+                    initializer=v1.constant_initializer(kernel),
+                )
+                b = v1.get_variable(
+                    "bias", bias.shape, tf.float64, initializer=v1.zeros_initializer()
+                )
+            predictions = tf.matmul(inputs, w) + b
+        return tf.reduce_mean((predictions - labels) ** 2)
+
+    return loss_fn
+
+
+@pytest.mark.parametrize("kind", ["initializer objects", "keras"])
+def test_variables_made_inside_the_loop_train_like_large_batches(kind):
+    """Initializers given as objects, and a tf_keras layer built on its first call."""
+    kernel = np.random.RandomState(5).randn(FEATURES, 1)
+    bias = np.zeros(1)
+    batches = make_batches(tf.float64, False, 4, 3)
+    with tf.Graph().as_default():
+        acc = tf1_accum.build_dataset_accumulation(
+            _linear_loss(kind, kernel, bias),
+            OPTIMIZERS["momentum"](tf.float64),
+            _dataset(batches),
+            2,
+        )
+        names = sorted(v.op.name for v in acc.var_list)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            got = []
+            for _ in range(2):
+                sess.run(acc.train_op)
+                got.append(values_by_name(sess, acc.var_list))
+    with tf.Graph().as_default():
+        inputs = v1.placeholder(tf.float64, [None, FEATURES])
+        labels = v1.placeholder(tf.float64, [None, 1])
+        loss = _linear_loss(kind, kernel, bias)((inputs, labels))
+        assert sorted(v.op.name for v in v1.trainable_variables()) == names
+        train = OPTIMIZERS["momentum"](tf.float64).minimize(loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            expected = []
+            for window in (batches[:2], batches[2:]):
+                x, y = (np.concatenate(part) for part in zip(*window))
+                sess.run(train, {inputs: x, labels: y})
+                expected.append(values_by_name(sess, v1.trainable_variables()))
+    for w, (have, want) in enumerate(zip(got, expected)):
+        assert_same_values(have, want, RTOL[tf.float64], f"{kind}, window {w}")
+
+
+@pytest.mark.parametrize("maker", ["get_variable", "Variable"])
+def test_a_variable_initialized_from_a_tensor_of_loss_fn_trains_like_large_batches(maker):
+    """Its initial value is computed from nothing of the loop: it is built again outside."""
+    batches = make_batches(tf.float64, False, 4, 3)
+    start = (np.arange(FEATURES, dtype=np.float64) / 4.0 - 0.3).reshape(FEATURES, 1)
+
+    def loss_fn(batch, initial=None):
+        inputs, labels = batch
+        if initial is None:  # tf.range, a cast, a reshape: several ops, built inside loss_fn
+            initial = tf.reshape(tf.cast(tf.range(FEATURES), tf.float64) / 4.0 - 0.3, [-1, 1])
+        if maker == "get_variable":
+            w = v1.get_variable("w", initializer=initial)
+        else:
+            w = v1.Variable(initial, name="w")
+        return tf.reduce_mean((tf.matmul(inputs, w) - labels) ** 2)
+
+    with tf.Graph().as_default():
+        acc = tf1_accum.build_dataset_accumulation(
+            loss_fn, OPTIMIZERS["momentum"](tf.float64), _dataset(batches), 2
+        )
+        assert [v.op.name for v in acc.var_list] == ["w"]
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            np.testing.assert_array_equal(sess.run(acc.var_list[0]), start)
+            got = []
+            for _ in range(2):
+                sess.run(acc.train_op)
+                got.append(values_by_name(sess, acc.var_list))
+    with tf.Graph().as_default():
+        inputs = v1.placeholder(tf.float64, [None, FEATURES])
+        labels = v1.placeholder(tf.float64, [None, 1])
+        train = OPTIMIZERS["momentum"](tf.float64).minimize(loss_fn((inputs, labels), start))
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            expected = []
+            for window in (batches[:2], batches[2:]):
+                x, y = (np.concatenate(part) for part in zip(*window))
+                sess.run(train, {inputs: x, labels: y})
+                expected.append(values_by_name(sess, v1.trainable_variables()))
+    for w, (have, want) in enumerate(zip(got, expected)):
+        assert_same_values(have, want, RTOL[tf.float64], f"{maker}, window {w}")
+
+
+@pytest.mark.parametrize("reads", ["micro-batch", "variable"])
+@pytest.mark.parametrize("maker", ["get_variable", "Variable"])
+def test_a_variable_initialized_from_a_value_of_the_loop_is_refused(maker, reads):
+    def loss_fn(batch):
+        inputs, labels = batch
+        if reads == "micro-batch":
+            initial = tf.reshape(tf.reduce_mean(inputs, 0), [FEATURES, 1])
+        else:
+            initial = 2.0 * v1.get_variable("v", initializer=np.ones([FEATURES, 1]))
+        if maker == "get_variable":
+            w = v1.get_variable("w", initializer=initial)
+        else:
+            w = v1.Variable(initial, name="w")
+        return tf.reduce_mean((tf.matmul(inputs, w) - labels) ** 2)
+
+    with tf.Graph().as_default():
+        data = _dataset(make_batches(tf.float64, False, 2, 2))
+        with pytest.raises(
+            ValueError,
+            match=r"loss_fn creates the variable w from the tensor .*, which reads a value of "
+            r"the loop \(the micro-batch, a variable, a value from outside loss_fn\)\. "
+            r"build_dataset_accumulation calls loss_fn once, inside its tf\.while_loop",
+        ):
+            tf1_accum.build_dataset_accumulation(loss_fn, OPTIMIZERS["sgd"](tf.float64), data, 2)
+        assert v1.global_variables() == []

@@ -282,6 +282,9 @@ def check_trainable(loss, var_list):
     its accumulator needs. (One the loss reads may still have a None
     gradient, through an op without a gradient; `usable_gradients` handles
     that.)
+
+    Returns:
+        The variables of ``var_list`` that the loss reads.
     """
     read = _ancestors(loss.op)
     reached = [v for v in var_list if v.op in read]
@@ -293,6 +296,7 @@ def check_trainable(loss, var_list):
             "between these variables and the loss, or pass var_list."
         )
     check_shapes(reached)
+    return reached
 
 
 def check_shapes(variables):
@@ -307,14 +311,28 @@ def check_shapes(variables):
 
 
 def _ancestors(op):
-    """Every op whose outputs reach ``op`` through data inputs, ``op`` included."""
+    """Every op whose outputs reach ``op`` through data inputs, ``op`` included.
+
+    Inside a function graph (the body of a version 2 loop or conditional), a
+    value from outside enters as a placeholder: the walk goes on from the
+    value it captures.
+    """
     seen = {op}
     stack = [op]
+    captured = {}  # per function graph: placeholder op -> the outer tensor
     while stack:
-        for tensor in stack.pop().inputs:
-            if tensor.op not in seen:
-                seen.add(tensor.op)
-                stack.append(tensor.op)
+        current = stack.pop()
+        inputs = [t.op for t in current.inputs]
+        if current.type == "Placeholder" and hasattr(current.graph, "captures"):
+            graph = current.graph
+            if graph not in captured:
+                captured[graph] = {inner.op: outer for outer, inner in graph.captures}
+            if current in captured[graph]:
+                inputs.append(captured[graph][current].op)
+        for input_op in inputs:
+            if input_op not in seen:
+                seen.add(input_op)
+                stack.append(input_op)
     return seen
 
 

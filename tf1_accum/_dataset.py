@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import typing
 
 import tensorflow as tf
@@ -9,7 +10,9 @@ import tensorflow as tf
 from tf1_accum import _checks
 from tf1_accum import _stats
 from tf1_accum._window import Window
-from tf1_accum._window import gradients
+from tf1_accum._window import exclusive
+from tf1_accum._window import new_mutex
+from tf1_accum._window import reference_control_flow
 from tf1_accum._window import window_options
 
 # Collections of ops that model code may add to; ops that the loop body adds
@@ -86,16 +89,21 @@ def build_dataset_accumulation(
     step of ``optimizer`` on the N micro-batches together.
 
     ``loss_fn(batch)`` is ordinary TF1 model code: it takes one element of
-    ``dataset`` and returns the scalar mean loss of that micro-batch, creating
-    its variables with ``tf.compat.v1.get_variable``. It is called twice while
-    building: once outside the loop, which creates the variables (its ops
-    never run), and once inside, reusing them. So the variables are created
-    once, with the names they would have without accumulation; variables made
-    with ``tf.Variable`` inside ``loss_fn`` would be made twice, so use
-    ``get_variable``. ``weight``, if given, is called on that first batch too,
-    and what both return is checked before the loop is built. The
-    ``UPDATE_OPS`` that the loop's call adds (batch-norm moving averages) run
-    with each micro-batch (see ``update_ops``).
+    ``dataset`` and returns the scalar mean loss of that micro-batch. It is
+    called once, inside the loop, on the element each iteration draws: the
+    model is built once, and a constant it holds is in the graph once. The
+    variables it creates (``tf.compat.v1.get_variable``, ``tf.Variable``,
+    tf_keras layers) are built clear of the loop, as a variable's constructor
+    does, with the names they would have without accumulation; so is their
+    initial value: a NumPy value, an initializer, a callable, or a tensor
+    that ``loss_fn`` computes from nothing of the loop (``tf.zeros``,
+    ``tf.random.normal``), whose ops are copied out of the loop. An initial
+    value computed from the micro-batch or from a variable cannot be: create
+    such a variable before calling this. ``weight``, if given, is called once
+    too, on the same element, and what both return is checked before
+    anything is built from it. The
+    ``UPDATE_OPS`` that ``loss_fn`` adds (batch-norm moving averages) run with
+    each micro-batch (see ``update_ops``).
 
     The dataset is read through a one-shot iterator, so it must not capture
     placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.
@@ -191,7 +199,8 @@ def build_dataset_accumulation(
             there is no variable to train, no variable has a gradient, a
             trained variable's shape is not fully defined, or the optimizer
             creates a variable inside ``apply_gradients`` from a tensor
-            computed there.
+            computed there, or ``loss_fn`` creates a variable from a tensor
+            that reads a value of the loop (the micro-batch, a variable).
     """
     _checks.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
@@ -237,51 +246,86 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
     run_updates = options.update_ops is None
     graph = tf.compat.v1.get_default_graph()
     caller_scope = graph.get_name_scope()
+    variable_scope = tf.compat.v1.get_variable_scope()
     with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
         iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-        probe_batch = iterator.get_next(name="probe")
-    # The probe call creates the variables in the caller's variable scope.
-    # Its ops never run; what it adds to op collections is taken back, so that
-    # nothing fetched from a collection pulls a batch off the iterator.
+        # The window is built inside the loop, where loss_fn shows the
+        # gradients' types; its mutex now: the lock on it is taken before.
+        mutex = new_mutex()
+    # What loss_fn adds to op collections is taken back: ops built inside the
+    # loop cannot be fetched from outside it.
     kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
-    probe_loss = loss_fn(probe_batch)
-    probe_weight = None if weight is None else weight(probe_batch)
-    _restore_collections(graph, kept)
-    _checks.check_loss(probe_loss)
-    _checks.check_weight(probe_weight, graph)
-    var_list = _checks.check_var_list(var_list, graph)
-    _checks.check_trainable(probe_loss, var_list)
-    pairs = gradients(probe_loss, optimizer, var_list)
-    # Unweighted, the window's count is known ahead (``steps``): each loss is
-    # scaled by 1 / steps, so the accumulators hold the mean and the apply
-    # divides nothing (a pass over the parameters saved). A window cut short by
-    # the end of the data is rescaled once, by steps / count, before its apply.
-    # Only in float32 and float64: a float16 or bfloat16 1 / steps would be
-    # rounded to 3 significant digits, and every gradient with it.
-    # Not with statistics: they square each micro-batch's gradient as the
-    # window adds it, and would see it divided by steps; the short window's
-    # rescale would not reach that sum. The unscaled gradients, divided at the
-    # apply, keep the statistics those of every other way in, for one pass
-    # over the parameters per window.
-    wide = (tf.float32, tf.float64)
-    prescaled = (
-        options.average
-        and not options.statistics
-        and weight is None
-        and steps > 1
-        and probe_loss.dtype.base_dtype in wide
-        and all(v.dtype.base_dtype in wide for _, v in pairs)
-    )
-    with tf.compat.v1.name_scope(scope):
-        window = Window(
-            pairs,
-            options._replace(average=False) if prescaled else options,
-            scope,
-            statistics=_stats.WindowStatistics.for_window(options, pairs),
+    # What the loop's one call of loss_fn builds, for the apply after the loop.
+    built = {}
+
+    def build_window(batch):
+        """Calls loss_fn (and weight) on the micro-batch drawn; builds the window and its add.
+
+        Returns the add's count, and the micro-batch's loss and weight (None
+        if unweighted) as ``loss_fn`` and ``weight`` returned them.
+        """
+        branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
+        # Called in the caller's name scope (the variable scope has not
+        # changed): variables get the names they have without accumulation.
+        # Their constructors build them clear of the loop (init_scope).
+        with (
+            branch_graph.name_scope(caller_scope + "/" if caller_scope else ""),
+            tf.compat.v1.variable_creator_scope(
+                functools.partial(_initialized_outside_the_loop, graph)
+            ),
+        ):
+            loss = loss_fn(batch)
+            w = None if weight is None else weight(batch)
+        before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
+        added = [
+            op
+            for op in branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+            if id(op) not in before and run_updates
+        ]
+        for g in {graph, branch_graph}:
+            _restore_collections(g, kept)
+        _checks.check_loss(loss)
+        _checks.check_weight(w, loss.graph)
+        trainable = _checks.check_var_list(var_list, graph)
+        read = _checks.check_trainable(loss, trainable)
+        # Unweighted, the window's count is known ahead (``steps``): each loss
+        # is scaled by 1 / steps, so the accumulators hold the mean and the
+        # apply divides nothing (a pass over the parameters saved). A window
+        # cut short by the end of the data is rescaled once, by steps / count,
+        # before its apply. Only in float32 and float64: a float16 or bfloat16
+        # 1 / steps would be rounded to 3 significant digits, and every
+        # gradient with it. Not with statistics: they square each
+        # micro-batch's gradient as the window adds it, and would see it
+        # divided by steps; the short window's rescale would not reach that
+        # sum. The unscaled gradients, divided at the apply, keep the
+        # statistics those of every other way in, for one pass over the
+        # parameters per window. The gradients are not built yet: the
+        # variables looked at are those the loss reads.
+        wide = (tf.float32, tf.float64)
+        prescaled = (
+            options.average
+            and not options.statistics
+            and weight is None
+            and steps > 1
+            and loss.dtype.base_dtype in wide
+            and all(v.dtype.base_dtype in wide for v in read)
         )
-    trained = window.var_list
-    variable_scope = tf.compat.v1.get_variable_scope()
-    loss_dtype = probe_loss.dtype.base_dtype
+        scaled = loss * tf.constant(1.0 / steps, loss.dtype) if prescaled else loss
+        pairs = optimizer.compute_gradients(scaled, var_list=trainable)
+        pairs = _checks.usable_gradients(pairs, loss)  # named as loss_fn returned it
+        with tf.compat.v1.name_scope(scope):
+            window = Window(
+                pairs,
+                options._replace(average=False) if prescaled else options,
+                scope,
+                statistics=_stats.WindowStatistics.for_window(options, pairs),
+                mutex=mutex,
+            )
+        built.update(window=window, prescaled=prescaled, loss_dtype=loss.dtype.base_dtype)
+        grads = [_inside_branch(g) for g, _ in pairs]
+        with tf.control_dependencies(added):
+            count = window.add(grads, w).count
+        return count, loss, w
 
     def keep_drawing(count, more, loss_sum, weight_sum, drawn):
         del loss_sum, weight_sum, drawn
@@ -292,47 +336,29 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
         element = iterator.get_next_as_optional()
 
         def accumulate():
-            batch = element.get_value()
-            with tf.compat.v1.variable_scope(variable_scope, reuse=True):
-                loss = loss_fn(batch)
-            before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
-            added = [
-                op
-                for op in tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-                if id(op) not in before and run_updates
-            ]
-            _restore_collections(tf.compat.v1.get_default_graph(), kept)
-            # The probe's gradients were filtered (gradients()): the loop's
-            # call computes exactly the trained variables'.
-            scaled = loss * tf.constant(1.0 / steps, loss.dtype) if prescaled else loss
-            grads = [
-                _inside_branch(g) for g, _ in optimizer.compute_gradients(scaled, var_list=trained)
-            ]
-            if weight is None:
-                with tf.control_dependencies(added):
-                    new_count = window.add(grads).count
+            new_count, loss, w = build_window(element.get_value())
+            dtype = built["loss_dtype"]
+            if w is None:
                 # weight_sum stays 0: the mean loss divides by ``drawn``.
                 return (
                     tf.identity(new_count),
-                    loss_sum + tf.cast(loss, loss_dtype),
+                    _plus(loss_sum, tf.cast(loss, dtype)),
                     weight_sum,
                     drawn + 1,
                 )
-            w = weight(batch)
-            _checks.check_weight(w, tf.compat.v1.get_default_graph())
-            with tf.control_dependencies(added):
-                new_count = window.add(grads, w).count
-            w = tf.cast(w, loss_dtype)
+            w = tf.cast(w, dtype)
             return (
                 tf.identity(new_count),
                 # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
-                loss_sum + tf.math.multiply_no_nan(tf.cast(loss, loss_dtype), w),
-                weight_sum + w,
+                _plus(loss_sum, tf.math.multiply_no_nan(tf.cast(loss, dtype), w)),
+                _plus(weight_sum, w),
                 drawn + 1,
             )
 
         def nothing_left():
-            return tf.identity(count), loss_sum, weight_sum, drawn
+            # The window's count: what a run that failed midway left in it,
+            # on the loop's first draw.
+            return built["window"].counter.read_value(), loss_sum, weight_sum, drawn
 
         has_value = element.has_value()
         count, loss_sum, weight_sum, drawn = tf.cond(has_value, accumulate, nothing_left)
@@ -340,17 +366,18 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
 
     def draw_and_apply():
         with tf.compat.v1.name_scope(scope):
-            start = window.counter.read_value()
-            zero = tf.constant(0.0, loss_dtype)
+            # The sums are float64 loop variables (the loss's dtype is not
+            # known before loss_fn is called), each addition rounded to it.
+            zero = tf.constant(0.0, tf.float64)
             count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
                 keep_drawing,
                 draw_one,
-                [start, tf.constant(True), zero, zero, tf.constant(0, tf.int64)],
+                [tf.constant(0, tf.int64), tf.constant(True), zero, zero, tf.constant(0, tf.int64)],
                 back_prop=False,
                 name="draw",
             )
-
-        with tf.compat.v1.name_scope(scope):
+        window = built["window"]
+        with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
             # The other branch: the iterator is exhausted, get_next() raises
             # OutOfRangeError.
             applied = window.apply_if(
@@ -360,21 +387,30 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
                 caller_scope,
                 name="apply_or_stop",
                 before_idle=lambda: tf.nest.flatten(iterator.get_next()),
-                totals=(lambda: window.rescaled_if_short(steps, count)) if prescaled else None,
+                totals=(
+                    (lambda: window.rescaled_if_short(steps, count)) if built["prescaled"] else None
+                ),
             )
         done = (applied.applied, applied.norm, applied.statistics, loss_sum, weight_sum, drawn)
         return done, None
 
     # The whole window, drawing included, holds the window's mutex (see
-    # Window.exclusive): threads running the train op take turns.
-    with window.control_flow(global_step):
-        done, _ = window.exclusive(draw_and_apply)
+    # exclusive): threads running the train op take turns. The loop is built
+    # as version 1 control flow if the variables it adds into are references.
+    with reference_control_flow(
+        graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        + list(var_list or [])
+        + [global_step],
+        references=_makes_references(variable_scope),
+    ):
+        done, _ = exclusive(mutex, scope, draw_and_apply, lambda: built["window"]._state())
     applied, norm, statistics, loss_sum, weight_sum, drawn = done
+    window = built["window"]
+    loss_dtype = built["loss_dtype"]
     with tf.compat.v1.name_scope(scope):
         train_op = tf.group(applied, name="train")
-        if weight is None:
-            weight_sum = tf.cast(drawn, loss_dtype)
-        mean_loss = tf.math.divide_no_nan(loss_sum, weight_sum)
+        weight_sum = tf.cast(drawn if weight is None else weight_sum, loss_dtype)
+        mean_loss = tf.math.divide_no_nan(tf.cast(loss_sum, loss_dtype), weight_sum)
     return DatasetAccumulation(
         train_op=train_op,
         loss=mean_loss,
@@ -383,10 +419,120 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
         skipped_windows=window.skipped,
         counter=window.counter,
         accumulators=window.accumulators,
-        var_list=trained,
+        var_list=window.var_list,
         statistics=statistics,
         applied=applied,
     )
+
+
+def _initialized_outside_the_loop(graph, next_creator, **kwargs):
+    """Builds a variable's initial value outside the loop, as its initializer needs.
+
+    A variable is built clear of the loop (its constructor enters
+    ``init_scope``), and so is an initial value given as a NumPy value, an
+    initializer or a callable. A tensor that loss_fn computed lives inside the
+    loop (a function graph, or ``graph`` in a loop context), where the
+    initializer cannot read it: its ops are copied out of the loop when they
+    read nothing from it (``tf.zeros``, ``tf.random.normal``, a constant), and
+    the variable is refused otherwise.
+    """
+    initial_value = kwargs.get("initial_value")
+    if isinstance(initial_value, tf.Tensor) and (
+        initial_value.graph is not graph or initial_value.op._get_control_flow_context() is not None
+    ):
+        lifted = _copied_out_of_the_loop(initial_value, graph)
+        if lifted is None:
+            name = kwargs.get("name") or "a variable"
+            raise ValueError(
+                f"loss_fn creates the variable {name} from the tensor {initial_value.name}, "
+                "which reads a value of the loop (the micro-batch, a variable, a value from "
+                "outside loss_fn). build_dataset_accumulation calls loss_fn once, inside its "
+                "tf.while_loop, and a variable's initial value is computed outside the loop. "
+                "Give the initial value as a NumPy value or an initializer (e.g. "
+                "tf.compat.v1.get_variable(name, shape, initializer="
+                "tf.compat.v1.random_normal_initializer())), or create the variable before "
+                "calling build_dataset_accumulation."
+            )
+        kwargs["initial_value"] = lifted
+    return next_creator(**kwargs)
+
+
+# Ops that carry values into, around or out of a loop or conditional, or call
+# a function: an initial value computed through one reads the loop.
+_LOOP_OP_TYPES = frozenset(
+    [
+        "Placeholder",  # a value captured by a function graph, or the micro-batch
+        "Enter",
+        "RefEnter",
+        "Exit",
+        "RefExit",
+        "Switch",
+        "RefSwitch",
+        "Merge",
+        "RefMerge",
+        "NextIteration",
+        "RefNextIteration",
+        "LoopCond",
+        "ControlTrigger",
+    ]
+)
+
+
+def _copied_out_of_the_loop(tensor, graph):
+    """``tensor`` built again in ``graph``, clear of the loop, or None if it reads the loop.
+
+    Every op it is computed from is copied, with the same attributes (a
+    random op keeps its seeds), if none reads a variable, a value from outside
+    loss_fn, or the micro-batch: if none takes an input from outside the ops
+    that loss_fn built from nothing.
+    """
+    order, seen, stack = [], set(), [(tensor.op, False)]
+    while stack:
+        op, inputs_done = stack.pop()
+        if inputs_done:
+            order.append(op)
+            continue
+        if op in seen:
+            continue
+        seen.add(op)
+        if (
+            op.type in _LOOP_OP_TYPES
+            or op.type.endswith("VariableOp")
+            or op.type.startswith("Variable")
+            or any(value.HasField("func") for value in op.node_def.attr.values())
+            or any(t.dtype in (tf.resource, tf.variant) for t in op.inputs)
+        ):
+            return None
+        stack.append((op, True))
+        stack += [(t.op, False) for t in op.inputs]
+    copies = {}
+    with tf.init_scope():
+        if tf.compat.v1.get_default_graph() is not graph:
+            return None
+        for op in order:
+            attrs = {key: value for key, value in op.node_def.attr.items() if key[0] != "_"}
+            copies[op] = graph.create_op(
+                op.type,
+                [copies[t.op].outputs[t.value_index] for t in op.inputs],
+                [t.dtype for t in op.outputs],
+                name=op.name.split("/")[-1],
+                attrs=attrs,
+                op_def=op.op_def,
+            )
+    return copies[tensor.op].outputs[tensor.value_index]
+
+
+def _plus(total, value):
+    """``total + value`` as the value's dtype adds them, held in the float64 ``total``."""
+    return tf.cast(tf.cast(total, value.dtype) + value, tf.float64)
+
+
+def _makes_references(variable_scope):
+    """Whether ``tf.compat.v1.Variable`` makes reference variables in ``variable_scope``."""
+    use_resource = variable_scope.use_resource
+    if use_resource is None:
+        use_resource = tf.compat.v1.resource_variables_enabled()
+    return not use_resource
 
 
 def _restore_collections(graph, kept):

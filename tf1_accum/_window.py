@@ -158,10 +158,12 @@ class Window:
     Build it inside the accumulation's name scope; ``scope`` is that scope's
     full name, re-entered for the ops built later. ``options`` is a
     `WindowOptions`; ``statistics`` a ``_stats.WindowStatistics`` (or None),
-    whose results each apply returns in its `Applied`.
+    whose results each apply returns in its `Applied`. ``mutex`` is the
+    window's mutex (see `exclusive`) if it was made before the window, by
+    `new_mutex`; by default the window makes its own.
     """
 
-    def __init__(self, pairs, options, scope, statistics=None, cross_replica=None):
+    def __init__(self, pairs, options, scope, statistics=None, cross_replica=None, mutex=None):
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -193,7 +195,7 @@ class Window:
                     lambda: tf.constant(0.0, tf.float64), "weight_total"
                 )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
-            self.mutex = _new_mutex()
+            self.mutex = new_mutex() if mutex is None else mutex
             self.statistics_state = []
             if statistics is not None:
                 self.square_norms = state_variable(
@@ -231,64 +233,9 @@ class Window:
     def exclusive(self, build, name=None):
         """Builds what ``build()`` makes so that its runs hold the window's mutex.
 
-        Every op that reads or changes the window's state (an add, an apply,
-        a reset, a flush, a fused add and apply) is built inside one of
-        these, so runs from several threads on one session take turns on the
-        window: no micro-batch is added while an apply reads and resets, and
-        none is applied twice or lost. The lock is requested when the run
-        starts, alongside the forward pass, and held until ``done`` has run:
-        taking a ``MutexLock`` wakes a thread of the mutex's own, which then
-        costs no time on the run's path, and each gradient is added as soon
-        as it is computed, alongside the rest of the backward pass (waiting
-        for every gradient first made the adds a tail of their own: 2 to 9
-        percent of an MLP window, measured). Concurrent runs of one window's ops
-        therefore take turns for their forward and backward passes too. The
-        lock is a tensor, freed with its run, so a run that fails releases
-        it too. Only the outermost op locks: the pieces
-        it builds (``add``, then ``apply``) share its one lock, so an op that
-        runs another's pieces in the same run cannot wait on itself.
-
-        Args:
-            build: Callable returning ``(done, other)``: ``done``, an op or a
-                nested structure (``tf.nest``) of ops, tensors and None, all
-                finishing after everything built, and ``other``, anything else
-                (returned as it is).
-            name: Name of each op of ``done``.
-
-        Returns:
-            ``(done, other)``, with ``done`` made to finish after the release
-            (in the same structure, None kept): fetching it runs the whole
-            locked section.
+        See `exclusive`, which this calls with the window's mutex and state.
         """
-        graph = tf.compat.v1.get_default_graph()
-        before = {op.name for op in graph.get_operations()}
-        # On the mutex's device, the window's (the placer keeps it there too).
-        on_device = tf.device(self.mutex.device) if self.mutex.device else contextlib.nullcontext()
-        with tf.compat.v1.name_scope(self.scope), on_device:
-            lock = tf.raw_ops.MutexLock(mutex=self.mutex, name="lock")
-        with tf.control_dependencies([lock]):
-            done, other = build()
-        finished = [t for t in tf.nest.flatten(done) if t is not None]
-        created = [op for op in graph.get_operations() if op.name not in before]
-        section = _section(created, finished, lock.op)
-        _lock_before_state_reads(lock.op, section, self._state())
-
-        def after_release(t):
-            if t is None:
-                return None
-            if isinstance(t, tf.Operation):
-                return tf.group(t, name=name)
-            return tf.identity(t)
-
-        with tf.compat.v1.name_scope(self.scope):
-            on_device = (
-                tf.device(self.mutex.device) if self.mutex.device else contextlib.nullcontext()
-            )
-            with tf.control_dependencies(finished), on_device:
-                release = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name="unlock")
-            with tf.control_dependencies([release]):
-                done = tf.nest.map_structure(after_release, done)
-        return done, other
+        return exclusive(self.mutex, self.scope, build, self._state, name)
 
     def control_flow(self, global_step=None):
         """A context in which the window's conditionals and loops can take references.
@@ -768,8 +715,77 @@ def gradients(loss, optimizer, var_list):
     return _checks.usable_gradients(pairs, loss)
 
 
+def exclusive(mutex, scope, build, state, name=None):
+    """Builds what ``build()`` makes so that its runs hold a window's mutex.
+
+    Every op that reads or changes the window's state (an add, an apply,
+    a reset, a flush, a fused add and apply) is built inside one of
+    these, so runs from several threads on one session take turns on the
+    window: no micro-batch is added while an apply reads and resets, and
+    none is applied twice or lost. The lock is requested when the run
+    starts, alongside the forward pass, and held until ``done`` has run:
+    taking a ``MutexLock`` wakes a thread of the mutex's own, which then
+    costs no time on the run's path, and each gradient is added as soon
+    as it is computed, alongside the rest of the backward pass (waiting
+    for every gradient first made the adds a tail of their own: 2 to 9
+    percent of an MLP window, measured). Concurrent runs of one window's ops
+    therefore take turns for their forward and backward passes too. The
+    lock is a tensor, freed with its run, so a run that fails releases
+    it too. Only the outermost op locks: the pieces
+    it builds (``add``, then ``apply``) share its one lock, so an op that
+    runs another's pieces in the same run cannot wait on itself.
+
+    The window's ops need not exist before: a window built inside ``build``
+    (the dataset loop builds its own inside its loop, once the gradients'
+    types are known) takes its mutex from `new_mutex`, made before.
+
+    Args:
+        mutex: The window's mutex, from `new_mutex`.
+        scope: The window's name scope (full name), for the lock's ops.
+        build: Callable returning ``(done, other)``: ``done``, an op or a
+            nested structure (``tf.nest``) of ops, tensors and None, all
+            finishing after everything built, and ``other``, anything else
+            (returned as it is).
+        state: Callable returning the window's state variables, called once
+            ``build`` has run.
+        name: Name of each op of ``done``.
+
+    Returns:
+        ``(done, other)``, with ``done`` made to finish after the release
+        (in the same structure, None kept): fetching it runs the whole
+        locked section.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    before = {op.name for op in graph.get_operations()}
+    # On the mutex's device, the window's (the placer keeps it there too).
+    on_device = tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
+    with tf.compat.v1.name_scope(scope), on_device:
+        lock = tf.raw_ops.MutexLock(mutex=mutex, name="lock")
+    with tf.control_dependencies([lock]):
+        done, other = build()
+    finished = [t for t in tf.nest.flatten(done) if t is not None]
+    created = [op for op in graph.get_operations() if op.name not in before]
+    section = _section(created, finished, lock.op)
+    _lock_before_state_reads(lock.op, section, state())
+
+    def after_release(t):
+        if t is None:
+            return None
+        if isinstance(t, tf.Operation):
+            return tf.group(t, name=name)
+        return tf.identity(t)
+
+    with tf.compat.v1.name_scope(scope):
+        on_device = tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
+        with tf.control_dependencies(finished), on_device:
+            release = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name="unlock")
+        with tf.control_dependencies([release]):
+            done = tf.nest.map_structure(after_release, done)
+    return done, other
+
+
 @contextlib.contextmanager
-def reference_control_flow(variables):
+def reference_control_flow(variables, references=False):
     """Builds ``tf.cond`` and ``tf.while_loop`` as version 1 control flow if needed.
 
     Version 2 control flow (functional ``If`` and ``While``, on by default
@@ -778,11 +794,15 @@ def reference_control_flow(variables):
     reference variable (``disable_resource_variables()``, or
     ``use_resource=False``) cannot be built inside it. When one of
     ``variables`` (None entries are ignored) is a reference variable, the
-    switch is turned off while the body builds, then on again. The switch is
+    switch is turned off while the body builds, then on again; so it is with
+    ``references=True``, for reference variables that the body will create.
+    The switch is
     process-wide, as TensorFlow keeps it: a graph built in another thread at
     that moment gets version 1 control flow too.
     """
-    references = any(v is not None and v.dtype != v.dtype.base_dtype for v in variables)
+    references = references or any(
+        v is not None and v.dtype != v.dtype.base_dtype for v in variables
+    )
     if not references or not tf.compat.v1.control_flow_v2_enabled():
         yield
         return
@@ -793,8 +813,8 @@ def reference_control_flow(variables):
         tf.compat.v1.enable_control_flow_v2()
 
 
-def _new_mutex():
-    """The window's mutex (a resource, as ``tf.CriticalSection`` uses), made in ``init_scope``.
+def new_mutex():
+    """A window's mutex (a resource, as ``tf.CriticalSection`` uses), made in ``init_scope``.
 
     Its shared name is its op's name: one mutex per window and session.
     """
