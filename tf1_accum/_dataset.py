@@ -367,7 +367,7 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
     def draw_and_apply():
         with tf.compat.v1.name_scope(scope):
             # The sums are float64 loop variables (the loss's dtype is not
-            # known before loss_fn is called), each addition rounded to it.
+            # known before loss_fn is called), rounded to it once, at the end.
             zero = tf.constant(0.0, tf.float64)
             count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
                 keep_drawing,
@@ -523,8 +523,8 @@ def _copied_out_of_the_loop(tensor, graph):
 
 
 def _plus(total, value):
-    """``total + value`` as the value's dtype adds them, held in the float64 ``total``."""
-    return tf.cast(tf.cast(total, value.dtype) + value, tf.float64)
+    """``total + value`` in float64, the dtype of the loop's sums (one op more per draw at most)."""
+    return total + tf.cast(value, tf.float64)
 
 
 def _makes_references(variable_scope):
