@@ -375,39 +375,47 @@ def _linear_loss(kind, kernel, bias):
     return loss_fn
 
 
+def _two_windows_of_two(loss_fn, batches):
+    """Trains ``loss_fn`` by the dataset loop (steps=2) and by large batches of 2 micro-batches.
+
+    Returns ``(loop, large, names, initial)``: the variables after each of
+    the two windows, by each way, the variable names the loop trained and
+    their initial values in the loop's graph.
+    """
+    with tf.Graph().as_default():
+        acc = tf1_accum.build_dataset_accumulation(
+            loss_fn, OPTIMIZERS["momentum"](tf.float64), _dataset(batches), 2
+        )
+        names = sorted(v.op.name for v in acc.var_list)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            initial = values_by_name(sess, acc.var_list)
+            loop = []
+            for _ in range(2):
+                sess.run(acc.train_op)
+                loop.append(values_by_name(sess, acc.var_list))
+    with tf.Graph().as_default():
+        inputs = v1.placeholder(tf.float64, [None, FEATURES])
+        labels = v1.placeholder(tf.float64, [None, 1])
+        train = OPTIMIZERS["momentum"](tf.float64).minimize(loss_fn((inputs, labels)))
+        assert sorted(v.op.name for v in v1.trainable_variables()) == names
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            large = []
+            for window in (batches[:2], batches[2:]):
+                x, y = (np.concatenate(part) for part in zip(*window))
+                sess.run(train, {inputs: x, labels: y})
+                large.append(values_by_name(sess, v1.trainable_variables()))
+    return loop, large, names, initial
+
+
 @pytest.mark.parametrize("kind", ["initializer objects", "keras"])
 def test_variables_made_inside_the_loop_train_like_large_batches(kind):
     """Initializers given as objects, and a tf_keras layer built on its first call."""
     kernel = np.random.RandomState(5).randn(FEATURES, 1)
     bias = np.zeros(1)
     batches = make_batches(tf.float64, False, 4, 3)
-    with tf.Graph().as_default():
-        acc = tf1_accum.build_dataset_accumulation(
-            _linear_loss(kind, kernel, bias),
-            OPTIMIZERS["momentum"](tf.float64),
-            _dataset(batches),
-            2,
-        )
-        names = sorted(v.op.name for v in acc.var_list)
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            got = []
-            for _ in range(2):
-                sess.run(acc.train_op)
-                got.append(values_by_name(sess, acc.var_list))
-    with tf.Graph().as_default():
-        inputs = v1.placeholder(tf.float64, [None, FEATURES])
-        labels = v1.placeholder(tf.float64, [None, 1])
-        loss = _linear_loss(kind, kernel, bias)((inputs, labels))
-        assert sorted(v.op.name for v in v1.trainable_variables()) == names
-        train = OPTIMIZERS["momentum"](tf.float64).minimize(loss)
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            expected = []
-            for window in (batches[:2], batches[2:]):
-                x, y = (np.concatenate(part) for part in zip(*window))
-                sess.run(train, {inputs: x, labels: y})
-                expected.append(values_by_name(sess, v1.trainable_variables()))
+    got, expected, _, _ = _two_windows_of_two(_linear_loss(kind, kernel, bias), batches)
     for w, (have, want) in enumerate(zip(got, expected)):
         assert_same_values(have, want, RTOL[tf.float64], f"{kind}, window {w}")
 
@@ -418,39 +426,19 @@ def test_a_variable_initialized_from_a_tensor_of_loss_fn_trains_like_large_batch
     batches = make_batches(tf.float64, False, 4, 3)
     start = (np.arange(FEATURES, dtype=np.float64) / 4.0 - 0.3).reshape(FEATURES, 1)
 
-    def loss_fn(batch, initial=None):
+    def loss_fn(batch):
         inputs, labels = batch
-        if initial is None:  # tf.range, a cast, a reshape: several ops, built inside loss_fn
-            initial = tf.reshape(tf.cast(tf.range(FEATURES), tf.float64) / 4.0 - 0.3, [-1, 1])
+        # tf.range, a cast, a reshape: several ops, built inside loss_fn.
+        initial = tf.reshape(tf.cast(tf.range(FEATURES), tf.float64) / 4.0 - 0.3, [-1, 1])
         if maker == "get_variable":
             w = v1.get_variable("w", initializer=initial)
         else:
             w = v1.Variable(initial, name="w")
         return tf.reduce_mean((tf.matmul(inputs, w) - labels) ** 2)
 
-    with tf.Graph().as_default():
-        acc = tf1_accum.build_dataset_accumulation(
-            loss_fn, OPTIMIZERS["momentum"](tf.float64), _dataset(batches), 2
-        )
-        assert [v.op.name for v in acc.var_list] == ["w"]
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            np.testing.assert_array_equal(sess.run(acc.var_list[0]), start)
-            got = []
-            for _ in range(2):
-                sess.run(acc.train_op)
-                got.append(values_by_name(sess, acc.var_list))
-    with tf.Graph().as_default():
-        inputs = v1.placeholder(tf.float64, [None, FEATURES])
-        labels = v1.placeholder(tf.float64, [None, 1])
-        train = OPTIMIZERS["momentum"](tf.float64).minimize(loss_fn((inputs, labels), start))
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            expected = []
-            for window in (batches[:2], batches[2:]):
-                x, y = (np.concatenate(part) for part in zip(*window))
-                sess.run(train, {inputs: x, labels: y})
-                expected.append(values_by_name(sess, v1.trainable_variables()))
+    got, expected, names, initial = _two_windows_of_two(loss_fn, batches)
+    assert names == ["w"]
+    np.testing.assert_array_equal(initial["w"], start)
     for w, (have, want) in enumerate(zip(got, expected)):
         assert_same_values(have, want, RTOL[tf.float64], f"{maker}, window {w}")
 
