@@ -468,3 +468,24 @@ def test_a_variable_initialized_from_a_value_of_the_loop_is_refused(maker, reads
         ):
             tf1_accum.build_dataset_accumulation(loss_fn, OPTIMIZERS["sgd"](tf.float64), data, 2)
         assert v1.global_variables() == []
+
+
+def test_a_loss_fn_with_a_conditional_of_its_own_trains_like_large_batches():
+    """A tf.cond inside loss_fn: one variable read in one branch, the other in both."""
+    batches = make_batches(tf.float64, False, 4, 3)
+    kernel = np.random.RandomState(6).randn(FEATURES, 1)
+
+    def loss_fn(batch):
+        inputs, labels = batch
+        w = v1.get_variable("w", initializer=kernel)
+        v = v1.get_variable("v", initializer=0.5 * kernel)
+        branch = v1.get_variable("branch", initializer=True, trainable=False)
+        predictions = tf.cond(
+            branch, lambda: tf.matmul(inputs, w + v), lambda: tf.matmul(inputs, v)
+        )
+        return tf.reduce_mean((predictions - labels) ** 2)
+
+    got, expected, names, _ = _two_windows_of_two(loss_fn, batches)
+    assert names == ["v", "w"]
+    for w, (have, want) in enumerate(zip(got, expected)):
+        assert_same_values(have, want, RTOL[tf.float64], f"window {w}")

@@ -322,61 +322,63 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
                 mutex=mutex,
             )
         built.update(window=window, prescaled=prescaled, loss_dtype=loss.dtype.base_dtype)
-        grads = [_inside_branch(g) for g, _ in pairs]
+        grads = [g for g, _ in pairs]
         with tf.control_dependencies(added):
             count = window.add(grads, w).count
         return count, loss, w
 
-    def keep_drawing(count, more, loss_sum, weight_sum, drawn):
-        del loss_sum, weight_sum, drawn
-        return tf.logical_and(more, count < steps)
+    def keep_drawing(count, element, loss_sum, weight_sum, drawn):
+        del count, loss_sum, weight_sum, drawn
+        # Empty at the end of the data, and after the window's last draw.
+        return element.has_value()
 
-    def draw_one(count, more, loss_sum, weight_sum, drawn):
-        del more
-        element = iterator.get_next_as_optional()
-
-        def accumulate():
-            new_count, loss, w = build_window(element.get_value())
-            dtype = built["loss_dtype"]
-            if w is None:
-                # weight_sum stays 0: the mean loss divides by ``drawn``.
-                return (
-                    tf.identity(new_count),
-                    _plus(loss_sum, tf.cast(loss, dtype)),
-                    weight_sum,
-                    drawn + 1,
-                )
+    def draw_one(count, element, loss_sum, weight_sum, drawn):
+        del count
+        new_count, loss, w = build_window(element.get_value())
+        dtype = built["loss_dtype"]
+        if w is None:
+            # weight_sum stays 0: the mean loss divides by ``drawn``.
+            loss_sum = _plus(loss_sum, tf.cast(loss, dtype))
+        else:
             w = tf.cast(w, dtype)
-            return (
-                tf.identity(new_count),
-                # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
-                _plus(loss_sum, tf.math.multiply_no_nan(tf.cast(loss, dtype), w)),
-                _plus(weight_sum, w),
-                drawn + 1,
-            )
-
-        def nothing_left():
-            # The window's count: what a run that failed midway left in it,
-            # on the loop's first draw.
-            return built["window"].counter.read_value(), loss_sum, weight_sum, drawn
-
-        has_value = element.has_value()
-        count, loss_sum, weight_sum, drawn = tf.cond(has_value, accumulate, nothing_left)
-        return count, has_value, loss_sum, weight_sum, drawn
+            # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
+            loss_sum = _plus(loss_sum, tf.math.multiply_no_nan(tf.cast(loss, dtype), w))
+            weight_sum = _plus(weight_sum, w)
+        # The next micro-batch, drawn only if the window wants one: an element
+        # drawn after the window's last would be lost to it and to the next.
+        following = tf.cond(
+            new_count < steps,
+            iterator.get_next_as_optional,
+            lambda: tf.experimental.Optional.empty(iterator.element_spec),
+            name="draw_next",
+        )
+        return tf.identity(new_count), following, loss_sum, weight_sum, drawn + 1
 
     def draw_and_apply():
         with tf.compat.v1.name_scope(scope):
             # The sums are float64 loop variables (the loss's dtype is not
             # known before loss_fn is called), rounded to it once, at the end.
+            # The body holds no conditional: the loop's condition is whether
+            # the micro-batch drawn last holds a value.
             zero = tf.constant(0.0, tf.float64)
             count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
                 keep_drawing,
                 draw_one,
-                [tf.constant(0, tf.int64), tf.constant(True), zero, zero, tf.constant(0, tf.int64)],
+                [
+                    tf.constant(0, tf.int64),
+                    iterator.get_next_as_optional(),
+                    zero,
+                    zero,
+                    tf.constant(0, tf.int64),
+                ],
                 back_prop=False,
                 name="draw",
             )
         window = built["window"]
+        with tf.compat.v1.name_scope(scope):
+            # Nothing drawn (the data has ended): what a run that failed
+            # midway left in the window is applied, if anything.
+            count = tf.where(tf.equal(drawn, 0), window.counter.read_value(), count)
         with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
             # The other branch: the iterator is exhausted, get_next() raises
             # OutOfRangeError.
@@ -539,18 +541,3 @@ def _restore_collections(graph, kept):
     for key, items in kept.items():
         collection = graph.get_collection_ref(key)
         collection[:] = items
-
-
-def _inside_branch(gradient):
-    """The gradient as computed inside the conditional that draws a micro-batch.
-
-    Version 1 control flow passes a variable into a ``tf.cond`` branch through
-    a ``Switch``, whose gradient merges this branch's gradient with zeros for
-    the other branch: a constant the size of the variable, which the
-    executor keeps for the whole session. Taking this branch's input of that
-    ``Merge`` leaves the zeros out of every run.
-    """
-    if isinstance(gradient, tf.Tensor) and gradient.op.type in ("Merge", "RefMerge"):
-        if gradient.op.name.split("/")[-1].startswith("cond_grad"):
-            return gradient.op.inputs[1]
-    return gradient
