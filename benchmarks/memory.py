@@ -124,8 +124,8 @@ def plain(tf, spec, n, b, from_dataset):
     """Plain training, one micro-batch per run: the input's share of a peak."""
     v1 = tf.compat.v1
     if from_dataset:
-        dataset = tf.data.Dataset.from_tensor_slices(_models.make_data(spec, n, b))
-        batch = v1.data.make_one_shot_iterator(dataset.batch(b).repeat()).get_next()
+        dataset = _models.micro_batches(tf, spec, n, b)
+        batch = v1.data.make_one_shot_iterator(dataset).get_next()
         train_op = _models.adam(tf).minimize(_models.make_loss_fn(tf, spec)(batch))
         return _models.per_micro_batch(train_op, [None] * n)
     loss, feeds = _models.fed_model(tf, spec, n, b)
