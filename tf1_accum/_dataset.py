@@ -12,6 +12,7 @@ from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import exclusive
 from tf1_accum._window import new_mutex
+from tf1_accum._window import per_step_loss
 from tf1_accum._window import reference_control_flow
 from tf1_accum._window import window_options
 
@@ -288,29 +289,9 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
         _checks.check_weight(w, loss.graph)
         trainable = _checks.check_var_list(var_list, graph)
         read = _checks.check_trainable(loss, trainable)
-        # Unweighted, the window's count is known ahead (``steps``): each loss
-        # is scaled by 1 / steps, so the accumulators hold the mean and the
-        # apply divides nothing (a pass over the parameters saved). A window
-        # cut short by the end of the data is rescaled once, by steps / count,
-        # before its apply. Only in float32 and float64: a float16 or bfloat16
-        # 1 / steps would be rounded to 3 significant digits, and every
-        # gradient with it. Not with statistics: they square each
-        # micro-batch's gradient as the window adds it, and would see it
-        # divided by steps; the short window's rescale would not reach that
-        # sum. The unscaled gradients, divided at the apply, keep the
-        # statistics those of every other way in, for one pass over the
-        # parameters per window. The gradients are not built yet: the
-        # variables looked at are those the loss reads.
-        wide = (tf.float32, tf.float64)
-        prescaled = (
-            options.average
-            and not options.statistics
-            and weight is None
-            and steps > 1
-            and loss.dtype.base_dtype in wide
-            and all(v.dtype.base_dtype in wide for v in read)
-        )
-        scaled = loss * tf.constant(1.0 / steps, loss.dtype) if prescaled else loss
+        # The gradients are not built yet: the dtypes looked at are those of
+        # the variables the loss reads.
+        scaled, prescaled = per_step_loss(loss, options, steps, read)
         pairs = optimizer.compute_gradients(scaled, var_list=trainable)
         pairs = _checks.usable_gradients(pairs, loss)  # named as loss_fn returned it
         with tf.compat.v1.name_scope(scope):

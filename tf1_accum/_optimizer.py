@@ -12,6 +12,7 @@ from tf1_accum import _hooks
 from tf1_accum import _keras
 from tf1_accum import _stats
 from tf1_accum._window import Window
+from tf1_accum._window import per_step_loss
 from tf1_accum._window import window_options
 
 
@@ -163,7 +164,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._optimizer = optimizer
         self._steps = int(steps)
         self._minimizing = False  # minimize() guards the whole build, gradients included
-        self._prescaled = False  # minimize() scaled the loss by 1 / steps (see _prescales)
+        self._prescaled = False  # minimize() scaled the loss by 1 / steps (per_step_loss)
         self._windows = []
         self._trains = []  # the Applied of each train op built, aligned with _windows
         self._flushes = []  # the Applied of each flush
@@ -448,37 +449,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # (no gradient after all, the wrapped optimizer's apply) puts the
             # graph's collections back and says which ops remain.
             guard = _checks.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize")
-            prescaled = self._prescales(loss, variables)
-            with guard, self._building_in_minimize(prescaled):
-                if prescaled:
-                    with tf.compat.v1.name_scope(self._name + "_loss"):
-                        loss = tf.multiply(
-                            loss, tf.constant(1.0 / self._steps, loss.dtype), name="per_step"
-                        )
-                return super().minimize(loss, global_step, var_list, *args, **kwargs)
+            with guard:
+                loss, prescaled = per_step_loss(loss, self._options, self._steps, variables)
+                with self._building_in_minimize(prescaled):
+                    return super().minimize(loss, global_step, var_list, *args, **kwargs)
         return super().minimize(loss, global_step, var_list, *args, **kwargs)
-
-    def _prescales(self, loss, variables):
-        """Whether `minimize` scales the loss by 1 / steps (see `_build`).
-
-        Then each micro-batch's gradient arrives divided by ``steps``, the
-        accumulators hold the window's mean once it is full, and the apply
-        divides nothing: a pass over the parameters saved in every update. A
-        window flushed short is rescaled once, by ``steps / count``. Only for
-        the plain mean in float32 and float64: a float16 or bfloat16 1 / steps
-        would be rounded to 3 significant digits, and every gradient with it;
-        weights and statistics need each micro-batch's own gradient.
-        """
-        options = self._options
-        wide = (tf.float32, tf.float64)
-        return (
-            options.average
-            and options.weight is None
-            and not options.statistics
-            and self._steps > 1
-            and loss.dtype.base_dtype in wide
-            and all(v.dtype.base_dtype in wide for v in variables)
-        )
 
     @contextlib.contextmanager
     def _building_in_minimize(self, prescaled):

@@ -702,6 +702,36 @@ def plain_variables(graph: tf.Graph | None = None) -> list[tf.Variable]:
     ]
 
 
+def per_step_loss(loss, options, steps, variables):
+    """``(loss, prescaled)``: ``loss`` divided by ``steps`` where that pays, else as it is.
+
+    Where a window's count is known ahead (``steps``: the dataset loop,
+    `AccumulationOptimizer.minimize`), each micro-batch's loss is scaled by
+    1 / steps: its gradient arrives divided by ``steps``, the accumulators
+    hold the window's mean once it is full, and the apply divides nothing (a
+    pass over the parameters saved). A window cut short is rescaled once,
+    by ``steps / count`` (`Window.rescaled_if_short`). Only for the plain mean
+    (``options``: ``average``, no ``weight``, no statistics, which square
+    each micro-batch's own gradient as it is added) and only in float32 and
+    float64, for the loss and every one of ``variables``: a float16 or
+    bfloat16 1 / steps would be rounded to 3 significant digits, and every
+    gradient with it. ``prescaled`` is whether the loss was scaled: the
+    window is then built with ``average=False``.
+    """
+    wide = (tf.float32, tf.float64)
+    prescaled = (
+        options.average
+        and options.weight is None
+        and not options.statistics
+        and steps > 1
+        and loss.dtype.base_dtype in wide
+        and all(v.dtype.base_dtype in wide for v in variables)
+    )
+    if not prescaled:
+        return loss, False
+    return tf.multiply(loss, tf.constant(1.0 / steps, loss.dtype), name="per_step"), True
+
+
 def gradients(loss, optimizer, var_list):
     """Returns ``(gradient, variable)`` pairs of ``loss``, without the None gradients.
 
