@@ -37,8 +37,13 @@ The whole measurement is made ``--runs`` times (3; 1 with ``--quick``), with
 new graphs and sessions each time, and the last table gives the median of
 the runs' ratios and their range; the targets are judged on those medians.
 
+``--lock-cost`` and ``--pieces`` add rows built with parts of the window's
+work left out (the lock; then the divide, the reset and the non-finite
+check): what each part costs. They are measurements, not ways to use.
+
 Run:  python benchmarks/peers.py                      (a few minutes)
       python benchmarks/peers.py --mode resource --plot peers.png
+      python benchmarks/peers.py --lock-cost --pieces  (what each part costs)
       python benchmarks/peers.py --quick               (a smoke run: noisy)
 """
 
@@ -138,37 +143,93 @@ def build_ways(tf, spec, n, b, names=WAYS):
     builders["gpt-2-simple"] = (n + 2, gpt_2_simple)
     for name in UNLOCKED:
         runs, build = builders[name]
-        builders[name + UNLOCKED_SUFFIX] = (runs, _unlocked(build))
+        builders[name + UNLOCKED_SUFFIX] = (runs, _without(build, ("lock",)))
+    for label, (way, pieces) in PIECES.items():
+        runs, build = builders[way]
+        builders.setdefault(label, (runs, _without(build, pieces)))
     return [Way(tf, name, *builders[name]) for name in names]
 
 
 UNLOCKED = ("fused helper", "AccumulationOptimizer")
 UNLOCKED_SUFFIX = ", no lock"
 
+# The fused helper with the pieces of its exact work left out one more at a
+# time, and the helper and AccumulationOptimizer with all of them left out
+# (--pieces): what each costs,
+# in the graphs the library builds. None of these is a way to use: without
+# the lock, threads may lose micro-batches; without the divide, the sum is
+# applied; without the reset, each window adds to the last one's sums;
+# without the check, a NaN window is applied. {row: (way, pieces left out)}
+ALL_PIECES = ("lock", "divide", "reset", "check")
+PIECES = {
+    "fused helper" + UNLOCKED_SUFFIX: ("fused helper", ALL_PIECES[:1]),
+    "fused, no lock/divide": ("fused helper", ALL_PIECES[:2]),
+    "fused, no lock/divide/reset": ("fused helper", ALL_PIECES[:3]),
+    "fused, no lock/divide/reset/check": ("fused helper", ALL_PIECES),
+    "helper, no lock/divide/reset/check": ("helper", ALL_PIECES),
+    # Its minimize scales the loss by 1 / N: it has no divide to leave out.
+    "AccumulationOptimizer, no lock/reset/check": (
+        "AccumulationOptimizer",
+        ("lock", "reset", "check"),
+    ),
+}
 
-def _unlocked(build):
-    """``build`` with the window's mutex left out: what the lock costs, not a way to use.
 
-    Without it, runs from several threads may lose or double micro-batches.
+def _way_of(row):
+    """The way a row measures: itself, or the way it was built from with parts left out."""
+    if row in PIECES:
+        return PIECES[row][0]
+    if row.endswith(UNLOCKED_SUFFIX):
+        return row[: -len(UNLOCKED_SUFFIX)]
+    return row
+
+
+def _without(build, pieces):
+    """``build`` with ``pieces`` of the window's work left out (see `PIECES`).
+
+    The window's classes are patched while ``build`` runs, then restored:
+    "lock" builds no mutex lock; "divide" hands the optimizer the sum, not
+    the mean; "reset" leaves the accumulators as they are after the apply
+    (the counter is still reset); "check" takes no norm and applies every
+    window, outside any conditional.
     """
 
-    def unlocked():
+    def built():
+        import tensorflow as tf
+
         from tf1_accum import _window
 
         def exclusive(self, make, name=None):
-            import tensorflow as tf
-
             done, other = make()
             return (tf.group(done, name=name) if isinstance(done, tf.Operation) else done), other
 
-        locked = _window.Window.exclusive
-        _window.Window.exclusive = exclusive
+        def summed(self, total, count):
+            return tf.cast(total, self.var.dtype.base_dtype)
+
+        def kept(self, rows=None):
+            return tf.no_op()
+
+        patches = {
+            "lock": [(_window.Window, "exclusive", exclusive)],
+            "divide": [(_window._VariableAccumulator, "_finish", summed)],
+            "reset": [(_window._VariableAccumulator, "reset", kept)],
+            "check": [
+                (_window, "_global_norm", lambda grads: tf.constant(0.0, tf.float64)),
+                (_window.Window, "skip_nonfinite", property(lambda self: False)),
+            ],
+        }
+        saved = []
         try:
+            for piece in pieces:
+                for owner, attribute, replacement in patches[piece]:
+                    saved.append((owner, attribute, owner.__dict__[attribute]))
+                    setattr(owner, attribute, replacement)
             return build()
         finally:
-            _window.Window.exclusive = locked
+            for owner, attribute, original in reversed(saved):
+                setattr(owner, attribute, original)
 
-    return unlocked
+    return built
 
 
 def interleaved_samples(ways, repetitions, warmup, inner):
@@ -314,7 +375,7 @@ def plot(summary, path, title):
     import matplotlib.pyplot as plt
 
     models = list(summary)
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4.6), squeeze=False)
     for ax, model in zip(axes[0], models):
         names = list(summary[model])
         values = [summary[model][name]["peer"] for name in names]
@@ -323,18 +384,33 @@ def plot(summary, path, title):
         y = np.arange(len(names))
         # Points, not bars: the ratios differ by percents, which bars from 0 hide.
         for i, name in enumerate(names):
-            ours = name not in PEERS and name != "floor"
+            way = _way_of(name)
+            if name in PEERS or name == "floor":
+                color, face = "tab:gray", "tab:gray"
+            elif way != name:  # built with parts left out: hollow
+                color, face = "tab:blue", "white"
+            else:
+                color, face = "tab:blue", "tab:blue"
             ax.errorbar(
                 values[i],
                 i,
                 xerr=[[low[i]], [high[i]]],
                 fmt="o",
                 capsize=4,
-                color="tab:blue" if ours else "tab:gray",
+                color=color,
+                markerfacecolor=face,
             )
-            bound = TARGETS[model].get(name)
+            bound = TARGETS[model].get(way)
             if bound is not None:
-                ax.plot([bound, bound], [i - 0.35, i + 0.35], color="tab:red", linewidth=2)
+                # A row built with parts left out shows its way's target, dashed.
+                style = "-" if way == name else "--"
+                ax.plot(
+                    [bound, bound],
+                    [i - 0.35, i + 0.35],
+                    color="tab:red",
+                    linewidth=2,
+                    linestyle=style,
+                )
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.grid(axis="x", alpha=0.3)
         ax.set_yticks(y)
@@ -342,7 +418,9 @@ def plot(summary, path, title):
         ax.invert_yaxis()
         ax.set_xlabel("window time / faster peer's (red: target)")
         ax.set_title(f"{model}: {parameter_count(MODELS[model]):,} parameters")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(
+        title + "; hollow: built with parts left out (dashed: their way's target)", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -365,6 +443,14 @@ def main(argv=None):
         action="store_true",
         help="also time the fused helper and AccumulationOptimizer built without the "
         "window's mutex (unsafe with threads): what the lock costs",
+    )
+    parser.add_argument(
+        "--pieces",
+        action="store_true",
+        help="also time the fused helper built without its lock, then also without the "
+        "divide, the reset and the non-finite check, one more at a time, and the helper "
+        "and AccumulationOptimizer without all of them (not ways to use): what each piece "
+        "of their exact work costs",
     )
     parser.add_argument(
         "--runs",
@@ -400,6 +486,8 @@ def main(argv=None):
             inner = (1 if args.quick else 3) if model == "mlp" else (3 if args.quick else 30)
             warmup = 1 if args.quick else 3
             names = WAYS + (tuple(n + UNLOCKED_SUFFIX for n in UNLOCKED) if args.lock_cost else ())
+            if args.pieces:
+                names += tuple(label for label in PIECES if label not in names)
             peer, res = measure(tf, model, args.steps, args.micro_batch, reps, warmup, inner, names)
             results[model] = (peer, res)
             print(

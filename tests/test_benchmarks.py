@@ -167,6 +167,8 @@ def test_peers_table_and_plot(tmp_path):
         "4",
         "--plot",
         str(plot),
+        "--lock-cost",
+        "--pieces",
         *TINY_MLP,
     )
     stdout, stderr = process.communicate(timeout=300)
@@ -195,12 +197,19 @@ def test_peers_table_and_plot(tmp_path):
         "tensorpack",
         "gpt-2-simple",
         "floor",
+        "fused helper, no lock",
+        "AccumulationOptimizer, no lock",
+        "fused, no lock/divide",
+        "fused, no lock/divide/reset",
+        "fused, no lock/divide/reset/check",
+        "helper, no lock/divide/reset/check",
+        "AccumulationOptimizer, no lock/reset/check",
     ]
     for model in ("mlp", "tiny"):
         model_rows = [row for row in rows if row[0] == model]
         assert [row[1].replace(" (faster peer)", "") for row in model_rows] == ways
         # runs per window at N = 2
-        assert [int(row[2]) for row in model_rows] == [3, 2, 2, 1, 2, 4, 2]
+        assert [int(row[2]) for row in model_rows] == [3, 2, 2, 1, 2, 4, 2, 2, 2, 2, 2, 2, 3, 2]
         # The faster peer is a measurement: the table marks the one whose median
         # window time is the smaller, and the other's ratio to it is at least 1.
         peers = model_rows[4:6]
@@ -208,7 +217,8 @@ def test_peers_table_and_plot(tmp_path):
         (slower,) = [row for row in peers if row is not fastest]
         assert float(fastest[headers.index("/peer")]) == 1.0
         assert float(slower[headers.index("/peer")]) >= 1.0
-        assert float(model_rows[-1][headers.index("/floor")]) == 1.0
+        (floor,) = [row for row in model_rows if row[1] == "floor"]
+        assert float(floor[headers.index("/floor")]) == 1.0
         for row in model_rows:
             applies = float(row[headers.index("applies/window")])
             # tensorpack's apply may fall one micro-batch late: counted, not asserted.
@@ -219,7 +229,7 @@ def test_peers_table_and_plot(tmp_path):
     _ratios(headers, rows, ["ms/window", "/peer", "/floor"])
     summary_headers, summary = _table(tables[1])
     assert summary_headers[:3] == ["model", "way", "/peer (median)"]
-    assert len(summary) == 14
+    assert len(summary) == 28
     for row in summary:
         target, met = row[-2:]
         assert (target, met) == ("-", "-") or (target.startswith("<= ") and met in ("yes", "NO"))
