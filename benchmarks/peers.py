@@ -141,47 +141,41 @@ def build_ways(tf, spec, n, b, names=WAYS):
     builders = _models.ways(tf, spec, n, b)
     builders["tensorpack"] = (n, tensorpack)
     builders["gpt-2-simple"] = (n + 2, gpt_2_simple)
-    for name in UNLOCKED:
-        runs, build = builders[name]
-        builders[name + UNLOCKED_SUFFIX] = (runs, _without(build, ("lock",)))
-    for label, (way, pieces) in PIECES.items():
+    for label, (way, pieces) in WITHOUT.items():
         runs, build = builders[way]
-        builders.setdefault(label, (runs, _without(build, pieces)))
+        builders[label] = (runs, _without(build, pieces))
     return [Way(tf, name, *builders[name]) for name in names]
 
 
-UNLOCKED = ("fused helper", "AccumulationOptimizer")
-UNLOCKED_SUFFIX = ", no lock"
-
-# The fused helper with the pieces of its exact work left out one more at a
-# time, and the helper and AccumulationOptimizer with all of them left out
-# (--pieces): what each costs,
-# in the graphs the library builds. None of these is a way to use: without
-# the lock, threads may lose micro-batches; without the divide, the sum is
-# applied; without the reset, each window adds to the last one's sums;
-# without the check, a NaN window is applied. {row: (way, pieces left out)}
+# Rows built with parts of a way's work left out: {row: (way, parts)}. None
+# of them is a way to use: without the lock, threads may lose micro-batches;
+# without the divide, the sum is applied; without the reset, each window adds
+# to the last one's sums; without the check, a NaN window is applied.
+# --lock-cost: the lock alone.
+LOCK_COST = {
+    way + ", no lock": (way, ("lock",)) for way in ("fused helper", "AccumulationOptimizer")
+}
+# --pieces: the fused helper's exact work left out one more part at a time,
+# then the helper and AccumulationOptimizer without all of it (minimize
+# scales the loss by 1 / N: it has no divide to leave out).
 ALL_PIECES = ("lock", "divide", "reset", "check")
 PIECES = {
-    "fused helper" + UNLOCKED_SUFFIX: ("fused helper", ALL_PIECES[:1]),
+    "fused helper, no lock": ("fused helper", ALL_PIECES[:1]),
     "fused, no lock/divide": ("fused helper", ALL_PIECES[:2]),
     "fused, no lock/divide/reset": ("fused helper", ALL_PIECES[:3]),
     "fused, no lock/divide/reset/check": ("fused helper", ALL_PIECES),
     "helper, no lock/divide/reset/check": ("helper", ALL_PIECES),
-    # Its minimize scales the loss by 1 / N: it has no divide to leave out.
     "AccumulationOptimizer, no lock/reset/check": (
         "AccumulationOptimizer",
         ("lock", "reset", "check"),
     ),
 }
+WITHOUT = {**LOCK_COST, **PIECES}
 
 
 def _way_of(row):
     """The way a row measures: itself, or the way it was built from with parts left out."""
-    if row in PIECES:
-        return PIECES[row][0]
-    if row.endswith(UNLOCKED_SUFFIX):
-        return row[: -len(UNLOCKED_SUFFIX)]
-    return row
+    return WITHOUT.get(row, (row,))[0]
 
 
 def _without(build, pieces):
@@ -485,7 +479,7 @@ def main(argv=None):
             reps = args.repetitions or (3 if args.quick else (31 if model == "mlp" else 21))
             inner = (1 if args.quick else 3) if model == "mlp" else (3 if args.quick else 30)
             warmup = 1 if args.quick else 3
-            names = WAYS + (tuple(n + UNLOCKED_SUFFIX for n in UNLOCKED) if args.lock_cost else ())
+            names = WAYS + (tuple(LOCK_COST) if args.lock_cost else ())
             if args.pieces:
                 names += tuple(label for label in PIECES if label not in names)
             peer, res = measure(tf, model, args.steps, args.micro_batch, reps, warmup, inner, names)
