@@ -29,6 +29,13 @@ def _one_sgd_step(batches):
             return values_by_name(plain, v1.trainable_variables())
 
 
+def _assert_one_sgd_step(got, batches):
+    """``got`` (variable name: value) is one plain SGD step on ``batches`` joined."""
+    expected = _one_sgd_step(batches)
+    for name in got:
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+
+
 @pytest.fixture
 def sgd_window():
     """A float64 model, its accumulation, a session, and 3 micro-batches."""
@@ -98,12 +105,8 @@ def test_generator_of_feed_dicts(sgd_window):
 def test_last_batch_counted_once(sgd_window):
     """The forum bug: the apply fetched with the last feed re-runs accumulation."""
     model, acc, sess, batches = sgd_window
-    before = values_by_name(sess, acc.var_list)
     tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches])
-    after = values_by_name(sess, acc.var_list)
-    expected = _one_sgd_step(batches)
-    for name in before:
-        np.testing.assert_allclose(after[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(values_by_name(sess, acc.var_list), batches)
 
 
 @pytest.mark.parametrize(
@@ -162,9 +165,7 @@ def test_failing_micro_batch_is_named_and_the_window_discarded(sgd_window):
     # The next window starts clean: it equals one step on its own batches.
     tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches[1:]])
     got = values_by_name(sess, acc.var_list)
-    expected = _one_sgd_step(batches[1:])
-    for name in got:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(got, batches[1:])
 
 
 def test_op_error_in_a_micro_batch_keeps_its_type(sgd_window):
@@ -198,9 +199,7 @@ def test_continues_a_window_left_partly_accumulated(sgd_window):
     sess.run(acc.accum_op, model.feed(batches[0]))
     tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches[1:]])
     got = values_by_name(sess, acc.var_list)
-    expected = _one_sgd_step(batches)
-    for name in got:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(got, batches)
 
 
 def test_fused_takes_n_runs_and_equals_the_unfused_path_bit_for_bit():
@@ -276,9 +275,7 @@ def test_apply_feed_dict_feeds_a_learning_rate_placeholder(sgd_window):
     # The reference's constant rate is a float32 0.1, cast to float64.
     tf1_accum.run_accumulation(sess, acc, feeds, apply_feed_dict={rate: np.float32(0.1)})
     got = values_by_name(sess, acc.var_list)
-    expected = _one_sgd_step(batches)
-    for name in got:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(got, batches)
 
 
 class _ApplyRunHook(v1.train.SessionRunHook):
@@ -329,9 +326,7 @@ def test_a_hook_fetching_the_loss_in_every_run_is_fed_by_apply_feed_dict():
         # The hook fetches the loss in this run too: it needs a micro-batch.
         values = sess.run(acc.var_list, feed_dict=feeds[0])
         got = dict(zip([v.op.name for v in acc.var_list], values))
-    expected = _one_sgd_step(batches)
-    for name in got:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(got, batches)
 
 
 def test_a_hook_failing_the_apply_run_before_the_update_says_the_window_stays():
@@ -359,9 +354,7 @@ def test_a_hook_failing_the_apply_run_before_the_update_says_the_window_stays():
         sess.run([acc.apply_op])
         assert sess.run([step, acc.counter], feed_dict=feeds[0]) == [1, 0]
         got = values_by_name(sess, acc.var_list)
-    expected = _one_sgd_step(batches)
-    for name in got:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(got, batches)
 
 
 def test_a_hook_failing_the_apply_run_after_the_update_says_it_was_applied():
@@ -387,9 +380,7 @@ def test_a_hook_failing_the_apply_run_after_the_update_says_it_was_applied():
             tf1_accum.run_accumulation(sess, acc, feeds)
         assert sess.run([step, acc.counter], feed_dict=feeds[0]) == [1, 0]
         got = values_by_name(sess, acc.var_list)
-    expected = _one_sgd_step(batches)
-    for name in got:
-        np.testing.assert_allclose(got[name], expected[name], rtol=1e-12)
+    _assert_one_sgd_step(got, batches)
 
 
 def test_fused_failure_in_the_last_run_before_the_apply_discards_the_window(fused_window):
