@@ -27,22 +27,25 @@ class Accumulation(typing.NamedTuple):
     (see :ref:`ways-in-threads`).
 
     Attributes:
-        zero_op: Resets the accumulators and the counter, discarding a partial
-            window. Not needed between windows: ``apply_op`` resets.
+        zero_op: Discards a partial window: resets the counter (the next
+            ``accum_op`` then starts a window). Not needed between windows:
+            ``apply_op`` resets.
         accum_op: Adds this micro-batch's gradients to the accumulators and
             increments ``counter``, and runs ``update_ops``. Run it with the
             micro-batch's feed.
         apply_op: Applies ``grads_and_vars`` through the optimizer, increments
             ``global_step`` once (if one was given), then resets the
-            accumulators and the counter. Needs no feed. Raises
+            counter. Needs no feed. Raises
             ``tf.errors.InvalidArgumentError`` when nothing was accumulated,
             leaving every variable untouched.
         counter: ``int64`` variable: micro-batches accumulated since the last
             reset.
         accumulators: Accumulator variables, aligned with ``var_list``
-            (``accumulators[i]`` serves ``var_list[i]``). Each holds the sum of
-            the micro-batch gradients of the window; float16 and bfloat16
-            variables accumulate in float32.
+            (``accumulators[i]`` serves ``var_list[i]``). While ``counter`` is
+            above 0, each holds the sum of the micro-batch gradients of the
+            window; while it is 0, a dense one holds what the last window left
+            (a window's first add assigns; see the concepts page). Float16 and
+            bfloat16 variables accumulate in float32.
         var_list: The variables trained, in the order of ``accumulators``.
             Variables whose gradient is None are not in it.
         grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands

@@ -145,11 +145,13 @@ class WindowStatistics:
             halves.append(tf.cast(tf.nn.l2_loss(values), tf.float64))  # sum(x^2) / 2
         return 2.0 * tf.add_n(halves)
 
-    def observe(self, gradients, count, weight_total, square_total):
+    def observe(self, squares, count, weight_total, square_total):
         """Builds the statistics of the window being applied.
 
         Args:
-            gradients: the window's gradients, mean or sum, before clipping.
+            squares: the float64 squared norm of each variable's window
+                gradient, mean or sum, before clipping (the window computes
+                them once, for its global norm too).
             count: the number of micro-batches.
             weight_total: the sum of the weights, or None.
             square_total: the sum over micro-batches of (weight times) the
@@ -164,7 +166,6 @@ class WindowStatistics:
             with tf.compat.v1.name_scope("values"):
                 n = tf.cast(count, tf.float64)
                 total = n if weight_total is None else tf.cast(weight_total, tf.float64)
-                squares = [_square_sum(g) for g in gradients]  # a window's rows are distinct
                 if not self.average:  # the sum: the mean's squares are 1 / total^2 of it
                     squares = [s / tf.square(total) for s in squares]
                 variable_norms = [tf.sqrt(s) for s in squares]
@@ -256,12 +257,6 @@ class WindowStatistics:
     def _moving(average, value, valid):
         updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
         return tf.where(valid, updated, average.read_value())
-
-
-def _square_sum(gradient):
-    """Float64 sum of squares of a gradient whose sparse rows are distinct."""
-    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
-    return tf.reduce_sum(tf.square(tf.cast(values, tf.float64)))
 
 
 def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:

@@ -448,7 +448,9 @@ class Window:
                     stateful.append(counted_after)
                 square_after = self.square_norms.assign_add(square, use_locking=True)
                 stateful.append(square_after)
-            totals = [slot.add(g, weight) for slot, g in zip(self.slots, gradients)]
+            # The window's first add assigns: no reset pass, no zeros (see _VariableAccumulator).
+            first = tf.equal(self.counter.read_value(), 0, name="first")
+            totals = [slot.add(g, weight, first) for slot, g in zip(self.slots, gradients)]
             stateful += [t for total in totals for t in total]
             with tf.control_dependencies(stateful):
                 count = self.counter.assign_add(1, use_locking=True)
@@ -462,7 +464,11 @@ class Window:
             )
 
     def reset(self, name=None):
-        """Zeroes the accumulators and the counter."""
+        """Empties the window: the counter (and the totals) to 0, sparse touched rows to zero.
+
+        A dense accumulator keeps what it holds: the window's first add
+        assigns (see `_VariableAccumulator.add`).
+        """
         with tf.compat.v1.name_scope(self.scope):
             return tf.group(*[slot.reset() for slot in self.slots], self._reset_totals(), name=name)
 
@@ -536,6 +542,10 @@ class Window:
                 per_slot = [
                     slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
                 ]
+                # An empty window's dense accumulators hold what its last
+                # window left (its first add assigns): it sends zeros.
+                holds = tf.greater(count, 0)
+                per_slot = [slot.masked(t, holds) for slot, t in zip(self.slots, per_slot)]
                 scalars = [t for t in (square, counted) if t is not None]
                 per_slot, count, weight, scalars = self.cross_replica.reduce(
                     per_slot, count, weight, scalars
@@ -550,25 +560,42 @@ class Window:
                     denominator = None
                 else:
                     denominator = tf.identity(count if weight is None else weight)
-                reads = [slot.gradient(denominator, t) for slot, t in zip(self.slots, per_slot)]
-                grads = [grad for grad, _ in reads]
-                norm = _global_norm(grads)
+                # The window's sums, as the accumulators hold them: the norm and
+                # the statistics read them in place, and each variable's mean
+                # is made only where the optimizer takes it, one at a time
+                # (a mean of every variable at once would be a parameter copy).
+                sums = [slot.window_sum(t) for slot, t in zip(self.slots, per_slot)]
+                squares = _square_norms([_values(total) for total, _ in sums])
+                if denominator is not None:
+                    squares = [q / tf.square(tf.cast(denominator, tf.float64)) for q in squares]
+                norm = tf.sqrt(tf.add_n(squares), name="global_norm")
                 statistics, observed = None, []
                 if self.statistics is not None:
                     counted = count if counted is None else counted
-                    statistics, observed = self.statistics.observe(grads, counted, weight, square)
+                    statistics, observed = self.statistics.observe(squares, counted, weight, square)
+                factor = None
                 if self.clip_norm is not None:
-                    grads = _scale(grads, self.clip_norm / tf.maximum(norm, self.clip_norm))
-        grads_and_vars = [(grad, slot.var) for grad, slot in zip(grads, self.slots)]
+                    factor = self.clip_norm / tf.maximum(norm, self.clip_norm)
+
+                def grads():
+                    return [
+                        slot.finish(total, denominator, factor)
+                        for slot, (total, _) in zip(self.slots, sums)
+                    ]
+
+        # What apply_op hands the optimizer, for a user to fetch; the apply
+        # builds its own, inside the conditional that may skip it.
+        with tf.compat.v1.name_scope(self.scope):
+            grads_and_vars = [(grad, slot.var) for grad, slot in zip(grads(), self.slots)]
         # The optimizer builds its update in the caller's name scope, so that
         # its non-slot variables (Adam's beta powers) get the names plain
         # minimize() gives them.
         with tf.control_dependencies([totals.count] if after_add else []):
-            update, applied = self._apply_if_finite(optimizer, grads_and_vars, global_step, norm)
+            update, applied = self._apply_if_finite(optimizer, grads, global_step, norm)
         with tf.compat.v1.name_scope(self.scope):
             with tf.control_dependencies([update] + observed):
                 reset = tf.group(
-                    *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, reads)],
+                    *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, sums)],
                     self._reset_totals(),
                 )
             return Applied(
@@ -579,7 +606,7 @@ class Window:
                 statistics=statistics,
             )
 
-    def _apply_if_finite(self, optimizer, grads_and_vars, global_step, norm):
+    def _apply_if_finite(self, optimizer, make_grads, global_step, norm):
         """Hands the window to the optimizer, unless it must be skipped.
 
         The global norm is finite exactly when every gradient element is. A
@@ -588,6 +615,10 @@ class Window:
         ``SyncReplicasOptimizer``, whose apply cannot sit in a conditional
         (its chief waits for every worker's push): there a non-finite window
         is counted, not skipped.
+
+        ``make_grads()`` builds the gradients, aligned with the window's
+        variables, where the optimizer takes them: inside the conditional, so
+        each mean is computed only when the window is applied.
 
         The optimizer's update is built by the window's `SharedApply` for it:
         its state is created once, however often the apply is built, and
@@ -608,6 +639,7 @@ class Window:
             or _scales_loss(optimizer)
             or isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)
         ):
+            grads_and_vars = list(zip(make_grads(), self.var_list))
             update = tf.group(shared.apply_gradients(grads_and_vars, global_step), count_skip())
             # A dynamic loss scale applies exactly the finite windows.
             applied = finite if self.skip_nonfinite and _scales_loss(optimizer) else True
@@ -620,6 +652,7 @@ class Window:
             # variables (Adam's beta powers) do not take the cond's name.
             branch_graph = tf.compat.v1.get_default_graph()
             with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+                grads_and_vars = list(zip(make_grads(), self.var_list))
                 op = shared.apply_gradients(grads_and_vars, global_step)
             with tf.control_dependencies([op]):
                 return tf.constant(True)
@@ -653,6 +686,17 @@ class Window:
                 )
             )
         return tf.group(*resets)
+
+
+def unfolded_zeros(shape, dtype):
+    """Zeros of a static ``shape``, built so that no graph optimization makes them a constant.
+
+    ``tf.zeros`` of a static shape is a ``Fill`` that Grappler folds into a
+    constant (under 10 MB), and the kernel of a constant keeps its value for as
+    long as the session lives: a parameter-sized copy held by the initializer
+    only to be copied once. An ``Empty`` op (zero-filled) is never folded.
+    """
+    return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
 
 
 def state_variable(make_initial_value, name):
@@ -963,49 +1007,35 @@ def _values(gradient):
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
-def _global_norm(gradients):
-    """The global L2 norm of ``gradients``, as float64 whatever their dtypes.
+def _square_norms(values):
+    """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
 
     A sparse gradient holds each touched row once, so the norm of its values
     is the norm of the dense gradient.
 
-    Each gradient's sum of squares is taken in one pass, in its own dtype
-    (float32 at least): casting every element to float64 first would cost
-    several passes over the gradients in every apply. Only if that sum
-    overflows is it taken again in float64, so a finite gradient whose norm
+    Each sum of squares is taken in one pass, in its tensor's own dtype
+    (float32 at least), with no squared or float64 copy: ``l2_loss`` is
+    sum(t ** 2) / 2, and doubling it in float64 is exact. Only if that
+    overflows is it taken again in float64, so a finite window whose norm
     exceeds the float32 range still has a finite norm.
     """
-    values = [_values(g) for g in gradients]
 
-    def norm(widen):
-        # l2_loss is sum(t ** 2) / 2; doubling in float64 is exact.
-        squares = [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
-        return tf.sqrt(tf.add_n(squares))
+    def squares(widen):
+        return [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
 
     def at_least_float32(v):
         return tf.cast(v, tf.float32) if v.dtype.base_dtype.size < 4 else v
 
-    fast = norm(at_least_float32)
+    fast = squares(at_least_float32)
     if all(v.dtype.base_dtype == tf.float64 for v in values):
-        return tf.identity(fast, name="global_norm")
-    return tf.cond(
-        tf.math.is_finite(fast),
-        lambda: tf.identity(fast),
-        lambda: norm(lambda v: tf.cast(v, tf.float64)),
-        name="global_norm",
+        return fast
+    wide = tf.cond(
+        tf.math.is_finite(tf.add_n(fast)),
+        lambda: [tf.identity(q) for q in fast],
+        lambda: squares(lambda v: tf.cast(v, tf.float64)),
+        name="square_norms",
     )
-
-
-def _scale(gradients, factor):
-    """Multiplies each gradient (dense or sparse) by the float64 ``factor``."""
-    scaled = []
-    for g in gradients:
-        f = tf.cast(factor, _values(g).dtype)
-        if isinstance(g, tf.IndexedSlices):
-            scaled.append(tf.IndexedSlices(g.values * f, g.indices, g.dense_shape))
-        else:
-            scaled.append(g * f)
-    return scaled
+    return list(wide) if isinstance(wide, (list, tuple)) else [wide]
 
 
 def _accumulator_dtype(dtype):
@@ -1031,30 +1061,62 @@ class _VariableAccumulator:
         # here depends on the variable being initialized first.
         with tf.compat.v1.name_scope(var.op.name + "/"):
             self.accumulator = state_variable(
-                lambda: tf.zeros(self.shape, self.dtype), "accumulator"
+                lambda: unfolded_zeros(self.shape, self.dtype), "accumulator"
             )
 
-    def add(self, gradient, weight=None):
-        """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple."""
-        return (self.accumulator.assign_add(self._scaled(gradient, weight), use_locking=True),)
+    def add(self, gradient, weight=None, first=None):
+        """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
+
+        ``first`` (a bool tensor: the window holds no micro-batch yet) makes
+        the add an assign: what the accumulator held before the window is
+        never read, so no reset has to zero it (see `reset`).
+        """
+        values = self._scaled(gradient, weight)
+        if first is None:
+            return (self.accumulator.assign_add(values, use_locking=True),)
+        accumulator = self.accumulator
+        with reference_control_flow([accumulator]):
+            total = tf.cond(
+                first,
+                lambda: tf.identity(accumulator.assign(values, use_locking=True)),
+                lambda: tf.identity(accumulator.assign_add(values, use_locking=True)),
+                name="assign_or_add",
+            )
+        return (total,)
 
     def totals(self):
         """Reads what `add` returns: the accumulator's value, in a tuple."""
         return (self.accumulator.read_value(),)
 
-    def gradient(self, count, totals=None):
-        """Returns ``(mean or sum, None)``, in the variable's dtype.
+    def window_sum(self, totals=None):
+        """``(sum, None)``: what the window holds, as the accumulator holds it.
 
         ``totals`` is what `add` returned, or None to read the accumulator.
         """
-        total = self.accumulator.read_value() if totals is None else totals[0]
-        return self._finish(total, count), None
+        return (self.accumulator.read_value() if totals is None else totals[0]), None
+
+    def finish(self, total, denominator=None, factor=None):
+        """The gradient the optimizer takes: ``total / denominator * factor``, in its dtype."""
+        if denominator is not None:
+            total = total / tf.cast(denominator, self.dtype)
+        if factor is not None:
+            total = total * tf.cast(factor, self.dtype)
+        return tf.cast(total, self.var.dtype.base_dtype)
+
+    def masked(self, totals, holds):
+        """``totals`` where the window ``holds`` a micro-batch, else zeros (even for NaN)."""
+        keep = tf.cast(holds, self.dtype)
+        return tuple(tf.math.multiply_no_nan(t, keep) for t in totals)
 
     def reset(self, rows=None):
-        del rows  # every element is reset
-        return self.accumulator.assign(
-            tf.zeros(self.shape, self.dtype), use_locking=True, read_value=False
-        )
+        """Nothing to do: the window's next add assigns (see `add`).
+
+        Writing zeros would cost a pass over the parameters and, worse, a
+        parameter-sized zeros constant that the session keeps for as long as
+        it lives.
+        """
+        del rows
+        return tf.no_op()
 
     def _scaled(self, values, weight):
         values = tf.cast(values, self.dtype)
@@ -1062,10 +1124,6 @@ class _VariableAccumulator:
             return values
         # A weight of 0 zeroes the values even where they are NaN or Inf.
         return tf.math.multiply_no_nan(values, tf.cast(weight, self.dtype))
-
-    def _finish(self, total, count):
-        mean = total if count is None else total / tf.cast(count, self.dtype)
-        return tf.cast(mean, self.var.dtype.base_dtype)
 
 
 class _SparseAccumulator(_VariableAccumulator):
@@ -1081,11 +1139,14 @@ class _SparseAccumulator(_VariableAccumulator):
         super().__init__(var)
         with tf.compat.v1.name_scope(var.op.name + "/"):
             self.touched = state_variable(
-                lambda: tf.zeros(self.shape[:1], self.dtype), "accumulator_touched"
+                lambda: unfolded_zeros(self.shape[:1], self.dtype), "accumulator_touched"
             )
 
-    def add(self, gradient, weight=None):
+    def add(self, gradient, weight=None, first=None):
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
+
+        The rows a window touches are zeroed by its reset, so the accumulator
+        is zero outside them whatever ``first`` says.
 
         A micro-batch of weight 0 marks no row: a row stays untouched unless
         a micro-batch of positive weight names it.
@@ -1112,13 +1173,20 @@ class _SparseAccumulator(_VariableAccumulator):
         touched = self.touched.read_value() if touched is None else touched
         return tf.reshape(tf.where(touched > 0), [-1])
 
-    def gradient(self, count, totals=None):
-        """Returns ``(IndexedSlices of the touched rows, those rows)``."""
+    def window_sum(self, totals=None):
+        """``(IndexedSlices of the touched rows' sums, those rows)``."""
         accumulator, touched = (self.accumulator, None) if totals is None else totals
         rows = self._rows(touched)
-        values = self._finish(tf.gather(accumulator, rows), count)
         dense_shape = tf.constant(self.shape, tf.int64)
-        return tf.IndexedSlices(values, rows, dense_shape=dense_shape), rows
+        return tf.IndexedSlices(tf.gather(accumulator, rows), rows, dense_shape), rows
+
+    def finish(self, total, denominator=None, factor=None):
+        values = super().finish(total.values, denominator, factor)
+        return tf.IndexedSlices(values, total.indices, total.dense_shape)
+
+    def masked(self, totals, holds):
+        del holds  # untouched rows are zero, and an empty window touches none
+        return totals
 
     def reset(self, rows=None):
         rows = self._rows() if rows is None else rows
