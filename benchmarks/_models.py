@@ -18,6 +18,10 @@ import numpy as np
 MODELS = {
     # 1,570,344 parameters: 1000 -> 1024 -> 512 -> 40.
     "mlp": dict(features=1000, hidden=(1024, 512), classes=40),
+    # 1,585,162 parameters, 512 -> 1024 -> 1024 -> 10: at a micro-batch of
+    # 512 its activations outweigh its parameters and optimizer state, so one
+    # batch of N x B needs several times the memory of B.
+    "wide": dict(features=512, hidden=(1024, 1024), classes=10),
     # 1,608 parameters: 16 -> 64 -> 8; the cost of each session.run dominates.
     "tiny": dict(features=16, hidden=(64,), classes=8),
 }
@@ -91,8 +95,11 @@ def fed_model(tf, spec, n, b):
     return loss, feeds
 
 
-def ways(tf, spec, n, b):
-    """{name: (session runs per window, build)} for every name of `WAYS`."""
+def ways(tf, spec, n, b, **options):
+    """{name: (session runs per window, build)} for every name of `WAYS`.
+
+    ``options`` (``clip_norm``, ``statistics``) go to every way in.
+    """
     import tf1_accum
 
     v1 = tf.compat.v1
@@ -103,19 +110,20 @@ def ways(tf, spec, n, b):
     def helper(fused):
         def build():
             loss, feeds = model()
-            acc = tf1_accum.build_accumulation(loss, adam(tf), fused=fused)
+            acc = tf1_accum.build_accumulation(loss, adam(tf), fused=fused, **options)
             return lambda sess: tf1_accum.run_accumulation(sess, acc, feeds)
 
         return build
 
     def optimizer():
         loss, feeds = model()
-        train_op = tf1_accum.AccumulationOptimizer(adam(tf), steps=n).minimize(loss)
+        opt = tf1_accum.AccumulationOptimizer(adam(tf), steps=n, **options)
+        train_op = opt.minimize(loss)
         return per_micro_batch(train_op, feeds)
 
     def dataset_loop():
         acc = tf1_accum.build_dataset_accumulation(
-            make_loss_fn(tf, spec), adam(tf), micro_batches(tf, spec, n, b), n
+            make_loss_fn(tf, spec), adam(tf), micro_batches(tf, spec, n, b), n, **options
         )
         return lambda sess: sess.run(acc.train_op)
 
@@ -149,6 +157,43 @@ def ways(tf, spec, n, b):
         "dataset loop": (1, dataset_loop),
         "floor": (n, floor),
     }
+
+
+def peer_ways(tf, spec, n, b):
+    """{name: (session runs per window, build)} for the two accumulating peers.
+
+    tensorpack's ``AccumGradOptimizer`` and gpt-2-simple's
+    ``AccumulatingOptimizer`` (the ``bench`` extra), used as their
+    documentation says, on the same model, data and Adam as `ways`.
+    """
+    # Imported once the graph mode is set: gpt_2_simple's package calls
+    # disable_eager_execution() when imported.
+    from gpt_2_simple.src.accumulate import AccumulatingOptimizer
+    from tensorpack.tfutils.optimizer import AccumGradOptimizer
+
+    v1 = tf.compat.v1
+
+    def tensorpack():
+        loss, feeds = fed_model(tf, spec, n, b)
+        train_op = AccumGradOptimizer(adam(tf), niter=n).minimize(loss)
+        return per_micro_batch(train_op, feeds)
+
+    def gpt_2_simple():
+        loss, feeds = fed_model(tf, spec, n, b)
+        opt = AccumulatingOptimizer(opt=adam(tf), var_list=v1.trainable_variables())
+        opt_reset = opt.reset()
+        opt_compute = opt.compute_gradients(loss)
+        opt_apply = opt.apply_gradients()
+
+        def window(sess):
+            sess.run(opt_reset)
+            for feed in feeds:
+                sess.run(opt_compute, feed)
+            sess.run(opt_apply)
+
+        return window
+
+    return {"tensorpack": (n, tensorpack), "gpt-2-simple": (n + 2, gpt_2_simple)}
 
 
 def per_micro_batch(train_op, feeds):

@@ -1,44 +1,51 @@
-"""Peak memory and window time against N: accumulation against one big batch.
+"""Peak memory of accumulation, read from TensorFlow's allocator, in parameter bytes.
 
-For each N, two configurations train the 1.57 M-parameter MLP of
-``_models.py`` with Adam, each in its own subprocess so that peaks do not mix:
+Each configuration runs in a subprocess of its own (its peak mixes with no
+other): it builds its graph, initializes the variables, runs one window
+untraced, then traces ``--windows`` more with
+``RunOptions(trace_level=FULL_TRACE)``. Its peak is the largest
+``allocator_bytes_in_use`` that any node of those runs reports (the bytes
+TensorFlow's CPU allocator holds: variables, optimizer state, constants that
+kernels keep, and every tensor alive at that moment), not the process's
+resident set, which moves by more than the figures measured here. Peaks are
+given above plain training of one micro-batch of B, in units of P, the bytes
+of the trainable parameters, so that a figure carries from this model to a
+larger one.
 
-* accumulate: ``run_accumulation`` over N micro-batches of B examples (fed
-  from four arrays, cycled, so the input is the same whatever N), then one
-  apply;
-* big batch: plain ``minimize`` on one batch of N x B examples (the same
-  arrays, concatenated).
+The ways table (the default) measures, at one N and B on the 1.57 M-parameter
+MLP of ``_models.py`` with Adam:
 
-Each subprocess builds its graph, initializes the variables, resets its peak
-resident set size (``/proc/self/clear_refs``, so that initializers'
-temporaries do not count), runs one untimed window, times a few more, and
-reports its peak resident set size (``VmHWM``: what stayed resident from
-TensorFlow, the graph and the variables, plus the peak of the windows). The
-target: accumulating N micro-batches peaks within (peak at N = 1) + 1.2 x the
-bytes of the parameters. Each configuration is run ``--repetitions`` times, N
-and the two configurations interleaved, and the table shows medians. Plots of
-peak memory and window time against N go to ``--plot-dir`` (docs/_static by
-default).
+* plain training of one micro-batch of B per run (the reference), of one
+  batch of N x B, and of B drawn from the ``tf.data`` pipeline that the
+  dataset loop reads (the dataset loop is measured above this one, so that
+  its input pipeline's share does not count as accumulation's);
+* every way in with default options, with ``clip_norm=`` and with
+  ``statistics=True``, and the floor (N adds and one apply, nothing else);
+* the two accumulating peers (the ``bench`` extra), where installed;
+* the helper and plain training on an embedding model, whose gradients are
+  sparse: accumulation adds its accumulators, not a dense copy of the table.
 
-With ``--ways``, the peak of each way in (and of the floor, see
-``_models.py``) at one N instead, each in its own subprocess, as the same
-median over ``--repetitions``, and each way's peak above the helper's; and,
-to tell the input pipeline's share from the accumulation's, plain training
-(Adam's ``minimize``, one micro-batch per run) fed by feed dicts and by the
-``tf.data`` pipeline the dataset loop reads.
+Each configuration runs ``--repetitions`` times, and the table shows the
+largest peak (the executor's scheduling moves a peak by a fraction of P) and
+the spread, for each graph mode of ``--graph-modes``. Targets: every way in
+at most plain + 1.15 P, with ``clip_norm=`` or ``statistics=True`` at most
++ 1.30 P.
 
-Run:  python benchmarks/memory.py            (a few minutes)
-      python benchmarks/memory.py --quick    (N = 1, 4, 16, once each)
-      python benchmarks/memory.py --ways -n 8 --repetitions 3
+``--sweep`` draws the picture users look for instead: peak memory against the
+effective batch N x B on a model whose activations dominate (``wide`` in
+``_models.py``, B = 512), for one batch of N x B, for each way in and for
+the peers, to ``--plot`` (docs/_static/memory_sweep.png by default).
+
+Run:  python benchmarks/memory.py                     (both graph modes, ~15 minutes)
+      python benchmarks/memory.py --quick             (v1, once each)
+      python benchmarks/memory.py --sweep             (the plot, ~10 minutes)
 """
 
 import concurrent.futures
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -47,300 +54,345 @@ sys.path.insert(0, HERE)
 import _bench  # noqa: E402
 import _models  # noqa: E402
 
-MODES = ("accumulate", "big batch")
-TOLERANCE = 1.2  # parameter bytes allowed above the peak at N = 1
+TARGET = 1.15  # P above plain training of B, default options
+TARGET_OPTIONS = 1.30  # with clip_norm= or statistics=True
+OPTIONS = {
+    "": {},
+    ", clip": {"clip_norm": 1.0},
+    ", statistics": {"statistics": True, "micro_batch_size": 32},
+}
+WAYS = _models.WAYS[:-1]
+PLAIN_B, PLAIN_NB, PLAIN_DATASET = "plain, B", "plain, N x B", "plain, B from tf.data"
+PEERS = ("tensorpack", "gpt-2-simple")
+SPARSE_PLAIN, SPARSE_HELPER = "embedding: plain, B", "embedding: helper"
+CONFIGS = (
+    (PLAIN_B, PLAIN_NB, PLAIN_DATASET)
+    + tuple(way + suffix for suffix in OPTIONS for way in WAYS)
+    + ("floor",)
+    + PEERS
+    + (SPARSE_PLAIN, SPARSE_HELPER)
+)
+EMBEDDING = dict(vocabulary=40000, width=40, ids=16, classes=10)
+
+
+def peers_installed():
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("tensorpack", "gpt_2_simple"))
+
+
+class TracedSession:
+    """A session whose runs are traced; ``peak`` is the largest allocator figure seen."""
+
+    def __init__(self, sess, tf):
+        self.sess = sess
+        self.tf = tf
+        self.tracing = False
+        self.peak = 0
+
+    def run(self, fetches, feed_dict=None, **kwargs):
+        if not self.tracing:
+            return self.sess.run(fetches, feed_dict, **kwargs)
+        v1 = self.tf.compat.v1
+        metadata = v1.RunMetadata()
+        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+        result = self.sess.run(fetches, feed_dict, options=options, run_metadata=metadata)
+        for device in metadata.step_stats.dev_stats:
+            for node in device.node_stats:
+                for memory in node.memory:
+                    self.peak = max(self.peak, memory.allocator_bytes_in_use)
+        return result
+
+    def __getattr__(self, name):
+        return getattr(self.sess, name)
+
+
+def embedding_model(tf, n, b):
+    """An embedding table (most of the parameters) and a dense layer: sparse gradients."""
+    v1 = tf.compat.v1
+    e = EMBEDDING
+    rng = np.random.RandomState(1)
+    ids = v1.placeholder(tf.int32, [None, e["ids"]])
+    labels = v1.placeholder(tf.int32, [None])
+    table = v1.get_variable(
+        "table", initializer=rng.randn(e["vocabulary"], e["width"]).astype(np.float32)
+    )
+    w = v1.get_variable("w", initializer=rng.randn(e["width"], e["classes"]).astype(np.float32))
+    h = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
+    loss = tf.reduce_mean(
+        tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.matmul(h, w))
+    )
+    feeds = [
+        {
+            ids: rng.randint(0, e["vocabulary"], size=(b, e["ids"])).astype(np.int32),
+            labels: rng.randint(0, e["classes"], size=b).astype(np.int32),
+        }
+        for _ in range(n)
+    ]
+    return loss, feeds
+
+
+def build(tf, config, spec, n, b):
+    """``window(sess)`` for one configuration, built in the default graph."""
+    import tf1_accum
+
+    if config in (PLAIN_B, PLAIN_NB):
+        steps, size = (n, b) if config == PLAIN_B else (1, n * b)
+        loss, feeds = _models.fed_model(tf, spec, steps, size)
+        return _models.per_micro_batch(_models.adam(tf).minimize(loss), feeds)
+    if config == PLAIN_DATASET:
+        dataset = _models.micro_batches(tf, spec, n, b)
+        batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
+        train_op = _models.adam(tf).minimize(_models.make_loss_fn(tf, spec)(batch))
+        return _models.per_micro_batch(train_op, [None] * n)
+    if config in (SPARSE_PLAIN, SPARSE_HELPER):
+        loss, feeds = embedding_model(tf, n, b)
+        if config == SPARSE_PLAIN:
+            return _models.per_micro_batch(_models.adam(tf).minimize(loss), feeds)
+        acc = tf1_accum.build_accumulation(loss, _models.adam(tf))
+        return lambda sess: tf1_accum.run_accumulation(sess, acc, feeds)
+    if config in PEERS:
+        return _models.peer_ways(tf, spec, n, b)[config][1]()
+    for suffix, options in OPTIONS.items():
+        for way in WAYS + ("floor",):
+            if config == way + suffix:
+                return _models.ways(tf, spec, n, b, **options)[way][1]()
+    raise ValueError(f"unknown configuration {config!r}")
 
 
 def child(args):
     """Runs one configuration in this process; prints a JSON line."""
     tf = _bench.enter_graph_mode(args.graph_mode)
-    import tf1_accum
-
     v1 = tf.compat.v1
-    spec = dict(_models.MODELS["mlp"])
+    spec = dict(_models.MODELS[args.model])
     if args.hidden:
         spec["hidden"] = tuple(args.hidden)
     if args.features:
         spec["features"] = args.features
-    n, b = args.child_steps, args.micro_batch
-    if args.child in _models.WAYS + PLAIN:
-        return way_child(tf, args.child, spec, n, b, args.windows)
-    rng = np.random.RandomState(1)
-    # A few distinct micro-batches, cycled: the input takes the same memory
-    # and no time whatever N (as a streaming input pipeline would).
-    pool = [
-        (
-            rng.randn(b, spec["features"]).astype(np.float32),
-            rng.randint(0, spec["classes"], size=b).astype(np.int32),
-        )
-        for _ in range(4)
-    ]
-
-    x = v1.placeholder(tf.float32, [None, spec["features"]])
-    y = v1.placeholder(tf.int32, [None])
-    loss = _models.make_loss_fn(tf, spec)((x, y))
-    opt = v1.train.AdamOptimizer(1e-4)
-    if args.child == "accumulate":
-        acc = tf1_accum.build_accumulation(loss, opt)
-
-        def window():
-            feeds = ({x: pool[i % 4][0], y: pool[i % 4][1]} for i in range(n))
-            tf1_accum.run_accumulation(sess, acc, feeds)
-
-    else:
-        train_op = opt.minimize(loss)
-        parts = [pool[i % 4] for i in range(n)]
-        big = {x: np.concatenate([p[0] for p in parts]), y: np.concatenate([p[1] for p in parts])}
-
-        def window():
-            sess.run(train_op, big)
-
+    window = build(tf, args.child, spec, args.steps, args.micro_batch)
     param_bytes = sum(v.shape.num_elements() * v.dtype.size for v in v1.trainable_variables())
-    sess = v1.Session(config=_bench.session_config())
+    sess = TracedSession(v1.Session(config=_bench.session_config()), tf)
     sess.run(v1.global_variables_initializer())
-    reset = _bench.reset_peak_rss()
-    window()
-    times = []
+    window(sess)
+    sess.tracing = True
     for _ in range(args.windows):
-        start = time.perf_counter()
-        window()
-        times.append(time.perf_counter() - start)
-    print(
-        json.dumps(
-            {
-                "peak": _bench.peak_rss_bytes(),
-                "window": statistics.median(times),
-                "param_bytes": param_bytes,
-                "reset": reset,
-            }
-        )
-    )
-
-
-PLAIN = ("plain, fed", "plain, dataset-fed")
-
-
-def plain(tf, spec, n, b, from_dataset):
-    """Plain training, one micro-batch per run: the input's share of a peak."""
-    v1 = tf.compat.v1
-    if from_dataset:
-        dataset = _models.micro_batches(tf, spec, n, b)
-        batch = v1.data.make_one_shot_iterator(dataset).get_next()
-        train_op = _models.adam(tf).minimize(_models.make_loss_fn(tf, spec)(batch))
-        return _models.per_micro_batch(train_op, [None] * n)
-    loss, feeds = _models.fed_model(tf, spec, n, b)
-    return _models.per_micro_batch(_models.adam(tf).minimize(loss), feeds)
-
-
-def way_child(tf, name, spec, n, b, windows):
-    """One way in (or the floor, or plain training) on the MLP; prints its peak."""
-    if name in PLAIN:
-        window = plain(tf, spec, n, b, name == PLAIN[1])
-    else:
-        window = _models.ways(tf, spec, n, b)[name][1]()
-    sess = tf.compat.v1.Session(config=_bench.session_config())
-    sess.run(tf.compat.v1.global_variables_initializer())
-    reset = _bench.reset_peak_rss()
-    for _ in range(1 + windows):
         window(sess)
-    print(json.dumps({"peak": _bench.peak_rss_bytes(), "reset": reset}))
+    print(json.dumps({"peak": sess.peak, "param_bytes": param_bytes}))
 
 
-def ways_table(args):
-    """Peak of each way in at one N: median over the repetitions, interleaved."""
-    n = (args.steps or [8])[-1]
-    repetitions = args.repetitions or (1 if args.quick else 3)
-    jobs = [
-        name
-        for rep in range(repetitions)
-        for name in (_models.WAYS + PLAIN if rep % 2 == 0 else (_models.WAYS + PLAIN)[::-1])
-    ]
-    peaks = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [(name, pool.submit(run_child, name, n, args)) for name in jobs]
-        for name, future in futures:
-            peaks.setdefault(name, []).append(future.result()["peak"])
-    medians = {name: statistics.median(values) for name, values in peaks.items()}
-    helper = medians["helper"]
-    rows = [
-        [
-            name,
-            medians[name] / 2**20,
-            (medians[name] - helper) / 2**20,
-            "{:.1f}-{:.1f}".format(min(peaks[name]) / 2**20, max(peaks[name]) / 2**20),
-        ]
-        for name in _models.WAYS + PLAIN
-    ]
-    print(
-        f"# MLP, N={n}, B={args.micro_batch}, Adam, {repetitions} repetitions, graph mode "
-        f"{args.graph_mode}: peak resident set size after initialization, median"
-    )
-    print(_bench.format_table(["way", "peak MB", "above helper MB", "range MB"], rows))
-    return rows
-
-
-def run_child(mode, n, args):
+def run_child(config, args, model=None, steps=None, graph_mode=None):
     command = [
         sys.executable,
         os.path.abspath(__file__),
         "--child",
-        mode,
-        "--child-steps",
-        str(n),
-        "--micro-batch",
+        config,
+        "--model",
+        model or args.model,
+        "-n",
+        str(steps or args.steps),
+        "-b",
         str(args.micro_batch),
         "--windows",
         str(args.windows),
         "--graph-mode",
-        args.graph_mode,
+        graph_mode or args.graph_mode,
     ]
     if args.hidden:
         command += ["--hidden", *map(str, args.hidden)]
     if args.features:
         command += ["--features", str(args.features)]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1200)
     if result.returncode != 0:
-        raise RuntimeError(f"{mode}, N={n} failed:\n{result.stderr[-3000:]}")
+        raise RuntimeError(f"{config} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def plot(results, steps, param_bytes, peak1, plot_dir):
+def reference(config):
+    """The configuration a row is measured above: its own plain training of B."""
+    if config.startswith("embedding"):
+        return SPARSE_PLAIN
+    if config.startswith("dataset loop"):
+        return PLAIN_DATASET
+    return PLAIN_B
+
+
+def target(config):
+    if config.startswith("plain") or config in PEERS or config in ("floor", SPARSE_PLAIN):
+        return None
+    return TARGET_OPTIONS if config.endswith(("clip", "statistics")) else TARGET
+
+
+def ways_table(args):
+    """The largest peak of each configuration over the repetitions, per graph mode."""
+    configs = [c for c in CONFIGS if c not in PEERS or peers_installed()]
+    if args.configs:
+        wanted = set(args.configs) | {reference(c) for c in args.configs}
+        configs = [c for c in configs if c in wanted]
+    jobs = [
+        (mode, config)
+        for rep in range(args.repetitions)
+        for mode in args.graph_modes
+        for config in (configs if rep % 2 == 0 else configs[::-1])
+    ]
+    peaks, param_bytes = {}, {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [(job, pool.submit(run_child, job[1], args, graph_mode=job[0])) for job in jobs]
+        for (mode, config), future in futures:
+            result = future.result()
+            print(f"# {mode}, {config}: {result['peak'] / 2**20:.1f} MB", flush=True)
+            peaks.setdefault((mode, config), []).append(result["peak"])
+            param_bytes[(mode, config)] = result["param_bytes"]
+    rows = []
+    for mode in args.graph_modes:
+        for config in configs:
+            values = peaks[(mode, config)]
+            base = max(peaks[(mode, reference(config))])
+            p = param_bytes[(mode, config)]
+            above = (max(values) - base) / p
+            bound = target(config)
+            rows.append(
+                [
+                    mode,
+                    config,
+                    max(values) / 2**20,
+                    (max(values) - min(values)) / p,
+                    above,
+                    (max(values) - base) / 2**20,
+                    "-" if bound is None else f"<= {bound:.2f}",
+                    "-" if bound is None else ("yes" if above <= bound else "NO"),
+                ]
+            )
+    mlp = param_bytes[(args.graph_modes[0], PLAIN_B)]
+    sparse = param_bytes.get((args.graph_modes[0], SPARSE_PLAIN))
+    print(
+        f"# allocator peak bytes, largest of {args.repetitions} runs; MLP "
+        f"P = {mlp / 1e6:.2f} MB"
+        + ("" if sparse is None else f", embedding model P = {sparse / 1e6:.2f} MB")
+        + f", N={args.steps}, B={args.micro_batch}, Adam; 'above' is above plain training "
+        "of B (the dataset loop: above plain training on its tf.data pipeline)"
+    )
+    headers = ["mode", "configuration", "peak MB", "spread P", "above P", "above MB"]
+    print(_bench.format_table(headers + ["target P", "met"], rows))
+    return rows
+
+
+SWEEP = ("big batch",) + WAYS + PEERS
+
+
+def sweep(args):
+    """Peak against the effective batch N x B on the activation-dominated model."""
+    steps = args.sweep_steps
+    configs = [c for c in SWEEP if c not in PEERS or peers_installed()]
+    jobs = [(config, n) for n in steps for config in configs]
+    peaks = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = [
+            (
+                job,
+                pool.submit(
+                    run_child,
+                    PLAIN_NB if job[0] == "big batch" else job[0],
+                    args,
+                    model="wide",
+                    steps=job[1],
+                ),
+            )
+            for job in jobs
+        ]
+        for job, future in futures:
+            peaks[job] = future.result()
+    p = peaks[(configs[0], steps[0])]["param_bytes"]
+    base = peaks[("big batch", steps[0])]["peak"]
+    rows = [
+        [n * args.micro_batch]
+        + [peaks[(c, n)]["peak"] / 2**20 for c in configs]
+        + [(peaks[("helper", n)]["peak"] - base) / p]
+        for n in steps
+    ]
+    print(
+        f"# wide MLP, P = {p / 1e6:.2f} MB, B={args.micro_batch}, Adam, graph mode "
+        f"{args.graph_mode}: allocator peak MB against the effective batch N x B"
+    )
+    print(_bench.format_table(["N x B"] + list(configs) + ["helper above B, P"], rows))
+    if args.plot:
+        plot(peaks, configs, steps, args.micro_batch, p, args.plot)
+    return rows
+
+
+def plot(peaks, configs, steps, b, param_bytes, path):
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(plot_dir, exist_ok=True)
-    paths = []
-    for key, ylabel, filename in (
-        ("peak", "peak resident memory (MB)", "memory_peak.png"),
-        ("window", "window time (s)", "memory_window_time.png"),
-    ):
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for mode, marker in zip(MODES, ("o", "s")):
-            values = [results[(mode, n)][key] for n in steps]
-            if key == "peak":
-                values = [v / 2**20 for v in values]
-            ax.plot(steps, values, marker=marker, label=mode)
-        if key == "peak":
-            ax.axhline(
-                (peak1 + TOLERANCE * param_bytes) / 2**20,
-                color="grey",
-                linestyle="--",
-                label=f"target: peak at N=1 + {TOLERANCE} x parameter bytes",
-            )
-        if key == "peak":
-            ax.set_xscale("log", base=2)
-        else:  # linear axes: time linear in N is a straight line
-            ax.set_ylim(bottom=0)
-        ax.set_xlabel("N (micro-batches per window; big batch: N x B examples)")
-        ax.set_ylabel(ylabel)
-        ax.legend()
-        ax.grid(True, alpha=0.3)
-        fig.tight_layout()
-        path = os.path.join(plot_dir, filename)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    fig, ax = plt.subplots(figsize=(7.4, 4.6))
+    batches = [n * b for n in steps]
+    markers = dict(zip(configs, "osD^vxP+"))
+    for config in configs:
+        values = [peaks[(config, n)]["peak"] / 2**20 for n in steps]
+        style = "-" if config == "big batch" or config not in PEERS else ":"
+        ax.plot(batches, values, style, marker=markers[config], label=config)
+    base = peaks[("big batch", steps[0])]["peak"]
+    ax.axhline(
+        (base + param_bytes) / 2**20,
+        color="grey",
+        linestyle="--",
+        linewidth=1,
+        label="plain training of B + 1 P",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(batches)
+    ax.set_xticklabels([str(x) for x in batches])
+    ax.set_xlabel(f"effective batch N x B (B = {b})")
+    ax.set_ylabel("peak allocator memory (MB)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=9, loc="upper left")
+    ax.set_title(f"Peak memory, wide MLP of {param_bytes / 1e6:.1f} MB parameters, Adam")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    print(f"# plot: {os.path.abspath(path)}")
 
 
 def main(argv=None):
     parser = _bench.parser(__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="N = 1, 4, 16, once each")
-    parser.add_argument("-n", "--steps", type=int, nargs="+", default=None)
-    parser.add_argument("-b", "--micro-batch", type=int, default=32)
-    parser.add_argument("--repetitions", type=int, default=None)
-    parser.add_argument("--windows", type=int, default=3, help="timed windows per subprocess")
-    parser.add_argument("--jobs", type=int, default=1, help="subprocesses at once (1: timing)")
-    parser.add_argument("--hidden", type=int, nargs="+", default=None)
-    parser.add_argument("--features", type=int, default=None)
-    parser.add_argument("--plot-dir", default=os.path.join(HERE, "..", "docs", "_static"))
-    parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--ways", action="store_true", help="peak of each way in at one N")
-    parser.add_argument("--child", choices=MODES + _models.WAYS + PLAIN, help=argparse_hidden())
-    parser.add_argument("--child-steps", type=int, help=argparse_hidden())
+    parser.add_argument("--quick", action="store_true", help="graph mode v1, one run each")
+    parser.add_argument("-n", "--steps", type=int, default=8)
+    parser.add_argument("-b", "--micro-batch", type=int, default=None)
+    parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--windows", type=int, default=2, help="traced windows per run")
+    parser.add_argument("--jobs", type=int, default=2, help="subprocesses at once")
+    parser.add_argument("--graph-modes", nargs="+", choices=("v1", "resource"), default=None)
+    parser.add_argument("--configs", nargs="+", default=None, help="only these rows")
+    parser.add_argument("--sweep", action="store_true", help="peak against N x B, and a plot")
+    parser.add_argument("--sweep-steps", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    parser.add_argument(
+        "--plot", default=os.path.join(HERE, "..", "docs", "_static", "memory_sweep.png")
+    )
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", default=None, help="the models' hidden sizes"
+    )
+    parser.add_argument("--features", type=int, default=None, help="the models' input size")
+    parser.add_argument("--model", default="mlp", help=_hidden())
+    parser.add_argument("--child", help=_hidden())
     _bench.graph_mode_argument(parser)
     args = parser.parse_args(argv)
+    if args.micro_batch is None:
+        args.micro_batch = 512 if args.sweep else 32
     if args.child:
         return child(args)
-    if args.ways:
-        return ways_table(args)
-
-    steps = args.steps or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32, 64])
-    if 1 not in steps:
-        steps = [1, *steps]
-    repetitions = args.repetitions or (1 if args.quick else 3)
-    # Interleaved: each repetition walks every N, alternating the two modes.
-    jobs = [
-        (mode, n)
-        for rep in range(repetitions)
-        for i, n in enumerate(steps)
-        for mode in (MODES if (rep + i) % 2 == 0 else MODES[::-1])
-    ]
-    samples = {}
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        futures = [(job, pool.submit(run_child, *job, args)) for job in jobs]
-        for job, future in futures:
-            samples.setdefault(job, []).append(future.result())
-    results = {
-        job: {
-            key: statistics.median(s[key] for s in runs)
-            for key in ("peak", "window", "param_bytes", "reset")
-        }
-        for job, runs in samples.items()
-    }
-    param_bytes = results[("accumulate", 1)]["param_bytes"]
-    peak1 = results[("accumulate", 1)]["peak"]
-    headers = [
-        "N",
-        "accum peak MB",
-        "big peak MB",
-        "accum growth / param bytes",
-        "accum / big peak",
-        "accum s/window",
-        "big s/window",
-        "accum / big time",
-        "target",
-        "met",
-    ]
-    rows = []
-    for n in steps:
-        acc, big = results[("accumulate", n)], results[("big batch", n)]
-        growth = (acc["peak"] - peak1) / param_bytes
-        rows.append(
-            [
-                n,
-                acc["peak"] / 2**20,
-                big["peak"] / 2**20,
-                growth,
-                acc["peak"] / big["peak"],
-                acc["window"],
-                big["window"],
-                acc["window"] / big["window"],
-                f"growth <= {TOLERANCE}",
-                "yes" if growth <= TOLERANCE else "NO",
-            ]
-        )
-    print(
-        f"# MLP of {param_bytes / 4:,.0f} parameters ({param_bytes / 2**20:.1f} MB), "
-        f"B={args.micro_batch}, Adam, {repetitions} repetitions, graph mode {args.graph_mode}; "
-        "growth = (accum peak - accum peak at N=1) / parameter bytes; peaks "
-        + (
-            "after initialization"
-            if all(r["reset"] for r in results.values())
-            else "of the whole process (VmHWM could not be reset)"
-        )
-    )
-    print(_bench.format_table(headers, rows))
-    if not args.no_plot:
-        for path in plot(results, steps, param_bytes, peak1, args.plot_dir):
-            print(f"# plot: {os.path.abspath(path)}")
-    return rows
+    if args.quick:
+        args.repetitions = 1
+        args.graph_modes = args.graph_modes or ["v1"]
+    args.graph_modes = args.graph_modes or ["v1", "resource"]
+    if args.sweep:
+        return sweep(args)
+    return ways_table(args)
 
 
-def argparse_hidden():
+def _hidden():
     import argparse
 
     return argparse.SUPPRESS

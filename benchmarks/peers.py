@@ -38,8 +38,8 @@ new graphs and sessions each time, and the last table gives the median of
 the runs' ratios and their range; the targets are judged on those medians.
 
 ``--lock-cost`` and ``--pieces`` add rows built with parts of the window's
-work left out (the lock; then the divide, the reset and the non-finite
-check): what each part costs. They are measurements, not ways to use.
+work left out (the lock; then the divide and the non-finite check): what
+each part costs. They are measurements, not ways to use.
 
 Run:  python benchmarks/peers.py                      (a few minutes)
       python benchmarks/peers.py --mode resource --plot peers.png
@@ -111,36 +111,7 @@ class Way:
 
 
 def build_ways(tf, spec, n, b, names=WAYS):
-    # Imported once the graph mode is set: gpt_2_simple's package calls
-    # disable_eager_execution() when imported.
-    from gpt_2_simple.src.accumulate import AccumulatingOptimizer
-    from tensorpack.tfutils.optimizer import AccumGradOptimizer
-
-    v1 = tf.compat.v1
-
-    def tensorpack():
-        loss, feeds = _models.fed_model(tf, spec, n, b)
-        train_op = AccumGradOptimizer(_models.adam(tf), niter=n).minimize(loss)
-        return _models.per_micro_batch(train_op, feeds)
-
-    def gpt_2_simple():
-        loss, feeds = _models.fed_model(tf, spec, n, b)
-        opt = AccumulatingOptimizer(opt=_models.adam(tf), var_list=v1.trainable_variables())
-        opt_reset = opt.reset()
-        opt_compute = opt.compute_gradients(loss)
-        opt_apply = opt.apply_gradients()
-
-        def window(sess):
-            sess.run(opt_reset)
-            for feed in feeds:
-                sess.run(opt_compute, feed)
-            sess.run(opt_apply)
-
-        return window
-
-    builders = _models.ways(tf, spec, n, b)
-    builders["tensorpack"] = (n, tensorpack)
-    builders["gpt-2-simple"] = (n + 2, gpt_2_simple)
+    builders = {**_models.ways(tf, spec, n, b), **_models.peer_ways(tf, spec, n, b)}
     for label, (way, pieces) in WITHOUT.items():
         runs, build = builders[way]
         builders[label] = (runs, _without(build, pieces))
@@ -157,18 +128,15 @@ LOCK_COST = {
 }
 # --pieces: the fused helper's exact work left out one more part at a time,
 # then the helper and AccumulationOptimizer without all of it (minimize
-# scales the loss by 1 / N: it has no divide to leave out).
-ALL_PIECES = ("lock", "divide", "reset", "check")
+# scales the loss by 1 / N: it has no divide to leave out). The window has no
+# reset pass to leave out: its first add assigns.
+ALL_PIECES = ("lock", "divide", "check")
 PIECES = {
     "fused helper, no lock": ("fused helper", ALL_PIECES[:1]),
     "fused, no lock/divide": ("fused helper", ALL_PIECES[:2]),
-    "fused, no lock/divide/reset": ("fused helper", ALL_PIECES[:3]),
-    "fused, no lock/divide/reset/check": ("fused helper", ALL_PIECES),
-    "helper, no lock/divide/reset/check": ("helper", ALL_PIECES),
-    "AccumulationOptimizer, no lock/reset/check": (
-        "AccumulationOptimizer",
-        ("lock", "reset", "check"),
-    ),
+    "fused, no lock/divide/check": ("fused helper", ALL_PIECES),
+    "helper, no lock/divide/check": ("helper", ALL_PIECES),
+    "AccumulationOptimizer, no lock/check": ("AccumulationOptimizer", ("lock", "check")),
 }
 WITHOUT = {**LOCK_COST, **PIECES}
 
@@ -183,9 +151,8 @@ def _without(build, pieces):
 
     The window's classes are patched while ``build`` runs, then restored:
     "lock" builds no mutex lock; "divide" hands the optimizer the sum, not
-    the mean; "reset" leaves the accumulators as they are after the apply
-    (the counter is still reset); "check" takes no norm and applies every
-    window, outside any conditional.
+    the mean; "check" takes no norm and applies every window, outside any
+    conditional.
     """
 
     def built():
@@ -197,18 +164,19 @@ def _without(build, pieces):
             done, other = make()
             return (tf.group(done, name=name) if isinstance(done, tf.Operation) else done), other
 
-        def summed(self, total, count):
-            return tf.cast(total, self.var.dtype.base_dtype)
+        finish = _window._VariableAccumulator.finish
 
-        def kept(self, rows=None):
-            return tf.no_op()
+        def summed(self, total, denominator=None, factor=None):
+            return finish(self, total, None, factor)
+
+        def no_norms(values):
+            return [tf.constant(0.0, tf.float64) for _ in values]
 
         patches = {
             "lock": [(_window.Window, "exclusive", exclusive)],
-            "divide": [(_window._VariableAccumulator, "_finish", summed)],
-            "reset": [(_window._VariableAccumulator, "reset", kept)],
+            "divide": [(_window._VariableAccumulator, "finish", summed)],
             "check": [
-                (_window, "_global_norm", lambda grads: tf.constant(0.0, tf.float64)),
+                (_window, "_square_norms", no_norms),
                 (_window.Window, "skip_nonfinite", property(lambda self: False)),
             ],
         }

@@ -49,8 +49,26 @@ def outputs(tmp_path_factory):
             "1",
             "--jobs",
             "4",
-            "--plot-dir",
-            str(plots),
+            "--configs",
+            "helper",
+            "dataset loop, clip",
+            "embedding: helper",
+            *TINY_MLP,
+        ),
+        "memory sweep": _start(
+            "memory.py",
+            "--sweep",
+            "--sweep-steps",
+            "1",
+            "2",
+            "-b",
+            "4",
+            "--windows",
+            "1",
+            "--jobs",
+            "4",
+            "--plot",
+            str(plots / "memory_sweep.png"),
             *TINY_MLP,
         ),
         "sparse": _start(
@@ -120,14 +138,47 @@ def test_overhead_table(outputs):
     assert float(floor[headers.index("/floor")]) == 1.0
 
 
-def test_memory_table_and_plots(outputs):
+def test_memory_table(outputs):
     headers, rows = _table(outputs[0]["memory"])
-    assert headers[0] == "N"
-    assert [row[0] for row in rows] == ["1", "2"]
-    _ratios(headers, rows, ["accum peak MB", "big peak MB", "accum / big peak", "accum / big time"])
-    assert float(rows[0][headers.index("accum growth / param bytes")]) == 0.0
-    for name in ("memory_peak.png", "memory_window_time.png"):
-        assert (outputs[1] / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert headers == [
+        "mode",
+        "configuration",
+        "peak MB",
+        "spread P",
+        "above P",
+        "above MB",
+        "target P",
+        "met",
+    ]
+    configurations = [row[1] for row in rows]
+    assert configurations == [
+        "plain, B",
+        "plain, B from tf.data",
+        "helper",
+        "dataset loop, clip",
+        "embedding: plain, B",
+        "embedding: helper",
+    ]
+    assert {row[0] for row in rows} == {"v1"}
+    _ratios(headers, rows, ["peak MB"])
+    for row in rows:
+        above = float(row[headers.index("above P")])
+        assert math.isfinite(above), row
+        if row[1].startswith("plain") or row[1] == "embedding: plain, B":
+            assert above == 0.0, row  # each reference is measured above itself
+            assert row[-2:] == ["-", "-"], row
+        else:
+            assert row[-1] in ("yes", "NO"), row
+
+
+def test_memory_sweep_and_plot(outputs):
+    headers, rows = _table(outputs[0]["memory sweep"])
+    assert headers[0] == "N x B"
+    assert [row[0] for row in rows] == ["4", "8"]
+    assert "big batch" in headers and "helper" in headers and "dataset loop" in headers
+    columns = [h for h in headers[1:] if h != "helper above B, P"]
+    _ratios(headers, rows, columns)
+    assert (outputs[1] / "memory_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_sparse_table(outputs):
@@ -200,10 +251,9 @@ def test_peers_table_and_plot(tmp_path):
         "fused helper, no lock",
         "AccumulationOptimizer, no lock",
         "fused, no lock/divide",
-        "fused, no lock/divide/reset",
-        "fused, no lock/divide/reset/check",
-        "helper, no lock/divide/reset/check",
-        "AccumulationOptimizer, no lock/reset/check",
+        "fused, no lock/divide/check",
+        "helper, no lock/divide/check",
+        "AccumulationOptimizer, no lock/check",
     ]
     for model in ("mlp", "tiny"):
         model_rows = [row for row in rows if row[0] == model]
