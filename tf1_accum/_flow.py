@@ -27,6 +27,7 @@ MEAN_GRADIENT = ("mean_gradient",)  # gradients of a scaled loss
 GRADIENT = ("gradient",)
 ADD_FUNCTION = ("add_function",)  # tf.assign_add itself, passed as a value
 CONSTANT = ("constant",)
+ADDED_AT = "added_at"  # vid (ADDED_AT, line, col): a variable made elsewhere, added to there
 DIVIDED = "divided"  # (DIVIDED, vid): vid divided in place (assign(v / n))
 COUNTER_MEAN = "counter_mean"  # (COUNTER_MEAN, vid): divided by a variable vid
 STEP_MEAN = ("step_mean",)  # divided by the global step
@@ -531,10 +532,11 @@ class Module(ast.NodeVisitor):
             return {GRADIENT, MEAN_GRADIENT} if mean else {GRADIENT}
         accumulation = self.accumulation(call)
         if accumulation is not None:
-            return {(kind, v) for v in accumulation[0] for kind in (SUM, RERUN)}
+            return {(kind, v) for v in added_to(call, accumulation[0]) for kind in (SUM, RERUN)}
         if name in _ASSIGNS:
             vids, value = self.assigned(call) or ((), ())
-            return {(ZERO_OP if ZEROS in value else VAR, v) for v in vids}
+            zero = ZEROS in value or _is_zero(operands(call)[1])
+            return {(ZERO_OP if zero else VAR, v) for v in vids}
         if name in _APPLIES:
             gradients = _argument(call, 0, "grads_and_vars")
             tags = self.tags(gradients) if gradients is not None else frozenset()
@@ -662,6 +664,18 @@ def operands(call):
     target = func.value if method else _argument(call, 0, "ref", "x", "variable")
     value = _argument(call, 0 if method else 1, "value", "new_value", "increment", "delta")
     return target, value
+
+
+def added_to(call, vids):
+    """The variables an accumulating call adds to: ``vids``, or when the module
+    does not make the variable (an attribute set by a class of another module,
+    a parameter), one known only as "what the add at this call adds to"."""
+    return vids or {(ADDED_AT, call.lineno, call.col_offset)}
+
+
+def _is_zero(node):
+    """The literal ``0`` (or ``0.0``): ``count.assign(0.0)`` resets."""
+    return isinstance(node, ast.Constant) and node.value == 0 and type(node.value) is not bool
 
 
 def binary(node, op):

@@ -10,6 +10,7 @@ import ast
 import json
 import os
 import re
+import stat
 import typing
 
 from tf1_accum import _rules, _source
@@ -21,7 +22,7 @@ class Finding(typing.NamedTuple):
     Attributes:
         path: The file, as given (or found under a directory given).
         line: 1-based line number.
-        rule: The rule's code, ``"TFA001"`` to ``"TFA008"``, or ``"TFA000"``
+        rule: The rule's code, ``"TFA001"`` to ``"TFA009"``, or ``"TFA000"``
             for a file that cannot be read or parsed.
         message: What is wrong, then ``"; "``, then the tf1_accum replacement.
         col: 1-based column.
@@ -77,6 +78,12 @@ RULES = {
         "the last one: its gradient is lost, and the update is the sum of N - 1; use "
         "tf1_accum.run_accumulation(session, accumulation, feed_dicts), which accumulates "
         "every micro-batch before it applies"),
+    "TFA009": ("(c) a value computed from the assign_add ops fetched after the loop",
+        "this run fetches a value computed from the assign_add ops after the loop that ran "
+        "them, so it runs the adds again with its feed: the last micro-batch is added twice "
+        "(and the value read includes it twice); fetch the accumulator variables themselves, "
+        "or use tf1_accum.build_accumulation, whose apply_op reads the accumulators and needs "
+        "no feed"),
 }  # fmt: skip
 
 _IGNORE = re.compile(r"#\s*tf1_accum\.check:\s*ignore\b(?:\s+(TFA\d{3}(?:\s*,\s*TFA\d{3})*))?")
@@ -121,8 +128,7 @@ def check_source(source, path="<string>"):
     try:
         tree, parsed = _source.parse(source, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        reason = getattr(error, "msg", None) or str(error)
-        message = f"cannot parse this file ({reason}); fix the syntax, then check it again"
+        message = _parse_error_message(error)
         line, col = getattr(error, "lineno", None) or 1, getattr(error, "offset", None) or 1
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
@@ -143,19 +149,39 @@ def check_source(source, path="<string>"):
     return [f for f in findings if _keep(f, lines)]
 
 
+def _parse_error_message(error):
+    """The TFA000 message for a file Python's parser refuses, never with an empty reason."""
+    if isinstance(error, (RecursionError, MemoryError)):
+        # CPython's parser gives up on deep nesting (``not not ... x``, nested
+        # lambdas) with a bare MemoryError: valid syntax, too deep to read.
+        return (
+            "cannot parse this file (its expressions are nested too deeply for Python's "
+            f"parser: {type(error).__name__}); check it by hand"
+        )
+    reason = getattr(error, "msg", None) or str(error) or type(error).__name__
+    return f"cannot parse this file ({reason}); fix the syntax, then check it again"
+
+
 def python_files(paths):
     """Yields the files to check: each file given, and the *.py under each directory.
+
+    A directory of the walk that cannot be listed is yielded too, so that
+    `check_file` reports it rather than the walk skipping it in silence.
 
     Raises:
         FileNotFoundError: If a path does not exist.
     """
     for path in paths:
         if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
+            unlisted = []
+            for root, dirs, files in os.walk(path, onerror=unlisted.append):
+                yield from (error.filename or root for error in unlisted)
+                unlisted.clear()
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
                 for name in sorted(files):
                     if name.endswith(".py"):
                         yield os.path.join(root, name)
+            yield from (error.filename or path for error in unlisted)
         elif os.path.exists(path):
             yield path
         else:
@@ -170,14 +196,42 @@ class FileResult(typing.NamedTuple):
 
 
 def check_file(path):
-    """The `FileResult` of one file; one that cannot be read (binary data, say) gives a TFA000."""
+    """The `FileResult` of one file; one that cannot be read (binary data, a FIFO, a
+    directory that cannot be listed, no permission) gives a TFA000 and is not waited on."""
     try:
-        with open(path, "rb") as file:
-            source = _source.decode(file.read())
+        source = _source.decode(_read(path))
     except (OSError, _source.Unreadable) as error:
-        finding = Finding(path, 1, "TFA000", f"cannot read this file ({error}); check it by hand")
-        return FileResult([finding], False)
+        what = "directory" if os.path.isdir(path) else "file"
+        message = f"cannot read this {what} ({error}); check it by hand"
+        return FileResult([Finding(path, 1, "TFA000", message)], False)
     return FileResult(check_source(source, path), True)
+
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)  # fmt: skip
+
+
+def _read(path):
+    """The bytes of a regular file. Opened without blocking and checked before
+    reading: a FIFO named ``*.py`` would otherwise wait forever for a writer.
+
+    Raises:
+        OSError: If the file cannot be opened or read, or the directory listed.
+        Unreadable: If it is not a regular file (skipped unread).
+    """
+    if os.path.isdir(path):  # one the walk could not list: say why
+        with os.scandir(path):
+            raise _source.Unreadable("it is a directory, to be walked, not read")
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(descriptor, "rb") as file:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), "a special file")
+            raise _source.Unreadable(f"it is {kind}, not a regular file: skipped unread")
+        return file.read()
 
 
 def check_paths(paths, jobs=1):
