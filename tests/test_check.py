@@ -333,6 +333,75 @@ def test_a_fetch_that_adds_again_is_found_and_its_near_misses_are_not(clean, ref
     assert found == [(len((_WINDOW + refetched).splitlines()), "TFA009")]
 
 
+_PARENT = """import tensorflow as tf
+
+
+class PolicyBase(object):
+    def __init__(self, objective, rate):
+        self.optimizer = tf.train.AdamOptimizer(rate)
+        self.weights = tf.trainable_variables()
+        self.gradients = tf.gradients(objective, self.weights)
+"""
+
+_CHILD = """import numpy as np
+import tensorflow as tf
+
+from agents.policy_base import PolicyBase
+
+
+class Learner(PolicyBase):
+    def __init__(self, objective, rate):
+        PolicyBase.__init__(self, objective, rate)
+        self.fed = [tf.placeholder(tf.float32, w.shape) for w in self.weights]
+        self.apply = self.optimizer.apply_gradients(zip(self.fed, self.weights))
+
+    def update(self, sess, feeds):
+        total = [np.zeros(w.shape) for w in self.weights]
+        for feed in feeds:
+            for i, g in enumerate(sess.run(self.gradients, feed_dict=feed)):
+                total[i] += g
+        sess.run(self.apply, feed_dict=dict(zip(self.fed, total)))
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_parent_class_in_another_given_file_is_followed(tmp_path, jobs):
+    # The parent computes the gradients; the child feeds them back: TFA004 is
+    # in the child, and found only when the parent's file is checked with it.
+    (tmp_path / "policy_base.py").write_text(_PARENT, encoding="utf-8")
+    child = tmp_path / "learner.py"
+    child.write_text(_CHILD, encoding="utf-8")
+    for index in range(4):  # enough files for --jobs 2 to use its workers
+        (tmp_path / f"layers_{index}.py").write_text("x = tf.cond(p, f, g)\n")
+    assert _lint.check_paths([str(child)]) == []
+    expected = [(str(child), 11, 53, "TFA004")]
+    found = _run("--jobs", jobs, "--format", "json", tmp_path)
+    assert found.returncode == 1, found.stderr
+    assert [
+        (r["path"], r["line"], r["col"], r["code"]) for r in json.loads(found.stdout)
+    ] == expected
+    both = _lint.check_paths([str(child), str(tmp_path / "policy_base.py")])
+    assert [(f.path, f.line, f.col, f.rule) for f in both] == expected
+
+
+def test_a_parent_class_elsewhere_is_found_by_its_module_and_name_only(tmp_path):
+    # Another module's class of the same name, or the same module's other
+    # class, is not the parent; a parent whose own parent is in a third file
+    # brings that one too.
+    base = tmp_path / "policy_base.py"
+    base.write_text(_PARENT.replace("PolicyBase", "OtherBase"), encoding="utf-8")
+    (tmp_path / "other_base.py").write_text(_PARENT, encoding="utf-8")
+    child = tmp_path / "learner.py"
+    child.write_text(_CHILD, encoding="utf-8")
+    assert _lint.check_paths([str(tmp_path)]) == []
+    base.write_text(
+        "from root import Root\n\nclass PolicyBase(Root):\n    pass\n", encoding="utf-8"
+    )
+    (tmp_path / "root.py").write_text(_PARENT.replace("PolicyBase", "Root"), encoding="utf-8")
+    found = [(f.path, f.line, f.rule) for f in _lint.check_paths([str(tmp_path)])]
+    assert found == [(str(child), 11, "TFA004")]
+
+
 def test_async_and_await_as_names_are_read_as_python_before_3_7():
     source = (
         "if FLAGS.async:\n"

@@ -116,10 +116,12 @@ class Module(ast.NodeVisitor):
     name's key is its scope's (found with the compiler's symbol table, as
     Python resolves it), an attribute of ``self`` is keyed by class, a
     parameter also receives each argument the module passes to it, and a
-    function's return value is kept under the function.
+    function's return value is kept under the function. ``tables`` holds the
+    (symbol table, line offset) of each parent class copied in from another
+    file (`tf1_accum._parents`).
     """
 
-    def __init__(self, tree, source, path):
+    def __init__(self, tree, source, path, tables=()):
         self.tree = tree
         self.values = {}  # key -> [(expression, control dependencies)]
         self.scope_of = {}  # id(node) -> _Scope the node is evaluated in
@@ -133,6 +135,8 @@ class Module(ast.NodeVisitor):
             self._index_tables(symtable.symtable(source, path, "exec"))
         except (SyntaxError, ValueError):  # what ast accepts and the compiler does not
             pass
+        for table, offset in tables:  # parent classes copied from other files, moved down
+            self._index_tables(table, offset)
         self.root = self._scope = _Scope(None, None, tree)
         self._control = ()
         self.visit(tree)
@@ -142,11 +146,12 @@ class Module(ast.NodeVisitor):
         for call, scope in self.calls:
             self._bind_call(call, scope)
 
-    def _index_tables(self, table):
-        """Files every symbol table under ``table`` by its (name, line)."""
+    def _index_tables(self, table, offset=0):
+        """Files every symbol table under ``table`` by its (name, line + offset)."""
         for child in table.get_children():
-            self._tables.setdefault((child.get_name(), child.get_lineno()), []).append(child)
-            self._index_tables(child)
+            key = (child.get_name(), child.get_lineno() + offset)
+            self._tables.setdefault(key, []).append(child)
+            self._index_tables(child, offset)
 
     def _enter(self, node, name, cls=None):
         """The scope that ``node`` opens (its symbol table is the next one made for its line)."""

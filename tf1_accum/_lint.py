@@ -1,19 +1,20 @@
 """Finds the forum-style accumulation patterns in Python source, without running it.
 
-`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._flow` tags each
-value with what it is made from, `tf1_accum._rules` looks at what reaches
-``apply_gradients``, ``tf.cond`` and ``session.run``. A heuristic: it finds the
+`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._parents` copies in
+the parent classes it imports from the other files checked, `tf1_accum._flow`
+tags each value with what it is made from, `tf1_accum._rules` looks at what
+reaches ``apply_gradients``, ``tf.cond`` and ``session.run``. A heuristic: it finds the
 patterns as they are usually written, and says nothing of code it cannot follow.
 """
 
 import ast
+import functools
 import json
 import os
 import re
-import stat
 import typing
 
-from tf1_accum import _rules, _source
+from tf1_accum import _parents, _rules, _source
 
 
 class Finding(typing.NamedTuple):
@@ -100,7 +101,7 @@ def _keep(finding, lines):
     return not match or bool(codes) and finding.rule not in re.findall(r"TFA\d{3}", codes)
 
 
-def check_source(source, path="<string>"):
+def check_source(source, path="<string>", modules=None):
     """Returns the `Finding` list for one module's source text, by line.
 
     >>> source = '''
@@ -115,6 +116,10 @@ def check_source(source, path="<string>"):
     Args:
         source: Python source code, as text (Python 2 is accepted).
         path: The name to report the findings under.
+        modules: The other files of the check by module name (from
+            `tf1_accum._parents.index`): a class whose parent is imported from
+            one of them (``from trainer_base import Trainer``) is read with
+            the parent's methods. None: this file alone.
 
     Returns:
         A list of `Finding`, sorted by line (a file that does not parse: one
@@ -133,8 +138,9 @@ def check_source(source, path="<string>"):
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
         return []  # nothing any rule looks at: parsing was the whole check
+    grafted = _parents.graft(tree, path, modules) if modules else []
     try:
-        found = _rules.findings(tree, parsed, path)
+        found = _rules.findings(tree, parsed, path, _parents.tables(grafted))
     except RecursionError:
         message = "cannot check this file (its names are chained too deeply to follow); "
         message += "check it by hand"
@@ -145,7 +151,8 @@ def check_source(source, path="<string>"):
             for node in ast.walk(tree)
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "initialized_value"
         }
-    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in sorted(found))
+    found = [(line, col, rule) for line, col, rule in sorted(found) if line < _parents.OFFSET]
+    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in found)
     return [f for f in findings if _keep(f, lines)]
 
 
@@ -195,43 +202,17 @@ class FileResult(typing.NamedTuple):
     readable: bool
 
 
-def check_file(path):
+def check_file(path, modules=None):
     """The `FileResult` of one file; one that cannot be read (binary data, a FIFO, a
-    directory that cannot be listed, no permission) gives a TFA000 and is not waited on."""
+    directory that cannot be listed, no permission) gives a TFA000 and is not waited on.
+    ``modules``: as for `check_source`."""
     try:
-        source = _source.decode(_read(path))
+        source = _source.decode(_source.read(path))
     except (OSError, _source.Unreadable) as error:
         what = "directory" if os.path.isdir(path) else "file"
         message = f"cannot read this {what} ({error}); check it by hand"
         return FileResult([Finding(path, 1, "TFA000", message)], False)
-    return FileResult(check_source(source, path), True)
-
-
-_NOT_REGULAR = (
-    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)  # fmt: skip
-
-
-def _read(path):
-    """The bytes of a regular file. Opened without blocking and checked before
-    reading: a FIFO named ``*.py`` would otherwise wait forever for a writer.
-
-    Raises:
-        OSError: If the file cannot be opened or read, or the directory listed.
-        Unreadable: If it is not a regular file (skipped unread).
-    """
-    if os.path.isdir(path):  # one the walk could not list: say why
-        with os.scandir(path):
-            raise _source.Unreadable("it is a directory, to be walked, not read")
-    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    with open(descriptor, "rb") as file:
-        mode = os.fstat(descriptor).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), "a special file")
-            raise _source.Unreadable(f"it is {kind}, not a regular file: skipped unread")
-        return file.read()
+    return FileResult(check_source(source, path, modules), True)
 
 
 def check_paths(paths, jobs=1):
@@ -246,15 +227,29 @@ def check_paths(paths, jobs=1):
 
 
 def check_files(files, jobs=1):
-    """Yields the `FileResult` of each file in order, from ``jobs`` processes."""
+    """Yields the `FileResult` of each file in order, from ``jobs`` processes; a
+    class whose parent class is defined in another of the files is read with it."""
     files = list(files)
+    modules = _parents.index(files) if len(files) > 1 else None
     if jobs <= 1 or len(files) < 2 * jobs:
-        yield from map(check_file, files)
+        yield from map(functools.partial(check_file, modules=modules), files)
         return
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        yield from pool.imap(check_file, files, chunksize=16)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(jobs, initializer=_share, initargs=(modules,)) as pool:
+        yield from pool.imap(_check_shared, files, chunksize=16)
+
+
+_SHARED = {}  # in a worker process: the check's modules, given once
+
+
+def _share(modules):
+    _SHARED["modules"] = modules
+
+
+def _check_shared(path):
+    return check_file(path, _SHARED["modules"])
 
 
 def as_json(findings):

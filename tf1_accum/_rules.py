@@ -19,9 +19,10 @@ from tf1_accum._flow import (
 )  # fmt: skip
 
 
-def findings(tree, source, path):
-    """The (line, column, rule) triples found in a parsed module."""
-    module = Module(tree, source, path)
+def findings(tree, source, path, tables=()):
+    """The (line, column, rule) triples found in a parsed module (``tables``:
+    the symbol tables of parent classes copied in from other files)."""
+    module = Module(tree, source, path, tables)
     facts = _Facts(module)
     blocks = _blocks(module.tree)
     found = _loop_findings(module, facts, blocks)  # TFA008
@@ -372,7 +373,7 @@ def _refetch_findings(module, facts, blocks):
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``: the
     fetch runs the add once more, with its own feed (the last micro-batch)."""
     runs = [call for call, _ in module.calls if getattr(call.func, "attr", None) == "run"]
-    if not any(RERUN == tag[0] for run in runs for tag in _fetches(module, run)):
+    if not any(tag[0] == RERUN for run in runs for tag in _fetches(module, run)):
         return set()  # no run fetches anything computed from an add
     found = set()
     for block in blocks:
@@ -443,7 +444,7 @@ def _held(module, node, depth=0):
         held = module.stored(node)
     else:
         return [node]
-    if depth >= 3 or not held:
+    if depth >= 3 or not held or len(held) > 20:  # many stores: their union is as good
         return [node]
     return [leaf for value in held for leaf in _held(module, value, depth + 1)]
 

@@ -1,5 +1,7 @@
 """Reads a Python file for the migration checker as Python reads it, Python 2 included.
 
+Only regular files are read, and none is waited on (`read`).
+
 Bytes are decoded as the interpreter decodes them (a UTF-8 byte-order mark,
 a PEP 263 ``coding`` cookie). Legacy training scripts are often Python 2: a
 module that does not parse is fixed up token by token (``print`` and ``exec``
@@ -11,11 +13,40 @@ each statement on its line, so findings point at the original source.
 
 import ast
 import io
+import os
+import stat
 import tokenize
 
 
 class Unreadable(Exception):
     """A file that is not text: it cannot be read at all."""
+
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)  # fmt: skip
+
+
+def read(path):
+    """The bytes of a regular file. Opened without blocking and checked before
+    reading: a FIFO named ``*.py`` would otherwise wait forever for a writer.
+
+    Raises:
+        OSError: If the file cannot be opened or read, or the directory listed.
+        Unreadable: If it is not a regular file (skipped unread).
+    """
+    if os.path.isdir(path):  # one the walk could not list: say why
+        with os.scandir(path):
+            raise Unreadable("it is a directory, to be walked, not read")
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(descriptor, "rb") as file:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), "a special file")
+            raise Unreadable(f"it is {kind}, not a regular file: skipped unread")
+        return file.read()
 
 
 def decode(data):
