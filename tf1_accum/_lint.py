@@ -1,10 +1,11 @@
 """Finds the forum-style accumulation patterns in Python source, without running it.
 
-`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._parents` copies in
-the parent classes it imports from the other files checked, `tf1_accum._flow`
-tags each value with what it is made from, `tf1_accum._rules` looks at what
-reaches ``apply_gradients``, ``tf.cond`` and ``session.run``. A heuristic: it finds the
-patterns as they are usually written, and says nothing of code it cannot follow.
+`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._parents` copies
+in the parent classes it imports from the other files checked,
+`tf1_accum._flow` tags each value with what it is made from, `tf1_accum._rules`
+looks at what reaches ``apply_gradients``, ``tf.cond`` and ``session.run``. A
+heuristic: it finds the patterns as they are usually written, and says nothing
+of code it cannot follow.
 """
 
 import ast

@@ -4,9 +4,10 @@ Each rule looks at one place: TFA001 to TFA005 at the gradients given to
 ``apply_gradients`` (`_apply_findings`), TFA005 also at an accumulator's
 running-average ``assign``, TFA006 at a ``tf.cond`` (`_cond_findings`),
 TFA007 at ``initialized_value()``, TFA008 at the ``session.run`` calls after a
-short loop or in an ``if`` (`_loop_findings`). Whether a variable is an
-accumulator or a counter depends on what the whole module does to it, so
-`_Facts` gathers that first.
+short loop or in an ``if`` (`_loop_findings`), TFA009 at a ``session.run``
+after a loop that fetches what the loop's adds compute (`_refetch_findings`).
+Whether a variable is an accumulator or a counter depends on what the whole
+module does to it, so `_Facts` gathers that first.
 """
 
 import ast
