@@ -68,10 +68,11 @@ def test_each_before_is_found_at_its_lines_by_its_rule(before):
     assert found == expected
 
 
-def test_the_befores_cover_every_pattern_but_the_short_loop():
+def test_the_befores_cover_every_pattern_but_the_loops():
+    # TFA008 and TFA009 are about the session loop; the corpus holds them.
     assert len(BEFORES) == 6
     rules = {rule for before in BEFORES for _, rule in _marked(before)}
-    assert rules == set(_lint.RULES) - {"TFA008"}
+    assert rules == set(_lint.RULES) - {"TFA008", "TFA009"}
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda path: path.name[: -len(".py.txt")])
@@ -278,6 +279,151 @@ def test_names_are_resolved_scope_by_scope(source, expected):
     assert {(f.line, f.rule) for f in _lint.check_source(source)} == expected
 
 
+_WINDOW = (
+    "total = tf.Variable(0.0, trainable=False)\n"
+    "fed = tf.placeholder(tf.float32, shape=[])\n"
+    "add = tf.assign_add(total, fed)\n"
+    "half = add / 2.0\n"
+    "reset = total.assign(0.0)\n"
+    "with tf.control_dependencies([add]):\n"
+    "    read = tf.identity(total)\n"
+    "for value in values:\n"
+)
+
+
+@pytest.mark.parametrize(
+    "clean, refetched",
+    [
+        # The accumulator itself, divided after the fetch or in the graph.
+        (
+            "    sess.run(add, {fed: value})\nprint(sess.run(total) / 2, sess.run(total / 2.0))\n",
+            "    sess.run(add, {fed: value})\nprint(sess.run(half, {fed: value}))\n",
+        ),
+        # The zero op first: the fetch adds a new window's first micro-batch.
+        (
+            "    sess.run(add, {fed: value})\nsess.run(reset)\nsess.run(half, {fed: 1.0})\n",
+            "    sess.run(add, {fed: value})\nsess.run(total)\nsess.run(half, {fed: 1.0})\n",
+        ),
+        # A read ordered after the add, fetched with each micro-batch.
+        (
+            "    now = sess.run(read, {fed: value})\nprint(now / 2)\n",
+            "    now = sess.run(read, {fed: value})\nprint(sess.run(half, {fed: value}))\n",
+        ),
+        # Accumulate, or accumulate and divide: one add per run, in a tf.cond.
+        (
+            "    out = sess.run(tf.cond(last, lambda: tf.assign_add(total, fed) / 2.0,\n"
+            "                           lambda: tf.assign_add(total, fed)), {fed: value})\n",
+            "    out = sess.run(tf.cond(last, lambda: tf.assign_add(total, fed) / 2.0,\n"
+            "                           lambda: tf.assign_add(total, fed)), {fed: value})\n"
+            "out = sess.run(half, {fed: value})\n",
+        ),
+        # A loop of N - 1 adds, then the run that adds the last one and divides.
+        (
+            "    pass\nfor _ in range(n - 1):\n    sess.run(add, {fed: 1.0})\n"
+            "sess.run(half, {fed: 1.0})\n",
+            "    pass\nfor _ in range(n):\n    sess.run(add, {fed: 1.0})\n"
+            "sess.run(half, {fed: 1.0})\n",
+        ),
+    ],
+    ids=["accumulator", "after-zero-op", "identity-read", "cond", "short-loop"],
+)
+def test_a_fetch_that_adds_again_is_found_and_its_near_misses_are_not(clean, refetched):
+    assert _lint.check_source(_WINDOW + clean) == []
+    found = [(f.line, f.rule) for f in _lint.check_source(_WINDOW + refetched)]
+    assert found == [(len((_WINDOW + refetched).splitlines()), "TFA009")]
+
+
+_PARENT = """import tensorflow as tf
+
+
+class PolicyBase(object):
+    def __init__(self, objective, rate):
+        self.optimizer = tf.train.AdamOptimizer(rate)
+        self.weights = tf.trainable_variables()
+        self.gradients = tf.gradients(objective, self.weights)
+"""
+
+_CHILD = """import numpy as np
+import tensorflow as tf
+
+from agents.policy_base import PolicyBase
+
+
+class Learner(PolicyBase):
+    def __init__(self, objective, rate):
+        PolicyBase.__init__(self, objective, rate)
+        self.fed = [tf.placeholder(tf.float32, w.shape) for w in self.weights]
+        self.apply = self.optimizer.apply_gradients(zip(self.fed, self.weights))
+
+    def update(self, sess, feeds):
+        total = [np.zeros(w.shape) for w in self.weights]
+        for feed in feeds:
+            for i, g in enumerate(sess.run(self.gradients, feed_dict=feed)):
+                total[i] += g
+        sess.run(self.apply, feed_dict=dict(zip(self.fed, total)))
+"""
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_parent_class_in_another_given_file_is_followed(tmp_path, jobs):
+    # The parent computes the gradients; the child feeds them back: TFA004 is
+    # in the child, and found only when the parent's file is checked with it.
+    (tmp_path / "policy_base.py").write_text(_PARENT, encoding="utf-8")
+    child = tmp_path / "learner.py"
+    child.write_text(_CHILD, encoding="utf-8")
+    for index in range(4):  # enough files for --jobs 2 to use its workers
+        (tmp_path / f"layers_{index}.py").write_text("x = tf.cond(p, f, g)\n")
+    assert _lint.check_paths([str(child)]) == []
+    expected = [(str(child), 11, 53, "TFA004")]
+    found = _run("--jobs", jobs, "--format", "json", tmp_path)
+    assert found.returncode == 1, found.stderr
+    assert [
+        (r["path"], r["line"], r["col"], r["code"]) for r in json.loads(found.stdout)
+    ] == expected
+    both = _lint.check_paths([str(child), str(tmp_path / "policy_base.py")])
+    assert [(f.path, f.line, f.col, f.rule) for f in both] == expected
+
+
+def test_a_parent_class_elsewhere_is_found_by_its_module_and_name_only(tmp_path):
+    # Another module's class of the same name, or the same module's other
+    # class, is not the parent; a parent whose own parent is in a third file
+    # brings that one too.
+    base = tmp_path / "policy_base.py"
+    base.write_text(_PARENT.replace("PolicyBase", "OtherBase"), encoding="utf-8")
+    (tmp_path / "other_base.py").write_text(_PARENT, encoding="utf-8")
+    child = tmp_path / "learner.py"
+    child.write_text(_CHILD, encoding="utf-8")
+    assert _lint.check_paths([str(tmp_path)]) == []
+    base.write_text(
+        "from root import Root\n\nclass PolicyBase(Root):\n    pass\n", encoding="utf-8"
+    )
+    (tmp_path / "root.py").write_text(_PARENT.replace("PolicyBase", "Root"), encoding="utf-8")
+    found = [(f.path, f.line, f.rule) for f in _lint.check_paths([str(tmp_path)])]
+    assert found == [(str(child), 11, "TFA004")]
+
+
+def test_async_and_await_as_names_are_read_as_python_before_3_7():
+    source = (
+        "if FLAGS.async:\n"
+        "    print 'replicas', FLAGS.async\n"
+        "async = await = None\n"
+        "def await(x, async=False): return x\n"
+        "async def read(stream):\n"
+        "    async for line in stream:\n"
+        "        await line.flush()\n"
+    )
+    _, converted = _source.parse(source)
+    assert converted.splitlines() == [
+        "if FLAGS.ASYNC:",
+        "    print( 'replicas', FLAGS.ASYNC)",
+        "ASYNC = AWAIT = None",
+        "def AWAIT(x, ASYNC=False): return x",
+        "async def read(stream):",
+        "    async for line in stream:",
+        "        await line.flush()",
+    ]
+
+
 def test_a_python2_list_comprehension_over_a_tuple_gets_its_parentheses():
     source = (
         'print "building"\n'
@@ -327,6 +473,87 @@ def test_unparsable_file_is_a_finding_and_unreadable_file_exit_status_2(tmp_path
     assert [(f.line, f.rule) for f in _lint.check_source("x = 1\0\n")] == [(1, "TFA000")]
 
 
+@pytest.mark.parametrize(
+    "source, reason",
+    [
+        ("x = " + "not " * 100_000 + "1\n", "too deeply for Python's parser: MemoryError"),
+        ("x = " + "lambda: " * 10_000 + "1\n", "too deeply for Python's parser: MemoryError"),
+        ("x = 1" + " + 1" * 200_000 + "\n", "too deeply for Python's parser: RecursionError"),
+        ("x = " + "(" * 300 + "1" + ")" * 300 + "\n", "too many nested parentheses"),
+        ("def f(:\n    pass\n", "invalid syntax"),
+    ],
+    ids=["not-chain", "lambda-chain", "sum-chain", "parentheses", "syntax"],
+)
+def test_a_file_that_does_not_parse_is_reported_with_its_reason(source, reason):
+    [finding] = _lint.check_source(source, "deep.py")
+    assert finding.rule == "TFA000"
+    stated = re.fullmatch(r"cannot parse this file \((.+)\); .+", finding.message).group(1)
+    assert stated.endswith(reason), finding.message
+
+
+def test_a_parse_error_is_kept_whatever_select_names(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("acc = tf.Variable(v.initialized_value())\ndef broken(:\n", encoding="utf-8")
+    selected = _run("--select", "TFA001", bad)
+    assert selected.returncode == 1
+    assert re.findall(r": (TFA\d{3}) ", selected.stdout) == ["TFA000"]
+    ignored = _run("--select", "TFA001", "--ignore", "TFA000", bad)
+    assert (ignored.returncode, ignored.stdout) == (0, "")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_fifo_is_reported_unread_never_waited_on(tmp_path, jobs):
+    # Named *.py, given directly and met in the walk (with enough files for
+    # --jobs 2 to use its worker processes): nothing opens it for writing.
+    for index in range(4):
+        (tmp_path / f"model_{index}.py").write_text("w = v.initialized_value()\n")
+    fifo = tmp_path / "pipe.py"
+    os.mkfifo(fifo)
+    for paths in ([fifo], [tmp_path]):
+        result = _run("--jobs", jobs, *paths)
+        assert result.returncode == 2, result.stderr
+        assert (
+            f"{fifo}:1:1: TFA000 cannot read this file (it is a named pipe (FIFO), not a "
+            "regular file: skipped unread); check it by hand"
+        ) in result.stdout.splitlines()
+    assert result.stdout.count(": TFA007 ") == 4  # the regular files around it were checked
+
+
+def test_a_directory_the_walk_cannot_list_is_reported_with_exit_status_2(
+    tmp_path, monkeypatch, capsys
+):
+    from tf1_accum import check
+
+    (tmp_path / "train.py").write_text("w = v.initialized_value()\n")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "hidden.py").write_text("w = v.initialized_value()\n")
+    locked.chmod(0)
+    if os.geteuid() == 0:  # root lists anything: refuse the listing as the system would
+        scandir = os.scandir
+
+        def refusing(path="."):
+            if os.fspath(path) == str(locked):
+                raise PermissionError(13, "Permission denied", str(locked))
+            return scandir(path)
+
+        monkeypatch.setattr(os, "scandir", refusing)
+    try:
+        status = check.main(["--jobs", "1", "--format", "json", str(tmp_path)])
+    finally:
+        locked.chmod(0o755)
+    assert status == 2
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["path"], r["code"]) for r in records] == [
+        (str(tmp_path / "train.py"), "TFA007"),
+        (str(locked), "TFA000"),
+    ]
+    assert records[1]["message"] == (
+        f"cannot read this directory ([Errno 13] Permission denied: '{locked}'); check it by hand"
+    )
+
+
 def test_code_the_compiler_rejects_after_parsing_is_still_checked():
     # symtable refuses a name used before its global declaration; ast does not.
     source = "def f():\n    acc = 1\n    global acc\nw = tf.Variable(v.initialized_value())\n"
@@ -363,8 +590,9 @@ def test_exit_status_and_output_format(tmp_path):
     ]
     assert records[0]["path"].endswith("a_sum_not_mean_before.py")
     assert records[1]["message"] == _lint.RULES["TFA001"][1]
-    unknown = _run("--select", "TFA009", MIGRATION)
-    assert unknown.returncode == 2 and "unknown rule code(s) TFA009" in unknown.stderr
+    unknown = _run("--select", "TFA010", MIGRATION)
+    assert unknown.returncode == 2
+    assert "unknown rule code(s) TFA010: expected TFA000 to TFA009" in unknown.stderr
     clean = _run(MIGRATION / "a_sum_not_mean_after.py", ROOT / "tf1_accum")
     assert (clean.returncode, clean.stdout) == (0, "")
     no_path = _run()

@@ -27,6 +27,7 @@ MEAN_GRADIENT = ("mean_gradient",)  # gradients of a scaled loss
 GRADIENT = ("gradient",)
 ADD_FUNCTION = ("add_function",)  # tf.assign_add itself, passed as a value
 CONSTANT = ("constant",)
+ADDED_AT = "added_at"  # vid (ADDED_AT, line, col): a variable made elsewhere, added to there
 DIVIDED = "divided"  # (DIVIDED, vid): vid divided in place (assign(v / n))
 COUNTER_MEAN = "counter_mean"  # (COUNTER_MEAN, vid): divided by a variable vid
 STEP_MEAN = ("step_mean",)  # divided by the global step
@@ -115,10 +116,12 @@ class Module(ast.NodeVisitor):
     name's key is its scope's (found with the compiler's symbol table, as
     Python resolves it), an attribute of ``self`` is keyed by class, a
     parameter also receives each argument the module passes to it, and a
-    function's return value is kept under the function.
+    function's return value is kept under the function. ``tables`` holds the
+    (symbol table, line offset) of each parent class copied in from another
+    file (`tf1_accum._parents`).
     """
 
-    def __init__(self, tree, source, path):
+    def __init__(self, tree, source, path, tables=()):
         self.tree = tree
         self.values = {}  # key -> [(expression, control dependencies)]
         self.scope_of = {}  # id(node) -> _Scope the node is evaluated in
@@ -132,6 +135,8 @@ class Module(ast.NodeVisitor):
             self._index_tables(symtable.symtable(source, path, "exec"))
         except (SyntaxError, ValueError):  # what ast accepts and the compiler does not
             pass
+        for table, offset in tables:  # parent classes copied from other files, moved down
+            self._index_tables(table, offset)
         self.root = self._scope = _Scope(None, None, tree)
         self._control = ()
         self.visit(tree)
@@ -141,11 +146,12 @@ class Module(ast.NodeVisitor):
         for call, scope in self.calls:
             self._bind_call(call, scope)
 
-    def _index_tables(self, table):
-        """Files every symbol table under ``table`` by its (name, line)."""
+    def _index_tables(self, table, offset=0):
+        """Files every symbol table under ``table`` by its (name, line + offset)."""
         for child in table.get_children():
-            self._tables.setdefault((child.get_name(), child.get_lineno()), []).append(child)
-            self._index_tables(child)
+            key = (child.get_name(), child.get_lineno() + offset)
+            self._tables.setdefault(key, []).append(child)
+            self._index_tables(child, offset)
 
     def _enter(self, node, name, cls=None):
         """The scope that ``node`` opens (its symbol table is the next one made for its line)."""
@@ -531,10 +537,11 @@ class Module(ast.NodeVisitor):
             return {GRADIENT, MEAN_GRADIENT} if mean else {GRADIENT}
         accumulation = self.accumulation(call)
         if accumulation is not None:
-            return {(kind, v) for v in accumulation[0] for kind in (SUM, RERUN)}
+            return {(kind, v) for v in added_to(call, accumulation[0]) for kind in (SUM, RERUN)}
         if name in _ASSIGNS:
             vids, value = self.assigned(call) or ((), ())
-            return {(ZERO_OP if ZEROS in value else VAR, v) for v in vids}
+            zero = ZEROS in value or _is_zero(operands(call)[1])
+            return {(ZERO_OP if zero else VAR, v) for v in vids}
         if name in _APPLIES:
             gradients = _argument(call, 0, "grads_and_vars")
             tags = self.tags(gradients) if gradients is not None else frozenset()
@@ -662,6 +669,18 @@ def operands(call):
     target = func.value if method else _argument(call, 0, "ref", "x", "variable")
     value = _argument(call, 0 if method else 1, "value", "new_value", "increment", "delta")
     return target, value
+
+
+def added_to(call, vids):
+    """The variables an accumulating call adds to: ``vids``, or when the module
+    does not make the variable (an attribute set by a class of another module,
+    a parameter), one known only as "what the add at this call adds to"."""
+    return vids or {(ADDED_AT, call.lineno, call.col_offset)}
+
+
+def _is_zero(node):
+    """The literal ``0`` (or ``0.0``): ``count.assign(0.0)`` resets."""
+    return isinstance(node, ast.Constant) and node.value == 0 and type(node.value) is not bool
 
 
 def binary(node, op):

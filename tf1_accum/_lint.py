@@ -1,18 +1,21 @@
 """Finds the forum-style accumulation patterns in Python source, without running it.
 
-`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._flow` tags each
-value with what it is made from, `tf1_accum._rules` looks at what reaches
-``apply_gradients``, ``tf.cond`` and ``session.run``. A heuristic: it finds the
-patterns as they are usually written, and says nothing of code it cannot follow.
+`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._parents` copies
+in the parent classes it imports from the other files checked,
+`tf1_accum._flow` tags each value with what it is made from, `tf1_accum._rules`
+looks at what reaches ``apply_gradients``, ``tf.cond`` and ``session.run``. A
+heuristic: it finds the patterns as they are usually written, and says nothing
+of code it cannot follow.
 """
 
 import ast
+import functools
 import json
 import os
 import re
 import typing
 
-from tf1_accum import _rules, _source
+from tf1_accum import _parents, _rules, _source
 
 
 class Finding(typing.NamedTuple):
@@ -21,7 +24,7 @@ class Finding(typing.NamedTuple):
     Attributes:
         path: The file, as given (or found under a directory given).
         line: 1-based line number.
-        rule: The rule's code, ``"TFA001"`` to ``"TFA008"``, or ``"TFA000"``
+        rule: The rule's code, ``"TFA001"`` to ``"TFA009"``, or ``"TFA000"``
             for a file that cannot be read or parsed.
         message: What is wrong, then ``"; "``, then the tf1_accum replacement.
         col: 1-based column.
@@ -77,6 +80,12 @@ RULES = {
         "the last one: its gradient is lost, and the update is the sum of N - 1; use "
         "tf1_accum.run_accumulation(session, accumulation, feed_dicts), which accumulates "
         "every micro-batch before it applies"),
+    "TFA009": ("(c) a value computed from the assign_add ops fetched after the loop",
+        "this run fetches a value computed from the assign_add ops after the loop that ran "
+        "them, so it runs the adds again with its feed: the last micro-batch is added twice "
+        "(and the value read includes it twice); fetch the accumulator variables themselves, "
+        "or use tf1_accum.build_accumulation, whose apply_op reads the accumulators and needs "
+        "no feed"),
 }  # fmt: skip
 
 _IGNORE = re.compile(r"#\s*tf1_accum\.check:\s*ignore\b(?:\s+(TFA\d{3}(?:\s*,\s*TFA\d{3})*))?")
@@ -93,7 +102,7 @@ def _keep(finding, lines):
     return not match or bool(codes) and finding.rule not in re.findall(r"TFA\d{3}", codes)
 
 
-def check_source(source, path="<string>"):
+def check_source(source, path="<string>", modules=None):
     """Returns the `Finding` list for one module's source text, by line.
 
     >>> source = '''
@@ -108,6 +117,10 @@ def check_source(source, path="<string>"):
     Args:
         source: Python source code, as text (Python 2 is accepted).
         path: The name to report the findings under.
+        modules: The other files of the check by module name (from
+            `tf1_accum._parents.index`): a class whose parent is imported from
+            one of them (``from trainer_base import Trainer``) is read with
+            the parent's methods. None: this file alone.
 
     Returns:
         A list of `Finding`, sorted by line (a file that does not parse: one
@@ -121,14 +134,14 @@ def check_source(source, path="<string>"):
     try:
         tree, parsed = _source.parse(source, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        reason = getattr(error, "msg", None) or str(error)
-        message = f"cannot parse this file ({reason}); fix the syntax, then check it again"
+        message = _parse_error_message(error)
         line, col = getattr(error, "lineno", None) or 1, getattr(error, "offset", None) or 1
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
         return []  # nothing any rule looks at: parsing was the whole check
+    grafted = _parents.graft(tree, path, modules) if modules else []
     try:
-        found = _rules.findings(tree, parsed, path)
+        found = _rules.findings(tree, parsed, path, _parents.tables(grafted))
     except RecursionError:
         message = "cannot check this file (its names are chained too deeply to follow); "
         message += "check it by hand"
@@ -139,23 +152,44 @@ def check_source(source, path="<string>"):
             for node in ast.walk(tree)
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "initialized_value"
         }
-    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in sorted(found))
+    found = [(line, col, rule) for line, col, rule in sorted(found) if line < _parents.OFFSET]
+    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in found)
     return [f for f in findings if _keep(f, lines)]
+
+
+def _parse_error_message(error):
+    """The TFA000 message for a file Python's parser refuses, never with an empty reason."""
+    if isinstance(error, (RecursionError, MemoryError)):
+        # CPython's parser gives up on deep nesting (``not not ... x``, nested
+        # lambdas) with a bare MemoryError: valid syntax, too deep to read.
+        return (
+            "cannot parse this file (its expressions are nested too deeply for Python's "
+            f"parser: {type(error).__name__}); check it by hand"
+        )
+    reason = getattr(error, "msg", None) or str(error) or type(error).__name__
+    return f"cannot parse this file ({reason}); fix the syntax, then check it again"
 
 
 def python_files(paths):
     """Yields the files to check: each file given, and the *.py under each directory.
+
+    A directory of the walk that cannot be listed is yielded too, so that
+    `check_file` reports it rather than the walk skipping it in silence.
 
     Raises:
         FileNotFoundError: If a path does not exist.
     """
     for path in paths:
         if os.path.isdir(path):
-            for root, dirs, files in os.walk(path):
+            unlisted = []
+            for root, dirs, files in os.walk(path, onerror=unlisted.append):
+                yield from (error.filename or root for error in unlisted)
+                unlisted.clear()
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
                 for name in sorted(files):
                     if name.endswith(".py"):
                         yield os.path.join(root, name)
+            yield from (error.filename or path for error in unlisted)
         elif os.path.exists(path):
             yield path
         else:
@@ -169,15 +203,17 @@ class FileResult(typing.NamedTuple):
     readable: bool
 
 
-def check_file(path):
-    """The `FileResult` of one file; one that cannot be read (binary data, say) gives a TFA000."""
+def check_file(path, modules=None):
+    """The `FileResult` of one file; one that cannot be read (binary data, a FIFO, a
+    directory that cannot be listed, no permission) gives a TFA000 and is not waited on.
+    ``modules``: as for `check_source`."""
     try:
-        with open(path, "rb") as file:
-            source = _source.decode(file.read())
+        source = _source.decode(_source.read(path))
     except (OSError, _source.Unreadable) as error:
-        finding = Finding(path, 1, "TFA000", f"cannot read this file ({error}); check it by hand")
-        return FileResult([finding], False)
-    return FileResult(check_source(source, path), True)
+        what = "directory" if os.path.isdir(path) else "file"
+        message = f"cannot read this {what} ({error}); check it by hand"
+        return FileResult([Finding(path, 1, "TFA000", message)], False)
+    return FileResult(check_source(source, path, modules), True)
 
 
 def check_paths(paths, jobs=1):
@@ -192,15 +228,29 @@ def check_paths(paths, jobs=1):
 
 
 def check_files(files, jobs=1):
-    """Yields the `FileResult` of each file in order, from ``jobs`` processes."""
+    """Yields the `FileResult` of each file in order, from ``jobs`` processes; a
+    class whose parent class is defined in another of the files is read with it."""
     files = list(files)
+    modules = _parents.index(files) if len(files) > 1 else None
     if jobs <= 1 or len(files) < 2 * jobs:
-        yield from map(check_file, files)
+        yield from map(functools.partial(check_file, modules=modules), files)
         return
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(jobs) as pool:
-        yield from pool.imap(check_file, files, chunksize=16)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(jobs, initializer=_share, initargs=(modules,)) as pool:
+        yield from pool.imap(_check_shared, files, chunksize=16)
+
+
+_SHARED = {}  # in a worker process: the check's modules, given once
+
+
+def _share(modules):
+    _SHARED["modules"] = modules
+
+
+def _check_shared(path):
+    return check_file(path, _SHARED["modules"])
 
 
 def as_json(findings):

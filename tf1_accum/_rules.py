@@ -4,9 +4,10 @@ Each rule looks at one place: TFA001 to TFA005 at the gradients given to
 ``apply_gradients`` (`_apply_findings`), TFA005 also at an accumulator's
 running-average ``assign``, TFA006 at a ``tf.cond`` (`_cond_findings`),
 TFA007 at ``initialized_value()``, TFA008 at the ``session.run`` calls after a
-short loop or in an ``if`` (`_loop_findings`). Whether a variable is an
-accumulator or a counter depends on what the whole module does to it, so
-`_Facts` gathers that first.
+short loop or in an ``if`` (`_loop_findings`), TFA009 at a ``session.run``
+after a loop that fetches what the loop's adds compute (`_refetch_findings`).
+Whether a variable is an accumulator or a counter depends on what the whole
+module does to it, so `_Facts` gathers that first.
 """
 
 import ast
@@ -15,15 +16,18 @@ import functools
 from tf1_accum._flow import (
     _ADDS, _APPLIES, _ASSIGNS, _FUNCTIONS, _GRADIENTS, AFTER, APPLY, CONSTANT, COUNTER_MEAN,
     DIVIDED, GRADIENT, MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR,
-    ZERO_OP, Module, _argument, binary, _called, _kinds, operands,
+    ZERO_OP, Module, _argument, added_to, binary, _called, _kinds, operands,
 )  # fmt: skip
 
 
-def findings(tree, source, path):
-    """The (line, column, rule) triples found in a parsed module."""
-    module = Module(tree, source, path)
+def findings(tree, source, path, tables=()):
+    """The (line, column, rule) triples found in a parsed module (``tables``:
+    the symbol tables of parent classes copied in from other files)."""
+    module = Module(tree, source, path, tables)
     facts = _Facts(module)
-    found = _loop_findings(module, facts)  # TFA008
+    blocks = _blocks(module.tree)
+    found = _loop_findings(module, facts, blocks)  # TFA008
+    found |= _refetch_findings(module, facts, blocks)  # TFA009
     for call in facts.calls:
         name = _called(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
@@ -52,7 +56,7 @@ class _Facts:
             if accumulation is not None:
                 vids, value = accumulation
                 control = module._lookup(("control", id(call)))
-                for vid in vids:
+                for vid in added_to(call, vids):
                     self.adds.setdefault(vid, []).append((value, control))
             elif _called(call) in _ASSIGNS:
                 vids, value = module.assigned(call) or (set(), ())
@@ -80,6 +84,12 @@ class _Facts:
         zero, _ = self.module.variable(vid)
         return zero and bool(self.adds.get(vid)) and not self.is_counter(vid)
 
+    def adds_again(self, vid):
+        """Running an add to vid once more changes it: an accumulator's, or any
+        add of a tensor (not only constants) to a variable, made here or elsewhere."""
+        adds = self.adds.get(vid, ())
+        return self.is_accumulator(vid) or any(value != {CONSTANT} for value, _ in adds)
+
     def sums_raw(self, vid):
         """Adds gradients as they are (not already divided by the number of micro-batches)."""
         return any(
@@ -99,7 +109,7 @@ def _apply_findings(module, facts, call):
     tags = frozenset().union(*(module.tags(p) for p in _gradient_parts(module, gradients)))
     held = {v for v in _kinds(tags, VAR) | _kinds(tags, SUM) if facts.is_accumulator(v)}
     divided = [value for vid in held for value in facts.divided.get(vid, ())]
-    reruns = {v for v in _kinds(tags, RERUN) if facts.is_accumulator(v)}
+    reruns = {v for v in _kinds(tags, RERUN) if facts.adds_again(v)}
     in_branch = any(id(outer) in facts.in_branch for outer in _enclosing(module, call))
     rules = {
         # sums of raw gradients, never divided in place, applied apart from the adds
@@ -262,10 +272,10 @@ def _names(module, node, depth=0):
 # -- TFA008: a session run that applies without accumulating its micro-batch ----
 
 
-def _loop_findings(module, facts):
+def _loop_findings(module, facts, blocks):
     """TFA008: ``for _ in range(n - 1): run(accumulate)`` then a run that only
     applies, or an ``if`` that applies in one branch and accumulates in the other."""
-    found, blocks = set(), _blocks(module.tree)
+    found = set()
     short_loops = [
         (block, i) for block in blocks for i, statement in enumerate(block)
         if type(statement) is ast.For and _short_range(statement.iter)
@@ -284,13 +294,15 @@ def _loop_findings(module, facts):
             if any(_accumulates(facts, tags) for _, tags in runs):
                 break
     # if the window is full: run(apply) else: run(accumulate), the applying
-    # micro-batch not accumulated either.
+    # micro-batch not accumulated either. A branch that applies too (a whole
+    # window, against a plain step when accum_steps == 1) is a choice of loop.
     for branch in (s for block in blocks for s in block if isinstance(s, ast.If) and s.orelse):
         sides = [_runs(module, branch.body), _runs(module, branch.orelse)]
         for mine, other in ((0, 1), (1, 0)):
             applying = [run for run, tags in sides[mine] if _applies(tags)]
             adds = [any(_accumulates(facts, tags) for _, tags in side) for side in sides]
-            if applying and not adds[mine] and adds[other]:
+            whole = any(_applies(tags) for _, tags in sides[other])
+            if applying and not adds[mine] and adds[other] and not whole:
                 found.add((applying[0].lineno, applying[0].col_offset + 1, "TFA008"))
     return found
 
@@ -353,3 +365,98 @@ def _applies(tags):
 
 
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+
+
+# -- TFA009: a value computed from the adds, fetched after the loop that ran them --
+
+
+def _refetch_findings(module, facts, blocks):
+    """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``: the
+    fetch runs the add once more, with its own feed (the last micro-batch)."""
+    runs = [call for call, _ in module.calls if getattr(call.func, "attr", None) == "run"]
+    if not any(tag[0] == RERUN for run in runs for tag in _fetches(module, run)):
+        return set()  # no run fetches anything computed from an add
+    found = set()
+    for block in blocks:
+        for index, loop in enumerate(block):
+            if not isinstance(loop, _LOOPS) or type(loop) is ast.For and _short_range(loop.iter):
+                continue  # after range(n - 1), the run that adds again completes the window
+            added = {
+                vid for _, tags in _runs(module, loop.body)
+                for vid in _kinds(tags, SUM) | _kinds(tags, RERUN) | _kinds(tags, AFTER)
+                if facts.adds_again(vid)
+            }  # fmt: skip
+            for run, _ in _runs(module, block[index + 1 :]) if added else ():
+                parts = [module.tags(part) for part in _fetched_parts(module, run)]
+                if any(_rereads(tags, added) for tags in parts):
+                    found.add((run.lineno, run.col_offset + 1, "TFA009"))
+                for tags in parts:  # a new window: the next add is its first
+                    added -= _kinds(tags, ZERO_OP)
+    return found
+
+
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+
+
+def _rereads(tags, added):
+    """A fetch computed from an add to ``added`` (``acum / n``), not the add itself
+    (fetched again, that is one more micro-batch) nor an apply (TFA003's)."""
+    return bool((_kinds(tags, RERUN) - _kinds(tags, SUM)) & added) and not _applies(tags)
+
+
+def _fetched_parts(module, run, node=None, depth=0):
+    """The expressions a ``session.run`` fetches, one by one: the items of a
+    list, tuple or dict of fetches, through the names, items and module
+    functions that hold or return them."""
+    if node is None:
+        node = _argument(run, 0, "fetches")
+        node = run.func.value if node is None else node
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [p for e in node.elts for p in _fetched_parts(module, run, e, depth)]
+    if isinstance(node, ast.Dict):
+        return [p for v in node.values for p in _fetched_parts(module, run, v, depth)]
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        element = node.value if isinstance(node, ast.DictComp) else node.elt
+        return _fetched_parts(module, run, element, depth)
+    if depth >= 3:
+        return [node]
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        # ops["mean"]: the value kept under that key (or set as an item)
+        key = node.slice.value
+        items = [
+            value for held in _held(module, node.value) if isinstance(held, ast.Dict)
+            for name, value in zip(held.keys, held.values)
+            if isinstance(name, ast.Constant) and name.value == key
+        ]  # fmt: skip
+        return [p for i in items for p in _fetched_parts(module, run, i, depth + 1)] or [node]
+    held = _held(module, node)
+    if any(isinstance(value, _CONTAINERS) for value in held):  # items appended count alone
+        return [p for value in held for p in _fetched_parts(module, run, value, depth + 1)]
+    return [node]
+
+
+def _held(module, node, depth=0):
+    """What a name or attribute holds, or a call to the module's own function
+    returns, followed through names and such calls (a few levels)."""
+    if isinstance(node, ast.Call):
+        functions = [f for f, _ in module.callees(node)]
+        held = [value for f in functions for value, _ in module.values.get(("return", id(f)), ())]
+    elif isinstance(node, (ast.Name, ast.Attribute)):
+        held = module.stored(node)
+    else:
+        return [node]
+    if depth >= 3 or not held or len(held) > 20:  # many stores: their union is as good
+        return [node]
+    return [leaf for value in held for leaf in _held(module, value, depth + 1)]
+
+
+_CONTAINERS = (
+    ast.List,
+    ast.Tuple,
+    ast.Set,
+    ast.Dict,
+    ast.ListComp,
+    ast.SetComp,
+    ast.GeneratorExp,
+    ast.DictComp,
+)

@@ -1,20 +1,52 @@
 """Reads a Python file for the migration checker as Python reads it, Python 2 included.
 
+Only regular files are read, and none is waited on (`read`).
+
 Bytes are decoded as the interpreter decodes them (a UTF-8 byte-order mark,
 a PEP 263 ``coding`` cookie). Legacy training scripts are often Python 2: a
 module that does not parse is fixed up token by token (``print`` and ``exec``
 statements, ``except E, e``, ``raise E, msg``, backticks, ``0777`` and ``10L``
-literals, ``ur''`` strings, ``<>``, tabs, ``[x for x in a, b]``) and parsed again. Every fix keeps
+literals, ``ur''`` strings, ``<>``, tabs, ``[x for x in a, b]``, ``async`` and
+``await`` used as names) and parsed again. Every fix keeps
 each statement on its line, so findings point at the original source.
 """
 
 import ast
 import io
+import os
+import stat
 import tokenize
 
 
 class Unreadable(Exception):
     """A file that is not text: it cannot be read at all."""
+
+
+_NOT_REGULAR = (
+    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)  # fmt: skip
+
+
+def read(path):
+    """The bytes of a regular file. Opened without blocking and checked before
+    reading: a FIFO named ``*.py`` would otherwise wait forever for a writer.
+
+    Raises:
+        OSError: If the file cannot be opened or read, or the directory listed.
+        Unreadable: If it is not a regular file (skipped unread).
+    """
+    if os.path.isdir(path):  # one the walk could not list: say why
+        with os.scandir(path):
+            raise Unreadable("it is a directory, to be walked, not read")
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with open(descriptor, "rb") as file:
+        mode = os.fstat(descriptor).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), "a special file")
+            raise Unreadable(f"it is {kind}, not a regular file: skipped unread")
+        return file.read()
 
 
 def decode(data):
@@ -222,7 +254,32 @@ def _comprehension_tuples(tokens, depths):
     return edits
 
 
+# Where ``async`` and ``await`` are still keywords (``async def``, ``await x``).
+_ASYNC_KEYWORD_BEFORE = {"def", "for", "with"}
+_OPERAND_START = {tokenize.NAME, tokenize.NUMBER, tokenize.STRING}
+_OPERAND_SIGNS = {"[", "{", "-", "+", "~"}
+
+
+def _async_names(tokens, depths):
+    """``FLAGS.async``, ``async = True``, ``def await(...)``: names before Python 3.7,
+    keywords since. Each becomes ``ASYNC`` or ``AWAIT`` (same length: columns stay)."""
+    edits = []
+    for index, token in enumerate(tokens):
+        if token.type != tokenize.NAME or token.string not in ("async", "await"):
+            continue
+        before = tokens[index - 1].string if index else ""
+        after = tokens[index + 1] if index + 1 < len(tokens) else None
+        if before != "." and after is not None:
+            if token.string == "async" and after.string in _ASYNC_KEYWORD_BEFORE:
+                continue  # async def, async for, async with
+            operand = after.type in _OPERAND_START or after.string in _OPERAND_SIGNS
+            if token.string == "await" and operand:
+                continue  # await x
+        edits.append((token.start, token.end, token.string.upper()))
+    return edits
+
+
 _FIXES = (
     _statement_calls, _except_raise, _backticks, _literals, _tuple_parameters,
-    _comprehension_tuples,
+    _comprehension_tuples, _async_names,
 )  # fmt: skip

@@ -6,11 +6,14 @@ as flake8 and ruff do::
 
     path:line:col: CODE what is wrong; the tf1_accum replacement
 
-docs/migration.rst explains each rule (TFA000 to TFA008) and the
+docs/migration.rst explains each rule (TFA000 to TFA009) and the
 ``# tf1_accum.check: ignore TFA001`` comment. Exit status: 0 when nothing is
-found, 1 when something is (a file that cannot be parsed included), 2 when a
-file cannot be read at all or for a usage error (no path, a path that does not
-exist, an unknown rule code).
+found, 1 when something is (a file that cannot be parsed included: its TFA000
+is kept whatever ``--select`` names, and left out only by ``--ignore TFA000``),
+2 when a file or directory cannot be read (no permission, binary data, a FIFO
+or other file that is not a regular file: each printed as a TFA000, never
+waited on) or for a usage error (no path, a path that does not exist, an
+unknown rule code).
 """
 
 import argparse
@@ -26,7 +29,7 @@ def _codes(text):
     unknown = sorted(codes - set(_lint.RULES) - {"TFA000"})
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA008"
+            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA009"
         )
     return codes
 
@@ -74,9 +77,12 @@ def main(argv=None):
     except FileNotFoundError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+    # A file that was not parsed was not checked for the selected rules either:
+    # its TFA000 stays unless --ignore names it.
+    selected = None if args.select is None else args.select | {"TFA000"}
     findings = [
         f for f in findings
-        if (args.select is None or f.rule in args.select) and f.rule not in (args.ignore or ())
+        if (selected is None or f.rule in selected) and f.rule not in (args.ignore or ())
     ]  # fmt: skip
     if args.format == "json":
         print(_lint.as_json(findings))

@@ -1,0 +1,124 @@
+"""Parent classes defined in another file of the same check, for the migration checker.
+
+A trainer often computes its gradients in a base class and applies them in
+a subclass kept in another module (``from ppo_base import Trainer``). When
+that module is among the files being checked, the parent's definition is
+copied into the child's tree, its lines moved past `OFFSET`, so that
+`tf1_accum._flow` follows ``self`` through the parent's methods as it does
+for a parent in the same file. Findings on the moved lines belong to the
+other file (which is checked on its own) and are dropped.
+"""
+
+import ast
+import copy
+import functools
+import os
+import symtable
+
+from tf1_accum import _source
+
+#: Lines of a copied parent start past this: a module longer than it is not real code.
+OFFSET = 10_000_000
+_DEPTH = 3  # a parent's parent in a third file, and one more
+
+
+def index(paths):
+    """The files of a check by module name (``trainer_base`` of ``a/trainer_base.py``)."""
+    modules = {}
+    for path in paths:
+        name = os.path.basename(path)
+        for suffix in (".py.txt", ".py"):  # the test corpus keeps modules as *.py.txt
+            if name.endswith(suffix):
+                modules.setdefault(name[: -len(suffix)], []).append(path)
+                break
+    return modules
+
+
+def graft(tree, path, modules):
+    """Appends to ``tree`` each parent class it imports from a module in
+    ``modules`` (and their parents, a few levels); returns the (source,
+    path, line offset) of each copy, for their symbol tables."""
+    classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+    grafted, defined = [], {node.name for node in classes}
+    pending = [(tree, classes, path)]
+    while pending and len(grafted) < _DEPTH:
+        module_tree, children, home = pending.pop(0)
+        for module, name in _imported_bases(module_tree, children, defined):
+            found = _class_in(module, name, modules, home)
+            if found is None or len(grafted) >= _DEPTH:
+                continue
+            node, parent_tree, source, where = found
+            offset = OFFSET * (len(grafted) + 1)
+            node = ast.increment_lineno(copy.deepcopy(node), offset)
+            tree.body.append(node)
+            defined.add(name)
+            grafted.append((source, where, offset))
+            pending.append((parent_tree, [node], where))
+    return grafted
+
+
+def _imported_bases(tree, classes, defined):
+    """(module, class) of each base of ``classes`` imported in ``tree`` with
+    ``from module import Class`` (``module``'s last part), and not defined here."""
+    bases = [
+        base.id for node in classes for base in node.bases
+        if isinstance(base, ast.Name) and base.id not in defined
+    ]  # fmt: skip
+    if not bases:
+        return []
+    imported = {}
+    statements = list(tree.body)
+    for statement in statements:  # imports at the top, or in a try or if there
+        if isinstance(statement, (ast.Try, ast.If)):
+            statements += statement.body + statement.orelse
+            statements += [s for h in getattr(statement, "handlers", ()) for s in h.body]
+        elif isinstance(statement, ast.ImportFrom) and statement.module:
+            for alias in statement.names:
+                module = statement.module.split(".")[-1]
+                imported[alias.asname or alias.name] = (module, alias.name)
+    return [imported[b] for b in dict.fromkeys(bases) if b in imported]
+
+
+def _class_in(module, name, modules, importer):
+    """(ClassDef, its module's tree, source, path) of class ``name`` at the top
+    of the file of ``module`` (None: not among the files, or not defined there)."""
+    for where in modules.get(module, ()):
+        if os.path.abspath(where) == os.path.abspath(importer):
+            continue
+        parsed = _parsed(where)
+        if parsed is None:
+            continue
+        tree, source = parsed
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef) and node.name == name:
+                return node, tree, source, where
+    return None
+
+
+def _parsed(path):
+    """(tree, source that parsed) of a file (None: it cannot be read or parsed)."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return _parsed_version(path, status.st_mtime_ns, status.st_size)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_version(path, mtime, size):
+    """Parsed once per process and version of the file (a parent serves many children)."""
+    try:
+        return _source.parse(_source.decode(_source.read(path)), path)
+    except (OSError, _source.Unreadable, SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def tables(grafted):
+    """The symbol tables of each copied parent's file, with their line offset."""
+    found = []
+    for source, path, offset in grafted:
+        try:
+            found.append((symtable.symtable(source, path, "exec"), offset))
+        except (SyntaxError, ValueError):
+            pass
+    return found
