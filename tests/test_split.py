@@ -28,6 +28,8 @@ from _helpers import CountingSession
 from _helpers import Model
 from _helpers import assert_same_values
 from _helpers import concat
+from _helpers import dataset_of
+from _helpers import loss_fn_of
 from _helpers import make_batches
 from _helpers import plain_training
 from _helpers import values_by_name
@@ -773,3 +775,63 @@ def test_the_split_feeds_each_row_once_in_order():
     parts = [(f[_named(f, "x")], f[t.model.labels]) for f in counting.calls[:-1]]
     for joined, original in zip(concat(parts), batch):
         np.testing.assert_array_equal(joined, original)
+
+
+def test_a_weighted_sum_is_the_large_batch_sum_for_any_split():
+    """average=False with weight=rows applies the gradient of the summed loss."""
+    batches = make_batches(tf.float64, False, 2, ROWS)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, sparse=False)
+        rows = tf.cast(tf.shape(model.labels)[0], tf.float64)
+        train = v1.train.GradientDescentOptimizer(0.01).minimize(model.loss * rows)
+        with v1.Session() as plain:
+            plain.run(v1.global_variables_initializer())
+            expected = []
+            for batch in batches:
+                plain.run(train, model.feed(batch))
+                expected.append(values_by_name(plain, v1.trainable_variables()))
+    with tf.Graph().as_default():
+        model = Model(tf.float64, sparse=False)
+        acc = tf1_accum.build_accumulation(
+            model.loss,
+            v1.train.GradientDescentOptimizer(0.01),
+            average=False,
+            weight=tf.shape(model.labels)[0],
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for w, (batch, size) in enumerate(zip(batches, (5, 7))):
+                tf1_accum.run_accumulation(sess, acc, model.feed(batch), micro_batch_size=size)
+                got = values_by_name(sess, acc.var_list)
+                assert_same_values(got, expected[w], RTOL[tf.float64], f"sum, window {w}")
+
+
+@pytest.mark.parametrize("micro_batch_size", [5, 4])
+def test_the_in_graph_loop_splits_large_batches_with_a_dataset_transformation(micro_batch_size):
+    """The recipe of the guide: flat_map each large batch into micro-batches, steps=ceil."""
+    batches = make_batches(tf.float64, False, 3, ROWS)
+    expected = plain_training("adam", tf.float64, False, [[b] for b in batches])
+    steps = -(-ROWS // micro_batch_size)
+    with tf.Graph().as_default():
+        large = dataset_of(batches)  # elements: large batches of 12 rows
+        micro = large.flat_map(
+            lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(micro_batch_size)
+        )
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_dataset_accumulation(
+            loss_fn_of(tf.float64, False),
+            OPTIMIZERS["adam"](tf.float64),
+            micro,
+            steps,
+            global_step=step,
+            weight=lambda element: tf.shape(element[1])[0],
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for w in range(len(batches)):
+                _, drawn = sess.run([acc.train_op, acc.micro_batches])
+                assert drawn == steps
+                got = values_by_name(sess, v1.global_variables())
+                assert_same_values(got, expected[w], RTOL[tf.float64], f"dataset, window {w}")
+            with pytest.raises(tf.errors.OutOfRangeError):
+                sess.run(acc.train_op)
