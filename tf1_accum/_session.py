@@ -70,7 +70,8 @@ def run_accumulation(
     large batch as it is (a feed dict whose arrays share a leading batch
     dimension, or a list of such dicts): the helper cuts it into micro-batches
     of B rows (the last one shorter when B does not divide the batch), or N
-    micro-batches whose sizes differ by one row at most, and runs them as one
+    micro-batches whose sizes differ by one row at most (one row each if the
+    batch has fewer than N rows), and runs them as one
     window. A value is cut when its placeholder's leading dimension is None
     and it has the batch's rows (the leading size that most such values
     share); scalars, values of placeholders of known leading size and arrays
@@ -185,7 +186,7 @@ def run_accumulation(
             "fused=True needs accum_apply_op, which build_accumulation makes only "
             "when called with fused=True."
         )
-    if (micro_batch_size, micro_batches, memory_fit) != (None, None, None):
+    if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
         # The large batch, split here: see _split.
         split = _split.plan_window(
             accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit

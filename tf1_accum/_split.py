@@ -244,8 +244,6 @@ def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memor
         raise TypeError(
             f"memory_fit must be a tf1_accum.MemoryFit or None, got {_checks.describe(memory_fit)}."
         )
-    if micro_batch_size is None and micro_batches is None and memory_fit is None:
-        raise ValueError("plan_window needs micro_batch_size, micro_batches or memory_fit.")
     if isinstance(feed_dicts, collections.abc.Mapping):
         feeds = [feed_dicts]
     elif isinstance(feed_dicts, collections.abc.Iterable):
