@@ -733,7 +733,9 @@ class _ListHandler(logging.Handler):
 
 
 def test_each_change_is_logged():
-    batch = make_batches(tf.float64, False, 1, ROWS)[0]
+    batches = make_batches(tf.float64, False, 3, ROWS)
+    costs = [_costs(0), _costs(None), _costs(None)]  # 4 x 3 > 8, then 3 x 1 fits
+    fit = tf1_accum.MemoryFit(probe_every=2)
     logger = tf.get_logger()
     level = logger.level
     handler = _ListHandler()
@@ -741,22 +743,19 @@ def test_each_change_is_logged():
     logger.setLevel(logging.INFO)
     try:
         with _accumulating() as t:
-            tf1_accum.run_accumulation(
-                t.sess,
-                t.acc,
-                t.feed(batch, _costs(0)),
-                micro_batch_size=4,
-                memory_fit=tf1_accum.MemoryFit(),
-            )
+            for batch, cost in zip(batches, costs):
+                tf1_accum.run_accumulation(
+                    t.sess, t.acc, t.feed(batch, cost), micro_batch_size=4, memory_fit=fit
+                )
     finally:
         logger.setLevel(level)
         logger.removeHandler(handler)
     messages = [(r.levelname, r.getMessage()) for r in handler.records]
     messages = [m for m in messages if m[1].startswith("tf1_accum: ")]
-    assert len(messages) == 2
+    assert len(messages) == 3
     assert messages[0] == (
         "INFO",
-        "tf1_accum: micro-batches of 4 rows (first window, window 0; before: None).",
+        "tf1_accum: micro-batches of 4 rows from window 0 (the largest allowed).",
     )
     level_name, text = messages[1]
     assert level_name == "WARNING"
@@ -764,6 +763,11 @@ def test_each_change_is_logged():
         "tf1_accum: a micro-batch of 4 rows ran out of memory (MemoryError: Unable to allocate"
     )
     assert text.endswith("runs again with micro-batches of 2 rows (window 0).")
+    assert messages[2] == (
+        "INFO",
+        "tf1_accum: micro-batches of 3 rows from window 2 (a probe: 2 rows fit for 2 windows).",
+    )
+    assert [c.new for c in fit.changes] == [4, 2, 3]
 
 
 def test_the_split_feeds_each_row_once_in_order():
@@ -835,3 +839,27 @@ def test_the_in_graph_loop_splits_large_batches_with_a_dataset_transformation(mi
                 assert_same_values(got, expected[w], RTOL[tf.float64], f"dataset, window {w}")
             with pytest.raises(tf.errors.OutOfRangeError):
                 sess.run(acc.train_op)
+
+
+def test_each_accumulation_of_a_graph_is_split_by_its_own_weighting():
+    """Two accumulations of one loss: only the one built with weight= takes unequal ones."""
+    batch = make_batches(tf.float64, False, 1, 10)[0]
+    with tf.Graph().as_default():
+        model = Model(tf.float64, sparse=False)
+        plain = tf1_accum.build_accumulation(model.loss, v1.train.GradientDescentOptimizer(0.1))
+        weighted = tf1_accum.build_accumulation(
+            model.loss,
+            v1.train.GradientDescentOptimizer(0.1),
+            weight=tf.shape(model.labels)[0],
+            name="weighted",
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            with pytest.raises(ValueError, match="does not split into equal micro-batches"):
+                tf1_accum.run_accumulation(sess, plain, model.feed(batch), micro_batch_size=4)
+            tf1_accum.run_accumulation(sess, weighted, model.feed(batch), micro_batch_size=4)
+            got = values_by_name(sess, weighted.var_list)
+    expected = plain_training("sgd", tf.float64, False, [[batch]])[0]
+    expected = {name: expected[name] for name in got}
+    assert sorted(expected) == ["b1", "w1", "w2"]
+    assert_same_values(got, expected, RTOL[tf.float64], "the weighted accumulation")

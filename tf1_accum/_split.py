@@ -170,6 +170,7 @@ class MemoryFit:
     def _change(self, new, reason, tried=None, error=None):
         old = self._size
         self._changes.append(SizeChange(self._windows, old, new, reason))
+        windows_at_old = self._since
         self._size = new
         self._since = 0
         if reason == "out of memory":
@@ -181,13 +182,20 @@ class MemoryFit:
                 new,
                 self._windows,
             )
-        else:
+        elif reason == "probe":
             tf.compat.v1.logging.info(
-                "tf1_accum: micro-batches of %d rows (%s, window %d; before: %s).",
+                "tf1_accum: micro-batches of %d rows from window %d (a probe: %d rows "
+                "fit for %d windows).",
                 new,
-                reason,
                 self._windows,
                 old,
+                windows_at_old,
+            )
+        else:
+            tf.compat.v1.logging.info(
+                "tf1_accum: micro-batches of %d rows from window %d (the largest allowed).",
+                new,
+                self._windows,
             )
 
 
