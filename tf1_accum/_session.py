@@ -225,7 +225,7 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
     """`run_accumulation` once its arguments are checked and the window is its own.
 
     ``retry``: exception types after which a micro-batch's failure, once the
-    window is discarded, raises `WindowDiscarded` instead of the error, for
+    window is discarded, raises `_split.WindowDiscarded` instead of the error, for
     the caller to run the window again (the memory fit of `_split`).
     """
     results = []
@@ -269,7 +269,7 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
         else:
             what = _discard_window(sess, accumulation)
             if what == _DISCARDED and isinstance(error, retry):
-                raise WindowDiscarded(error, failing) from error
+                raise _split.WindowDiscarded(error, failing) from error
         _reraise(error, f"micro-batch {failing} of the window failed {what}")
     if not results:
         raise ValueError(_EMPTY_WINDOW)
@@ -384,18 +384,6 @@ def _discard_window(sess, accumulation):
 
 
 _DISCARDED = "so the window was discarded (accumulators and counter reset, no update applied)"
-
-
-class WindowDiscarded(Exception):
-    """Micro-batch ``micro_batch`` failed with ``error``; the window was discarded.
-
-    Raised by `_run_window` for the error types its caller retries.
-    """
-
-    def __init__(self, error, micro_batch):
-        super().__init__(error, micro_batch)
-        self.error = error
-        self.micro_batch = micro_batch
 
 
 def _reraise(error, context):

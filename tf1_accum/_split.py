@@ -71,11 +71,24 @@ class MemoryFit:
     memory, info otherwise) and kept in `changes`; `micro_batch_size` is the
     size in use.
 
-    Example:
+    Example (5 rows in micro-batches of 2, 2 and 1, which fit: one update,
+    the large batch's):
 
-    >>> fit = tf1_accum.MemoryFit(probe_every=50)
-    >>> fit.micro_batch_size is None, fit.changes
-    (True, ())
+    >>> import numpy as np
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     acc = tf1_accum.build_accumulation(
+    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1), weight=tf.shape(x)[0])
+    ...     fit = tf1_accum.MemoryFit(probe_every=50)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         batch = {x: np.arange(1.0, 6.0, dtype=np.float32)}
+    ...         _ = tf1_accum.run_accumulation(
+    ...             sess, acc, batch, micro_batch_size=2, memory_fit=fit)
+    ...         print(fit.micro_batch_size, fit.changes, round(float(sess.run(w)), 4))
+    2 (SizeChange(window=0, old=None, new=2, reason='first window'),) 3.2
 
     Args:
         probe_every: Windows to run at a size before trying a larger one: a
@@ -210,6 +223,19 @@ def _first_line(error):
     return plain[0] if plain else type(error).__name__
 
 
+class WindowDiscarded(Exception):
+    """Micro-batch ``micro_batch`` failed with ``error``; the window was discarded.
+
+    The session helper's window runner raises it, instead of the error, for
+    the error types its caller retries (`run_window`: out of memory).
+    """
+
+    def __init__(self, error, micro_batch):
+        super().__init__(error, micro_batch)
+        self.error = error
+        self.micro_batch = micro_batch
+
+
 class _Batch(typing.NamedTuple):
     """One large feed dict, its number of rows and which of its keys are split."""
 
@@ -324,21 +350,19 @@ def run_window(plan, run, read_counter):
     # A discarded window must hold nothing but this batch's micro-batches.
     held = read_counter()
     if held:
+        held_text = f"{held} micro-batch{'es' if held > 1 else ''}"
         raise ValueError(
-            f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, which "
-            "memory_fit could not "
-            "run again after discarding the window: run apply_op (or zero_op) first, or "
-            "call run_accumulation without memory_fit. Nothing was run."
+            f"The window already holds {held_text}, which memory_fit could not run again "
+            "after discarding the window: run apply_op (or zero_op) first, or call "
+            "run_accumulation without memory_fit. Nothing was run."
         )
     largest = max(_largest(plan, b) for b in plan.batches)
     size = min(fit._start(largest), largest)
-    from tf1_accum import _session  # the runner's exception; _session imports this module
-
     while True:
         tried = min(size, max(b.rows for b in plan.batches))
         try:
             results = run(_micro_batches(plan, size), tf.errors.ResourceExhaustedError)
-        except _session.WindowDiscarded as discarded:
+        except WindowDiscarded as discarded:
             error = discarded.error
             smaller = fit._out_of_memory(tried, error)
             if smaller is None:
