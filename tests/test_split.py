@@ -15,6 +15,7 @@ needs it.
 
 import contextlib
 import logging
+import threading
 import types
 
 import numpy as np
@@ -863,3 +864,92 @@ def test_each_accumulation_of_a_graph_is_split_by_its_own_weighting():
     expected = {name: expected[name] for name in got}
     assert sorted(expected) == ["b1", "w1", "w2"]
     assert_same_values(got, expected, RTOL[tf.float64], "the weighted accumulation")
+
+
+def _token_model(budget):
+    """A per-token mean loss over padded sequences, its placeholders and its token count."""
+    rng = np.random.RandomState(0)
+    tokens = v1.placeholder(tf.float64, [None, 6, 3], name="tokens")
+    mask = v1.placeholder(tf.float64, [None, 6], name="mask")
+    targets = v1.placeholder(tf.float64, [None, 6], name="targets")
+    cost = v1.placeholder(tf.int64, [None], name="cost")
+    w = v1.get_variable("w", initializer=rng.randn(3, 1))
+    prediction = tf.squeeze(tf.tensordot(_guarded(tokens, cost, budget), w, 1), -1)
+    per_token = (tf.tanh(prediction) - targets) ** 2
+    loss = tf.reduce_sum(per_token * mask) / tf.reduce_sum(mask)
+    return (tokens, mask, targets, cost), loss, tf.reduce_sum(mask)
+
+
+def test_a_token_weight_splits_a_per_token_mean_exactly():
+    """weight= the micro-batch's tokens: any split, with a search, gives the large batch's."""
+    rng = np.random.RandomState(5)
+    batches = []
+    for _ in range(3):
+        lengths = rng.randint(0, 7, size=ROWS)  # some rows all padding
+        mask = (np.arange(6)[None, :] < lengths[:, None]).astype(np.float64)
+        batches.append((rng.randn(ROWS, 6, 3), mask, rng.randn(ROWS, 6), _costs(4)))
+    with tf.Graph().as_default():
+        placeholders, loss, _ = _token_model(10**6)
+        train = v1.train.AdamOptimizer(0.05).minimize(loss)
+        with v1.Session() as plain:
+            plain.run(v1.global_variables_initializer())
+            expected = []
+            for batch in batches:
+                plain.run(train, dict(zip(placeholders, batch)))
+                expected.append(values_by_name(plain, v1.global_variables()))
+    fit = tf1_accum.MemoryFit()
+    with tf.Graph().as_default():
+        placeholders, loss, tokens = _token_model(BUDGET)
+        acc = tf1_accum.build_accumulation(loss, v1.train.AdamOptimizer(0.05), weight=tokens)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for w, batch in enumerate(batches):
+                tf1_accum.run_accumulation(
+                    sess, acc, dict(zip(placeholders, batch)), micro_batch_size=5, memory_fit=fit
+                )
+                got = values_by_name(sess, v1.global_variables())
+                assert_same_values(got, expected[w], RTOL[tf.float64], f"tokens, window {w}")
+    assert [c.new for c in fit.changes] == [5, 3, 2]  # 5 x 3 and 3 x 3 > 8
+
+
+def test_threads_sharing_one_fit_lose_and_double_no_example():
+    """A loss linear in w: SGD's result is the sum of the windows' gradients, in any order."""
+    rng = np.random.RandomState(7)
+    batches = [(rng.randn(ROWS, 4), rng.randn(ROWS, 1)) for _ in range(6)]
+    w0 = rng.randn(4, 1)
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [None, 4], name="x")
+        y = v1.placeholder(tf.float64, [None, 1], name="y")
+        cost = v1.placeholder(tf.int64, [None], name="cost")
+        w = v1.get_variable("w", initializer=w0)
+        loss = tf.reduce_mean(tf.matmul(_guarded(x, cost, BUDGET), w) * y)
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_accumulation(
+            # 0.125: the same in float32, in which the optimizer holds it, and float64.
+            loss,
+            v1.train.GradientDescentOptimizer(0.125),
+            global_step=step,
+            weight=tf.shape(y)[0],
+        )
+        fit = tf1_accum.MemoryFit()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+
+            def train(mine):
+                for bx, by in mine:
+                    feed = {x: bx, y: by, cost: _costs(0)}
+                    tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=4, memory_fit=fit)
+
+            threads = [threading.Thread(target=train, args=(batches[i::2],)) for i in (0, 1)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            got, steps, counter = sess.run([w, step, acc.counter])
+    gradients = [bx.T @ by / ROWS for bx, by in batches]  # d mean(x w y) / dw
+    np.testing.assert_allclose(got, w0 - 0.125 * np.sum(gradients, axis=0), rtol=1e-12)
+    assert (steps, counter, fit.windows) == (6, 0, 6)
+    assert fit.changes == (
+        SizeChange(0, None, 4, "first window"),
+        SizeChange(0, 4, 2, "out of memory"),
+    )
