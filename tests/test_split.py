@@ -953,3 +953,26 @@ def test_threads_sharing_one_fit_lose_and_double_no_example():
         SizeChange(0, None, 4, "first window"),
         SizeChange(0, 4, 2, "out of memory"),
     )
+
+
+def test_memory_fit_with_micro_batches_and_a_list_of_large_batches():
+    """micro_batches=3 allows ceil(rows / 3) rows; each large batch is split at the size found."""
+    batches = make_batches(tf.float64, False, 4, [12, 9, 12, 9])
+    windows = [batches[:2], batches[2:]]
+    expected = plain_training("adam", tf.float64, False, windows)
+    fit = tf1_accum.MemoryFit()
+    with _accumulating() as t:
+        for w, window in enumerate(windows):
+            counting = _Recording(t.sess, t.acc)
+            feeds = [t.feed(window[0], _costs(6)), t.feed(window[1], _costs(None, rows=9))]
+            tf1_accum.run_accumulation(counting, t.acc, feeds, micro_batches=3, memory_fit=fit)
+            _assert_large_batch(t, expected[w], f"window {w}")
+            rows = [len(f[t.model.labels]) for f in counting.adds]
+            if w == 0:  # 4, 4 (the second holds the row of cost 3: 12 > 8), then at 2 rows
+                assert rows == [4, 4] + [2] * 6 + [2] * 4 + [1]
+            else:
+                assert rows == [2] * 6 + [2] * 4 + [1]
+    assert fit.changes == (
+        SizeChange(0, None, 4, "first window"),
+        SizeChange(0, 4, 2, "out of memory"),
+    )
