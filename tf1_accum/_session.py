@@ -71,18 +71,18 @@ def run_accumulation(
     dimension, or a list of such dicts): the helper cuts it into micro-batches
     of B rows (the last one shorter when B does not divide the batch), or N
     micro-batches whose sizes differ by one row at most (one row each if the
-    batch has fewer than N rows), and runs them as one
-    window. A value is cut when its placeholder's leading dimension is None
-    and it has the batch's rows (the leading size that most such values
-    share); scalars, values of placeholders of known leading size and arrays
-    of another leading size are fed whole to every micro-batch. Micro-batches
-    are slices of the arrays, not copies. Unequal micro-batches make the large
-    batch's update only when each is weighed by its rows: build the
-    accumulation with ``weight=`` (the rows, ``tf.shape(x)[0]``, or the tokens
-    that a per-token mean loss averages over); the update then equals the
-    large batch's for any split. An accumulation built without ``weight=``
-    averages its micro-batches equally, so a split into unequal ones is
-    refused.
+    batch has fewer than N rows), and runs them as one window. A value is cut
+    when its placeholder's leading dimension is None and it has the batch's
+    rows (the leading size that most such values share); scalars, values of
+    placeholders of known leading size and arrays of another leading size are
+    fed whole to every micro-batch. Micro-batches are slices of the arrays,
+    not copies. Unequal micro-batches make the large batch's update only when
+    each is weighed by its rows: build the accumulation with ``weight=`` (the
+    rows, ``tf.shape(x)[0]``, or the tokens that a per-token mean loss
+    averages over); the update then equals the large batch's for any split.
+    An accumulation built without ``weight=`` averages its micro-batches
+    equally, so a split into unequal ones is refused. See
+    :doc:`feed_the_batch`.
 
     ``memory_fit=``, a `MemoryFit`, also finds the micro-batch size that fits:
     a micro-batch run that raises ``tf.errors.ResourceExhaustedError``
@@ -157,12 +157,12 @@ def run_accumulation(
             if ``micro_batch_size`` or ``micro_batches`` is not positive or
             both are given, a large batch has a key that names no tensor,
             nothing to split (no value with a leading batch dimension), no
-            one batch dimension, or 0 rows,
-            the split gives unequal micro-batches to an accumulation built
-            without ``weight=``, or micro-batches of another size than its
-            statistics' ``micro_batch_size``, ``memory_fit`` is given for an
-            accumulation built without ``weight=``, or the window already
-            holds micro-batches. Nothing has run then.
+            one batch dimension, or 0 rows, the split gives unequal
+            micro-batches to an accumulation built without ``weight=``, or
+            micro-batches of another size than its statistics'
+            ``micro_batch_size``, ``memory_fit`` is given for an accumulation
+            built without ``weight=``, or the window already holds
+            micro-batches. Nothing has run then.
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
@@ -225,8 +225,8 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
     """`run_accumulation` once its arguments are checked and the window is its own.
 
     ``retry``: exception types after which a micro-batch's failure, once the
-    window is discarded, raises `_split.WindowDiscarded` instead of the error, for
-    the caller to run the window again (the memory fit of `_split`).
+    window is discarded, raises `_split.WindowDiscarded` instead of the error,
+    for the caller to run the window again (the memory fit of `_split`).
     """
     results = []
     last_feed = None
