@@ -122,3 +122,23 @@ def test_gradient_noise_writes_events_and_recommends(tmp_path, capsys):
     assert min(history["global_norm"]) > 0.0
     pytest.importorskip("matplotlib")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_feed_the_batch_finds_the_size_that_fits_and_matches_the_big_batch(capsys):
+    example = _load("feed_the_batch")
+    result = example.main(["--updates", "12", "--examples", "512"])
+    out = capsys.readouterr().out
+    fit = result["fit"]
+    assert [(c.window, c.old, c.new, c.reason) for c in fit.changes] == [
+        (0, None, 120, "first window"),
+        (0, 120, 60, "out of memory"),
+        (0, 60, 30, "out of memory"),
+        (5, 30, 45, "probe"),
+        (5, 45, 30, "out of memory"),
+        (10, 30, 37, "probe"),
+        (10, 37, 30, "out of memory"),
+    ]
+    assert fit.micro_batch_size == 30 and fit.windows == 12
+    assert "    10  37 -> 30              out of memory" in out
+    assert "micro-batch size in use: 30 rows, after 12 windows" in out
+    assert result["max_param_diff"] < 1e-5

@@ -21,8 +21,10 @@ __all__ = (
     "DatasetAccumulation",
     "GradientStatistics",
     "GraphFinding",
+    "MemoryFit",
     "RunningAverage",
     "STATE_COLLECTION",
+    "SizeChange",
     "broadcast_variables",
     "build_accumulation",
     "build_dataset_accumulation",
@@ -42,8 +44,10 @@ _MODULES = {
     "DatasetAccumulation": "_dataset",
     "GraphFinding": "_graph_check",
     "GradientStatistics": "_stats",
+    "MemoryFit": "_split",
     "RunningAverage": "_stats",
     "STATE_COLLECTION": "_window",
+    "SizeChange": "_split",
     "broadcast_variables": "_distributed",
     "build_accumulation": "_accumulation",
     "build_dataset_accumulation": "_dataset",
@@ -70,6 +74,8 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._graph_check import check_graph as check_graph
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
     from tf1_accum._session import run_accumulation as run_accumulation
+    from tf1_accum._split import MemoryFit as MemoryFit
+    from tf1_accum._split import SizeChange as SizeChange
     from tf1_accum._stats import GradientStatistics as GradientStatistics
     from tf1_accum._stats import RunningAverage as RunningAverage
     from tf1_accum._stats import build_running_average as build_running_average

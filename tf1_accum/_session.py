@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _checks
+from tf1_accum import _split
 from tf1_accum import _stats
 
 
@@ -24,6 +25,9 @@ def run_accumulation(
     *,
     fused: bool | None = None,
     apply_feed_dict: dict | None = None,
+    micro_batch_size: int | None = None,
+    micro_batches: int | None = None,
+    memory_fit: _split.MemoryFit | None = None,
 ) -> list:
     """Runs one window: accumulates each micro-batch, then applies once.
 
@@ -62,6 +66,34 @@ def run_accumulation(
     excluded: the ops themselves lose and double nothing (each holds the
     window's mutex while it runs), but such a micro-batch joins this window.
 
+    Given ``micro_batch_size=B`` or ``micro_batches=N``, ``feed_dicts`` is the
+    large batch as it is (a feed dict whose arrays share a leading batch
+    dimension, or a list of such dicts): the helper cuts it into micro-batches
+    of B rows (the last one shorter when B does not divide the batch), or N
+    micro-batches whose sizes differ by one row at most (one row each if the
+    batch has fewer than N rows), and runs them as one window. A value is cut
+    when its placeholder's leading dimension is None and it has the batch's
+    rows (the leading size that most such values share); scalars, values of
+    placeholders of known leading size and arrays of another leading size are
+    fed whole to every micro-batch. Micro-batches are slices of the arrays,
+    not copies. Unequal micro-batches make the large batch's update only when
+    each is weighed by its rows: build the accumulation with ``weight=`` (the
+    rows, ``tf.shape(x)[0]``, or the tokens that a per-token mean loss
+    averages over); the update then equals the large batch's for any split.
+    An accumulation built without ``weight=`` averages its micro-batches
+    equally, so a split into unequal ones is refused. See
+    :doc:`feed_the_batch`.
+
+    ``memory_fit=``, a `MemoryFit`, also finds the micro-batch size that fits:
+    a micro-batch run that raises ``tf.errors.ResourceExhaustedError``
+    discards the window and runs it again, whole, with smaller micro-batches
+    (see `MemoryFit` for the policy, the size it remembers for the next
+    windows and the changes it logs). It needs an accumulation built with
+    ``weight=`` and an empty window to start (it reads the counter: one run
+    more per window). Ops run with each micro-batch besides its gradients
+    (``update_ops``: batch-norm moving averages) are not undone when a window
+    is discarded: they see the micro-batches before the error again.
+
     When the accumulation was built with ``statistics=True``, the apply (or
     the fused last run) also fetches the window's noise scale, and the helper
     logs it with `recommend_micro_batches` of its moving average
@@ -98,6 +130,15 @@ def run_accumulation(
             the optimizer reads (a learning rate), or what a
             ``MonitoredSession`` hook fetches in every run. Never a micro-batch:
             the apply reads only the accumulators.
+        micro_batch_size: Rows per micro-batch: ``feed_dicts`` is then the
+            large batch, which the helper splits (see above). With
+            ``memory_fit``, the largest micro-batch allowed.
+        micro_batches: Micro-batches to split the large batch into, instead
+            of ``micro_batch_size``. With ``memory_fit``, the first window's
+            micro-batches have ``ceil(rows / micro_batches)`` rows at most.
+        memory_fit: A `MemoryFit`: split the large batch into micro-batches
+            that fit in memory, found by running out of it (see above). Pass
+            the same one for every window.
 
     Returns:
         A list with one entry per micro-batch: the fetched values, or ``None``
@@ -105,10 +146,25 @@ def run_accumulation(
 
     Raises:
         TypeError: If ``accumulation`` is not an `Accumulation`,
-            ``feed_dicts`` is a single dict or not iterable, a feed dict is not
-            a dict, or ``apply_feed_dict`` is not a dict.
+            ``feed_dicts`` is a single dict (without ``micro_batch_size``,
+            ``micro_batches`` or ``memory_fit``) or not iterable, a feed dict
+            is not a dict, ``apply_feed_dict`` is not a dict,
+            ``micro_batch_size`` or ``micro_batches`` is not an integer,
+            ``memory_fit`` is not a `MemoryFit`, or a large batch feeds a
+            ``SparseTensor`` (which the helper does not split).
         ValueError: If ``feed_dicts`` holds no micro-batch, or ``fused=True``
-            for an accumulation built without ``fused=True``.
+            for an accumulation built without ``fused=True``; when splitting,
+            if ``micro_batch_size`` or ``micro_batches`` is not positive or
+            both are given, a large batch has a key that names no tensor,
+            nothing to split (no value with a leading batch dimension), no
+            one batch dimension, or 0 rows, the split gives unequal
+            micro-batches to an accumulation built without ``weight=``, or
+            micro-batches of another size than its statistics'
+            ``micro_batch_size``, ``memory_fit`` is given for an accumulation
+            built without ``weight=``, or the window already holds
+            micro-batches. Nothing has run then.
+        ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
+            row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
             ``accumulation`` (a feed-dict generator or a hook that calls
             ``run_accumulation`` again): windows of one accumulation run one
@@ -121,16 +177,6 @@ def run_accumulation(
             "accumulation must be a tf1_accum.Accumulation from "
             f"build_accumulation, got {_checks.describe(accumulation)}."
         )
-    if isinstance(feed_dicts, collections.abc.Mapping):
-        raise TypeError(
-            "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
-            "got a single dict. Wrap it in a list for a window of one micro-batch."
-        )
-    if not isinstance(feed_dicts, collections.abc.Iterable):
-        raise TypeError(
-            "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
-            f"got {_checks.describe(feed_dicts)}."
-        )
     _checks.check_feed_dict("apply_feed_dict", apply_feed_dict)
     if fused is None:
         fused = accumulation.accum_apply_op is not None
@@ -139,6 +185,30 @@ def run_accumulation(
         raise ValueError(
             "fused=True needs accum_apply_op, which build_accumulation makes only "
             "when called with fused=True."
+        )
+    if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
+        # The large batch, split here: see _split.
+        split = _split.plan_window(
+            accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit
+        )
+        with _one_window_at_a_time(accumulation):
+            return _split.run_window(
+                split,
+                lambda feeds, retry: _run_window(
+                    sess, accumulation, feeds, fetches, fused, apply_feed_dict, retry
+                ),
+                lambda: _counter(sess, accumulation, None),
+            )
+    if isinstance(feed_dicts, collections.abc.Mapping):
+        raise TypeError(
+            "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
+            "got a single dict. Wrap it in a list for a window of one micro-batch, "
+            "or pass micro_batch_size= (or micro_batches=) to split it into micro-batches."
+        )
+    if not isinstance(feed_dicts, collections.abc.Iterable):
+        raise TypeError(
+            "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
+            f"got {_checks.describe(feed_dicts)}."
         )
     if isinstance(feed_dicts, collections.abc.Sequence):
         # Known up front: reject bad input before anything runs.
@@ -151,8 +221,13 @@ def run_accumulation(
         return _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict)
 
 
-def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict):
-    """`run_accumulation` once its arguments are checked and the window is its own."""
+def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict, retry=()):
+    """`run_accumulation` once its arguments are checked and the window is its own.
+
+    ``retry``: exception types after which a micro-batch's failure, once the
+    window is discarded, raises `_split.WindowDiscarded` instead of the error,
+    for the caller to run the window again (the memory fit of `_split`).
+    """
     results = []
     last_feed = None
     iterator = iter(feed_dicts)
@@ -193,6 +268,8 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict)
             )
         else:
             what = _discard_window(sess, accumulation)
+            if what == _DISCARDED and isinstance(error, retry):
+                raise _split.WindowDiscarded(error, failing) from error
         _reraise(error, f"micro-batch {failing} of the window failed {what}")
     if not results:
         raise ValueError(_EMPTY_WINDOW)
@@ -303,7 +380,10 @@ def _discard_window(sess, accumulation):
             "and resetting the window failed too, so its accumulators are in an "
             f"unknown state (run zero_op before the next window): {zero_error}"
         )
-    return "so the window was discarded (accumulators and counter reset, no update applied)"
+    return _DISCARDED
+
+
+_DISCARDED = "so the window was discarded (accumulators and counter reset, no update applied)"
 
 
 def _reraise(error, context):

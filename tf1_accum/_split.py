@@ -1,0 +1,515 @@
+"""The batch you want, split to fit: `run_accumulation` given a large batch.
+
+`plan_window` checks a large batch (a feed dict whose arrays share a leading
+batch dimension, or a list of them) against the accumulation and the split
+asked for; `run_window` cuts it into micro-batches, runs them as one window
+through the session helper's window runner and, with a `MemoryFit`, runs the
+window again with smaller micro-batches when one runs out of memory.
+
+Unequal micro-batches are exact only when the accumulation weighs each by
+what its loss averages over (``weight=``): an accumulation built without
+``weight=`` averages its micro-batches equally, so its splits must be equal.
+"""
+
+from __future__ import annotations
+
+import collections
+import collections.abc
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum import _window
+
+
+class SizeChange(typing.NamedTuple):
+    """One change of the micro-batch size a `MemoryFit` uses.
+
+    Attributes:
+        window: The window it happened in, counted from 0 by the `MemoryFit`.
+        old: Rows per micro-batch before, None for the first window.
+        new: Rows per micro-batch after.
+        reason: ``"first window"``, ``"out of memory"`` (a micro-batch of
+            ``old`` rows raised ``ResourceExhaustedError``: the window was
+            discarded and ran again with ``new``) or ``"probe"`` (``old`` fit
+            for ``probe_every`` windows; ``new`` is tried).
+    """
+
+    window: int
+    old: typing.Optional[int]
+    new: int
+    reason: str
+
+
+class MemoryFit:
+    """Finds the micro-batch size that fits in memory, and remembers it across windows.
+
+    Pass one to `run_accumulation` as ``memory_fit=``, with the large batch,
+    for every window of one accumulation. A window starts with the size this
+    object holds (the first with the largest allowed: ``micro_batch_size=``,
+    ``micro_batches=`` or else the whole batch). When a micro-batch run
+    raises ``tf.errors.ResourceExhaustedError``, the window is discarded
+    (accumulators and counter reset, nothing applied) and runs again, whole,
+    from the same large batch, with micro-batches half as large (rounded up),
+    or, if the size that failed was a probe, with the size that fit before.
+    So no example is lost or counted twice, and the update is still the large
+    batch's. A micro-batch of one row that does not fit raises the
+    ``ResourceExhaustedError``, saying so. Any other error is raised as
+    without a fit.
+
+    The size that fits is kept for the next windows. After ``probe_every``
+    windows in a row at one size, the next window tries a larger one: twice
+    the size, or, once a size has run out of memory, halfway between the
+    size that fits and the smallest that did not (never above the largest
+    allowed). A probe that runs out of memory costs the micro-batches run
+    before the error. Probing stops when the size that fits is one row below
+    the smallest that did not.
+
+    Each change is logged (``tf.compat.v1.logging``: a warning for out of
+    memory, info otherwise) and kept in `changes`; `micro_batch_size` is the
+    size in use.
+
+    Example (5 rows in micro-batches of 2, 2 and 1, which fit: one update,
+    the large batch's):
+
+    >>> import numpy as np
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     acc = tf1_accum.build_accumulation(
+    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1), weight=tf.shape(x)[0])
+    ...     fit = tf1_accum.MemoryFit(probe_every=50)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         batch = {x: np.arange(1.0, 6.0, dtype=np.float32)}
+    ...         _ = tf1_accum.run_accumulation(
+    ...             sess, acc, batch, micro_batch_size=2, memory_fit=fit)
+    ...         print(fit.micro_batch_size, fit.changes, round(float(sess.run(w)), 4))
+    2 (SizeChange(window=0, old=None, new=2, reason='first window'),) 3.2
+
+    Args:
+        probe_every: Windows to run at a size before trying a larger one: a
+            positive integer, or None never to probe.
+
+    Raises:
+        TypeError: If ``probe_every`` is not an integer or None.
+        ValueError: If ``probe_every`` is not positive.
+    """
+
+    def __init__(self, *, probe_every: int | None = 100):
+        if probe_every is not None:
+            if isinstance(probe_every, bool) or not isinstance(probe_every, int):
+                raise TypeError(
+                    "probe_every must be a positive integer (windows) or None, got "
+                    f"{_checks.describe(probe_every)}."
+                )
+            if probe_every < 1:
+                raise ValueError(
+                    f"probe_every must be a positive integer (windows) or None, got {probe_every}."
+                )
+        self._probe_every = probe_every
+        self._size = None  # rows per micro-batch the next window starts with
+        self._fits = None  # the size in use before a probe: known to fit
+        self._fails = None  # the smallest size that ran out of memory
+        self._since = 0  # windows completed at the size in use
+        self._windows = 0
+        self._changes = []
+
+    @property
+    def micro_batch_size(self) -> int | None:
+        """Rows per micro-batch in use (the next window starts with it); None before a window."""
+        return self._size
+
+    @property
+    def changes(self) -> tuple:
+        """Every change of the size, in order, as `SizeChange` tuples."""
+        return tuple(self._changes)
+
+    @property
+    def windows(self) -> int:
+        """Windows this object completed."""
+        return self._windows
+
+    @property
+    def probe_every(self) -> int | None:
+        """Windows run at a size before a larger one is tried (None: never)."""
+        return self._probe_every
+
+    def __repr__(self):
+        return (
+            f"MemoryFit(micro_batch_size={self._size}, windows={self._windows}, "
+            f"changes={len(self._changes)}, probe_every={self._probe_every})"
+        )
+
+    def _start(self, largest):
+        """Rows per micro-batch for a window whose largest allowed size is ``largest``."""
+        if self._size is None:
+            self._change(largest, "first window")
+        elif (
+            self._probe_every is not None
+            and self._since >= self._probe_every
+            and self._size < largest
+        ):
+            if self._fails is None:
+                target = min(2 * self._size, largest)
+            else:
+                target = min((self._size + self._fails) // 2, largest)
+            if target > self._size:
+                self._fits = self._size
+                self._change(target, "probe")
+        return self._size
+
+    def _out_of_memory(self, tried, error):
+        """Takes a size that ran out of memory; returns the next, or None if ``tried`` is 1."""
+        self._fails = tried if self._fails is None else min(self._fails, tried)
+        if tried <= 1:
+            return None
+        if self._fits is not None and self._fits < tried:
+            smaller = self._fits  # a probe that failed: back to the size that fit
+        else:
+            smaller = (tried + 1) // 2
+        self._fits = None
+        self._change(smaller, "out of memory", tried=tried, error=error)
+        return smaller
+
+    def _completed(self):
+        self._fits = None
+        self._since += 1
+        self._windows += 1
+
+    def _change(self, new, reason, tried=None, error=None):
+        old = self._size
+        self._changes.append(SizeChange(self._windows, old, new, reason))
+        windows_at_old = self._since
+        self._size = new
+        self._since = 0
+        if reason == "out of memory":
+            tf.compat.v1.logging.warning(
+                "tf1_accum: a micro-batch of %d rows ran out of memory (%s); the window "
+                "was discarded and runs again with micro-batches of %d rows (window %d).",
+                tried,
+                _first_line(error),
+                new,
+                self._windows,
+            )
+        elif reason == "probe":
+            tf.compat.v1.logging.info(
+                "tf1_accum: micro-batches of %d rows from window %d (a probe: %d rows "
+                "fit for %d windows).",
+                new,
+                self._windows,
+                old,
+                windows_at_old,
+            )
+        else:
+            tf.compat.v1.logging.info(
+                "tf1_accum: micro-batches of %d rows from window %d (the largest allowed).",
+                new,
+                self._windows,
+            )
+
+
+def _first_line(error):
+    """The line of an error message that says what ran out (the allocator's "OOM when ...")."""
+    text = error.message if isinstance(error, tf.errors.OpError) else str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "OOM" in line or "MemoryError" in line or "out of memory" in line.lower():
+            return line
+    plain = [line for line in lines if not line.endswith(":") and not line.startswith("Hint")]
+    return plain[0] if plain else type(error).__name__
+
+
+class WindowDiscarded(Exception):
+    """Micro-batch ``micro_batch`` failed with ``error``; the window was discarded.
+
+    The session helper's window runner raises it, instead of the error, for
+    the error types its caller retries (`run_window`: out of memory).
+    """
+
+    def __init__(self, error, micro_batch):
+        super().__init__(error, micro_batch)
+        self.error = error
+        self.micro_batch = micro_batch
+
+
+class _Batch(typing.NamedTuple):
+    """One large feed dict, its number of rows and which of its keys are split."""
+
+    feed: dict
+    rows: int
+    split: frozenset  # keys whose values are cut into micro-batches
+
+
+class Plan(typing.NamedTuple):
+    """A checked large batch and how to split it, from `plan_window`."""
+
+    batches: typing.List[_Batch]
+    weighted: bool
+    micro_batch_size: typing.Optional[int]
+    micro_batches: typing.Optional[int]
+    memory_fit: typing.Optional[MemoryFit]
+
+
+def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit):
+    """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`.
+
+    Raises:
+        TypeError, ValueError: With the texts `run_accumulation` documents.
+    """
+    for name, value in (("micro_batch_size", micro_batch_size), ("micro_batches", micro_batches)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(
+                f"{name} must be a positive integer or None, got {_checks.describe(value)}."
+            )
+        if value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value}.")
+    if micro_batch_size is not None and micro_batches is not None:
+        raise ValueError(
+            f"Pass micro_batch_size= or micro_batches=, not both (got {micro_batch_size} "
+            f"and {micro_batches})."
+        )
+    if memory_fit is not None and not isinstance(memory_fit, MemoryFit):
+        raise TypeError(
+            f"memory_fit must be a tf1_accum.MemoryFit or None, got {_checks.describe(memory_fit)}."
+        )
+    if isinstance(feed_dicts, collections.abc.Mapping):
+        feeds = [feed_dicts]
+    elif isinstance(feed_dicts, collections.abc.Iterable):
+        feeds = list(feed_dicts)
+        if not feeds:
+            raise ValueError(
+                "feed_dicts holds no batch: pass the large batch as one feed dict (or a list "
+                "of them) to split it. Nothing was run."
+            )
+    else:
+        raise TypeError(
+            "feed_dicts must be the large batch to split, a feed dict (or a list of them), "
+            f"got {_checks.describe(feed_dicts)}."
+        )
+    graph = accumulation.counter.graph
+    batches = []
+    for index, feed in enumerate(feeds):
+        label = "feed_dicts" if feed is feed_dicts else f"feed_dicts[{index}]"
+        if not isinstance(feed, collections.abc.Mapping):
+            raise TypeError(
+                f"{label} must be a feed dict holding a large batch to split, got "
+                f"{_checks.describe(feed)}."
+            )
+        batches.append(_batch(graph, dict(feed), label))
+    weighted = _weighted(accumulation)
+    if memory_fit is not None and not weighted:
+        raise ValueError(
+            "memory_fit needs an accumulation built with weight= (the rows of each "
+            "micro-batch, such as weight=tf.shape(x)[0] for a batch-shaped placeholder x): "
+            "the sizes the search picks need not divide the batch, and an accumulation "
+            "built without weight= averages its micro-batches equally, so a shorter one "
+            "would count too much. Nothing was run."
+        )
+    plan = Plan(batches, weighted, micro_batch_size, micro_batches, memory_fit)
+    if memory_fit is None:
+        sizes = [s for b in batches for s in _sizes(plan, b, _largest(plan, b))]
+        if not weighted and len(set(sizes)) > 1:
+            rows = [b.rows for b in batches]
+            raise ValueError(
+                f"The batch ({' and '.join(map(str, rows))} rows) does not split into equal "
+                f"micro-batches ({_split_asked(plan)} gives {_sizes_text(sizes)} rows), and "
+                "this accumulation, built without weight=, averages its micro-batches "
+                "equally: a shorter micro-batch would count as much as a full one, and the "
+                "update would not equal the large batch's. Build it with weight= the rows "
+                "of each micro-batch (weight=tf.shape(x)[0] for a batch-shaped placeholder "
+                "x), or split into equal micro-batches. Nothing was run."
+            )
+        fixed = _fixed_statistics_size(accumulation)
+        if fixed is not None and any(s != fixed for s in sizes):
+            raise ValueError(
+                f"This accumulation's statistics were built with micro_batch_size={fixed:g}, "
+                f"but {_split_asked(plan)} gives micro-batches of {_sizes_text(sizes)} rows: "
+                "the statistics would be wrong. Split into micro-batches of that size, or "
+                "build with weight= (the rows of each micro-batch) instead of "
+                "micro_batch_size=. Nothing was run."
+            )
+    return plan
+
+
+def run_window(plan, run, read_counter):
+    """Runs one window of ``plan``; returns the fetched values, one per micro-batch.
+
+    ``run(feeds, retry)`` is the session helper's window runner (feeds: a
+    list of feed dicts); ``read_counter()`` reads the window's counter (None
+    if it cannot).
+    """
+    fit = plan.memory_fit
+    if fit is None:
+        return run(_micro_batches(plan, None), ())
+    # A discarded window must hold nothing but this batch's micro-batches.
+    held = read_counter()
+    if held:
+        held_text = f"{held} micro-batch{'es' if held > 1 else ''}"
+        raise ValueError(
+            f"The window already holds {held_text}, which memory_fit could not run again "
+            "after discarding the window: run apply_op (or zero_op) first, or call "
+            "run_accumulation without memory_fit. Nothing was run."
+        )
+    largest = max(_largest(plan, b) for b in plan.batches)
+    size = min(fit._start(largest), largest)
+    while True:
+        tried = min(size, max(b.rows for b in plan.batches))
+        try:
+            results = run(_micro_batches(plan, size), tf.errors.ResourceExhaustedError)
+        except WindowDiscarded as discarded:
+            error = discarded.error
+            smaller = fit._out_of_memory(tried, error)
+            if smaller is None:
+                message = (
+                    f"micro-batch {discarded.micro_batch} of the window failed so the window "
+                    "was discarded (accumulators and counter reset, no update applied): a "
+                    "micro-batch of one row does not fit in memory, so memory_fit cannot "
+                    f"split the batch further: {error.message}"
+                )
+                raise type(error)(error.node_def, error.op, message) from error
+            size = smaller
+            continue
+        fit._completed()
+        return results
+
+
+def _largest(plan, batch):
+    """The largest micro-batch allowed for ``batch``: what was asked, or the whole batch."""
+    if plan.micro_batch_size is not None:
+        return min(int(plan.micro_batch_size), batch.rows)
+    if plan.micro_batches is not None:
+        return -(-batch.rows // int(plan.micro_batches))
+    return batch.rows
+
+
+def _sizes(plan, batch, size):
+    """Rows of each micro-batch of ``batch``: ``size`` each, a shorter last one.
+
+    Without a fit, ``micro_batches=N`` makes N sizes that differ by one at most.
+    """
+    rows = batch.rows
+    if plan.memory_fit is None and plan.micro_batches is not None:
+        count = min(int(plan.micro_batches), rows)
+        return [rows // count + (1 if i < rows % count else 0) for i in range(count)]
+    size = min(size, rows)
+    return [size] * (rows // size) + ([rows % size] if rows % size else [])
+
+
+def _micro_batches(plan, size):
+    """The feed dicts of the window's micro-batches, in order (slices: no copies)."""
+    feeds = []
+    for batch in plan.batches:
+        start = 0
+        for rows in _sizes(plan, batch, size if size is not None else _largest(plan, batch)):
+            stop = start + rows
+            feeds.append(
+                {
+                    key: value[start:stop] if key in batch.split else value
+                    for key, value in batch.feed.items()
+                }
+            )
+            start = stop
+    return feeds
+
+
+def _split_asked(plan):
+    if plan.micro_batch_size is not None:
+        return f"micro_batch_size={plan.micro_batch_size}"
+    return f"micro_batches={plan.micro_batches}"
+
+
+def _sizes_text(sizes):
+    counted = collections.Counter(sizes)
+    return ", ".join(
+        f"{n} x {size}" if n > 1 else str(size) for size, n in sorted(counted.items(), reverse=True)
+    )
+
+
+def _batch(graph, feed, label):
+    """Finds which values of one large feed dict are split, and its rows; returns a `_Batch`.
+
+    A value is split when its key's static shape leaves the leading dimension
+    unknown and the value has the batch's number of rows; the rest (scalars,
+    keys of a known leading size, arrays of another leading size) are fed
+    whole to every micro-batch. The batch's rows are the leading size that
+    most of the candidates share.
+    """
+    values = {}
+    candidates = {}  # key -> leading size
+    for key, value in feed.items():
+        tensor = key
+        if isinstance(key, str):
+            try:
+                tensor = graph.as_graph_element(key)
+            except (KeyError, ValueError, TypeError) as error:
+                raise ValueError(
+                    f"{label} has a key {key!r} that names no tensor: {error}"
+                ) from None
+        if isinstance(tensor, tf.SparseTensor):
+            raise TypeError(
+                f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), "
+                "which run_accumulation does not split: split the batch yourself and pass "
+                "one feed dict per micro-batch, without micro_batch_size, micro_batches or "
+                "memory_fit."
+            )
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value)
+        values[key] = value
+        shape = getattr(tensor, "shape", None)
+        known = shape is not None and shape.ndims is not None
+        if value.ndim == 0 or (known and (shape.ndims == 0 or shape.as_list()[0] is not None)):
+            continue  # fed whole
+        candidates[key] = value.shape[0]
+    if not candidates:
+        raise ValueError(
+            f"{label} holds nothing to split: no value has a leading batch dimension "
+            "(arrays fed to placeholders whose first dimension is None, such as "
+            "tf.compat.v1.placeholder(tf.float32, [None, 4])). Nothing was run."
+        )
+    counted = collections.Counter(candidates.values()).most_common()
+    if len(counted) > 1 and counted[0][1] == counted[1][1]:
+        tied = [size for size, n in counted if n == counted[0][1]]
+        raise ValueError(
+            f"{label} has no one batch dimension: as many arrays have {tied[0]} rows as "
+            f"{tied[1]} ({_keys_text(candidates)}). Feed an array that is not batch data "
+            "through a placeholder of known leading size (shape [100, 16], not [None, 16]), "
+            "so that it is fed whole. Nothing was run."
+        )
+    rows = counted[0][0]
+    if rows == 0:
+        raise ValueError(
+            f"{label} holds a batch of 0 rows: nothing to accumulate. Nothing was run."
+        )
+    split = frozenset(key for key, size in candidates.items() if size == rows)
+    return _Batch(values, rows, split)
+
+
+def _keys_text(candidates):
+    return ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
+
+
+def _key_name(key):
+    return key if isinstance(key, str) else getattr(key, "name", repr(key))
+
+
+def _weighted(accumulation):
+    """Whether ``accumulation`` was built with ``weight=`` (it then holds a weight total)."""
+    scope = accumulation.counter.op.name[: -len("counter")]
+    graph = accumulation.counter.graph
+    return any(
+        v.op.name == scope + "weight_total" for v in graph.get_collection(_window.STATE_COLLECTION)
+    )
+
+
+def _fixed_statistics_size(accumulation):
+    """The ``micro_batch_size`` the statistics were built with, or None."""
+    if accumulation.statistics is None:
+        return None
+    value = tf.get_static_value(accumulation.statistics.micro_batch_size)
+    return None if value is None else float(value)
