@@ -1,9 +1,15 @@
-"""Packaging: the metadata in pyproject.toml, and the one TensorFlow range."""
+"""Packaging: the metadata in pyproject.toml, setup.py, and the one TensorFlow range."""
 
 import ast
+import os
 import pathlib
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+
+import pytest
 
 import tf1_accum
 
@@ -70,6 +76,78 @@ def test_package_ships_its_type_marker():
 
 def test_console_script_runs_the_checker():
     assert PROJECT["scripts"] == {"tf1-accum-check": "tf1_accum.check:main"}
+
+
+def test_setup_py_only_hands_over_to_setuptools():
+    # pyproject.toml stays the one source of metadata: setup.py passes nothing.
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setuptools.setup"
+    ]
+    assert len(calls) == 1 and not calls[0].args and not calls[0].keywords
+    # The setuptools release it asks for is the one the build system requires.
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "build-system"
+    ]["requires"]
+    assert requirement == "setuptools>=77"
+    assert "_REQUIRED = (77,)" in (ROOT / "setup.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.graph_mode_independent
+def test_python_setup_py_develop_installs_the_version_and_the_checker(tmp_path):
+    # As an old TF1 environment installs: `python setup.py develop` in a
+    # fresh virtual environment holding only the build requirement, from a
+    # copy of the source (the build writes tf1_accum.egg-info next to it).
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.rst", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "tf1_accum", source / "tf1_accum", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    python, script = env / "bin" / "python", env / "bin" / "tf1-accum-check"
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    clean["PATH"] = f"{env / 'bin'}{os.pathsep}{clean.get('PATH', '')}"
+
+    def run(*command, cwd=tmp_path):
+        done = subprocess.run(command, cwd=cwd, env=clean, capture_output=True, text=True)
+        assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    run(python, "-m", "pip", "install", "--quiet", "setuptools>=77")
+    assert run(python, "setup.py", "--version", cwd=source).split()[-1] == tf1_accum.__version__
+    # --no-deps: numpy (and TensorFlow) are not what is tested here.
+    run(python, "setup.py", "develop", "--no-deps", cwd=source)
+
+    # Outside the source directory, the installed package is the copy.
+    installed = run(
+        python,
+        "-c",
+        "import importlib.metadata as m, tf1_accum; "
+        "print(m.version('tf1_accum'), tf1_accum.__version__, tf1_accum.__file__)",
+    ).split()
+    assert installed == [
+        tf1_accum.__version__,
+        tf1_accum.__version__,
+        str(source / "tf1_accum" / "__init__.py"),
+    ]
+    # The console script runs the checker (it needs no TensorFlow).
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import tensorflow as tf\n\n"
+        "w = tf.Variable(1.0)\n"
+        "acc = tf.Variable(tf.zeros_like(w.initialized_value()))\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [script, str(bad)], cwd=tmp_path, env=clean, capture_output=True, text=True
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith(f"{bad}:4:33: TFA007 Variable.initialized_value() raises")
 
 
 def test_type_checkers_see_every_lazily_exported_name():
