@@ -401,7 +401,11 @@ _GUARDED_COLLECTIONS = tuple(
         {
             getattr(tf.compat.v1.GraphKeys, key)
             for key in dir(tf.compat.v1.GraphKeys)
-            if key.isupper() and isinstance(getattr(tf.compat.v1.GraphKeys, key), str)
+            # VARIABLES is GLOBAL_VARIABLES under a deprecated name, whose
+            # reading logs a deprecation warning in the user's first build.
+            if key.isupper()
+            and key != "VARIABLES"
+            and isinstance(getattr(tf.compat.v1.GraphKeys, key), str)
         }
         - {tf.compat.v1.GraphKeys.COND_CONTEXT, tf.compat.v1.GraphKeys.WHILE_CONTEXT}
     )
