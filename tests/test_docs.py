@@ -190,3 +190,18 @@ def test_layout_check_without_chromium_says_so_and_fails_only_in_ci(
         f"docs layout check {said}: chromium and chromedriver not found (Debian: apt-get "
         "install chromium chromium-driver; or set CHROMIUM and CHROMEDRIVER)\n"
     )
+
+
+def test_landing_page_where_to_go_lists_every_guide_page():
+    index = (ROOT / "docs" / "index.rst").read_text(encoding="utf-8")
+    (pages,) = re.findall(r":caption: Guide\n(?:   :\w+:.*\n)*\n((?:   \w+\n)+)", index)
+    table = index[index.index("Where to go") : index.index(".. toctree::")]
+    listed = re.findall(r"^   \* - :doc:`(\w+)`", table, re.M)
+    assert {"faq", "performance", "statistics"} <= set(pages.split())
+    assert set(pages.split()) <= set(listed)
+
+
+def test_quickstart_shows_its_printed_table_as_text():
+    page = (ROOT / "docs" / "quickstart.rst").read_text(encoding="utf-8")
+    (block,) = re.findall(r"The table it prints [^\n]*\n\n\.\. code-block:: (\w+)\n\n   run ", page)
+    assert block == "text"
