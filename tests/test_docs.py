@@ -205,3 +205,16 @@ def test_quickstart_shows_its_printed_table_as_text():
     page = (ROOT / "docs" / "quickstart.rst").read_text(encoding="utf-8")
     (block,) = re.findall(r"The table it prints [^\n]*\n\n\.\. code-block:: (\w+)\n\n   run ", page)
     assert block == "text"
+
+
+def test_readme_use_it_says_what_the_keras_3_note_says():
+    from tf1_accum import _checks
+
+    text = (ROOT / "README.rst").read_text(encoding="utf-8")
+    use_it = " ".join(
+        text[text.index("Use it\n------") : text.index("With the session helper")].split()
+    )
+    assert "AttributeError: `dense` is not available with Keras 3." in use_it
+    assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in use_it
+    assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in _checks.KERAS_3_HINT
+    assert "tf_keras" in use_it and "tf_keras" in _checks.KERAS_3_HINT
