@@ -96,10 +96,11 @@ def test_setup_py_only_hands_over_to_setuptools():
 
 
 @pytest.mark.graph_mode_independent
-def test_python_setup_py_develop_installs_the_version_and_the_checker(tmp_path):
-    # As an old TF1 environment installs: `python setup.py develop` in a
-    # fresh virtual environment holding only the build requirement, from a
-    # copy of the source (the build writes tf1_accum.egg-info next to it).
+def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path):
+    # Through setup.py itself, as old TF1 environments call it: a wheel built
+    # by `python setup.py bdist_wheel` from a copy of the source (the build
+    # writes next to it), with the build requirement of pyproject.toml alone
+    # on the path, then installed into a fresh virtual environment.
     source = tmp_path / "source"
     source.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.rst", "LICENSE"):
@@ -107,34 +108,39 @@ def test_python_setup_py_develop_installs_the_version_and_the_checker(tmp_path):
     shutil.copytree(
         ROOT / "tf1_accum", source / "tf1_accum", ignore=shutil.ignore_patterns("__pycache__")
     )
-    env = tmp_path / "env"
-    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    python, script = env / "bin" / "python", env / "bin" / "tf1-accum-check"
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    clean["PATH"] = f"{env / 'bin'}{os.pathsep}{clean.get('PATH', '')}"
 
-    def run(*command, cwd=tmp_path):
-        done = subprocess.run(command, cwd=cwd, env=clean, capture_output=True, text=True)
+    def run(*command, cwd=tmp_path, **env):
+        done = subprocess.run(
+            command, cwd=cwd, env={**clean, **env}, capture_output=True, text=True
+        )
         assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
         return done.stdout
 
-    run(python, "-m", "pip", "install", "--quiet", "setuptools>=77")
-    assert run(python, "setup.py", "--version", cwd=source).split()[-1] == tf1_accum.__version__
-    # --no-deps: numpy (and TensorFlow) are not what is tested here.
-    run(python, "setup.py", "develop", "--no-deps", cwd=source)
+    pip = (sys.executable, "-m", "pip")
+    run(*pip, "install", "--quiet", "--target", str(tmp_path / "build"), "setuptools>=77")
+    build = {"PYTHONPATH": str(tmp_path / "build")}
+    version = run(sys.executable, "setup.py", "--version", cwd=source, **build)
+    assert version.split()[-1] == tf1_accum.__version__
+    run(sys.executable, "setup.py", "-q", "bdist_wheel", "-d", str(tmp_path), cwd=source, **build)
+    (wheel,) = tmp_path.glob("tf1_accum-*.whl")
+    assert wheel.name == f"tf1_accum-{tf1_accum.__version__}-py3-none-any.whl"
 
-    # Outside the source directory, the installed package is the copy.
+    env = tmp_path / "env"
+    run(sys.executable, "-m", "venv", "--without-pip", str(env))
+    python, script = env / "bin" / "python", env / "bin" / "tf1-accum-check"
+    # --no-deps: numpy (and TensorFlow) are not what is tested here.
+    run(*pip, "--python", str(python), "install", "--quiet", "--no-deps", str(wheel))
+
+    # The installed package, not a source tree, outside the source directory.
     installed = run(
         python,
         "-c",
         "import importlib.metadata as m, tf1_accum; "
         "print(m.version('tf1_accum'), tf1_accum.__version__, tf1_accum.__file__)",
     ).split()
-    assert installed == [
-        tf1_accum.__version__,
-        tf1_accum.__version__,
-        str(source / "tf1_accum" / "__init__.py"),
-    ]
+    assert installed[:2] == [tf1_accum.__version__, tf1_accum.__version__]
+    assert pathlib.Path(installed[2]).is_relative_to(env)
     # The console script runs the checker (it needs no TensorFlow).
     bad = tmp_path / "bad.py"
     bad.write_text(
