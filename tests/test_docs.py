@@ -171,6 +171,12 @@ def test_ci_checks_the_built_docs_layout_with_chromium():
     assert ci.index("CI=true python scripts/check_docs_layout.py docs/_build/html") > build
     (install,) = [line for line in ci if "apt-get install" in line]
     assert "chromium" in install.split() and "chromium-driver" in install.split()
+    # Installed in the background while pip installs the package, waited for
+    # before the check.
+    started = ci.index('install_chromium > "$chromium_log" 2>&1 &')
+    assert started < ci.index('pip install -e ".[test]"')
+    waited = ci.index('wait "$chromium_install" || { cat "$chromium_log"; exit 1; }')
+    assert build < waited < ci.index("CI=true python scripts/check_docs_layout.py docs/_build/html")
 
 
 @pytest.mark.parametrize("ci, status", [(None, 0), ("true", 2)])
