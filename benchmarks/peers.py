@@ -331,14 +331,28 @@ def summary_rows(summary):
 
 
 def plot(summary, path, title):
+    """Draws each model's ratios to the faster peer, one panel a model, stacked.
+
+    7.4 inches wide at 200 dpi: the docs show the image at their column's
+    width (about 740 px), where its 10-point text reads at its printed size.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     models = list(summary)
-    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 4.6), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    rows = [len(summary[model]) for model in models]
+    fig, axes = plt.subplots(
+        len(models),
+        1,
+        figsize=(7.4, 1.6 + 0.27 * sum(rows) + 0.9 * len(models)),
+        height_ratios=rows,
+        squeeze=False,
+        layout="constrained",
+    )
+    for ax, model in zip(axes[:, 0], models):
         names = list(summary[model])
         values = [summary[model][name]["peer"] for name in names]
         low = [v - summary[model][name]["peer_range"][0] for name, v in zip(names, values)]
@@ -358,6 +372,7 @@ def plot(summary, path, title):
                 i,
                 xerr=[[low[i]], [high[i]]],
                 fmt="o",
+                markersize=6,
                 capsize=4,
                 color=color,
                 markerfacecolor=face,
@@ -365,10 +380,10 @@ def plot(summary, path, title):
             bound = TARGETS[model].get(way)
             if bound is not None:
                 # A row built with parts left out shows its way's target, dashed.
-                style = "-" if way == name else "--"
+                style = "-" if way == name else (0, (2, 1.5))
                 ax.plot(
                     [bound, bound],
-                    [i - 0.35, i + 0.35],
+                    [i - 0.4, i + 0.4],
                     color="tab:red",
                     linewidth=2,
                     linestyle=style,
@@ -377,14 +392,30 @@ def plot(summary, path, title):
         ax.grid(axis="x", alpha=0.3)
         ax.set_yticks(y)
         ax.set_yticklabels(names)
-        ax.invert_yaxis()
-        ax.set_xlabel("window time / faster peer's (red: target)")
-        ax.set_title(f"{model}: {parameter_count(MODELS[model]):,} parameters")
-    fig.suptitle(
-        title + "; hollow: built with parts left out (dashed: their way's target)", fontsize=9
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+        ax.set_ylim(len(names) - 0.5, -0.5)
+        ax.tick_params(labelsize=9)
+        ax.set_xlabel("window time / the faster peer's", fontsize=10)
+        ax.set_title(f"{model}: {parameter_count(MODELS[model]):,} parameters", fontsize=11)
+    key = [
+        Line2D([], [], color="tab:blue", marker="o", linestyle="", label="way in"),
+        Line2D(
+            [],
+            [],
+            color="tab:blue",
+            marker="o",
+            markerfacecolor="white",
+            linestyle="",
+            label="built with parts left out",
+        ),
+        Line2D([], [], color="tab:gray", marker="o", linestyle="", label="peer, floor"),
+        Line2D([], [], color="tab:red", linewidth=2, label="target"),
+        Line2D(
+            [], [], color="tab:red", linewidth=2, linestyle=(0, (2, 1.5)), label="its way's target"
+        ),
+    ]
+    fig.legend(handles=key, loc="outside lower center", ncol=5, fontsize=8.5, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=200)
     plt.close(fig)
 
 
@@ -470,8 +501,8 @@ def main(argv=None):
         plot(
             summary,
             args.plot,
-            f"N={args.steps}, B={args.micro_batch}, Adam, graph mode {args.mode}, "
-            f"{args.runs} run(s): median, whiskers: range over the runs",
+            f"N={args.steps}, B={args.micro_batch}, Adam, graph mode {args.mode}; "
+            f"median of {args.runs} run(s), whiskers: their range",
         )
     return all_runs, summary
 

@@ -67,6 +67,7 @@ def make_data(examples, seed):
 
 
 def train_worker(args):
+    import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
     import tensorflow as tf
 
     import tf1_accum

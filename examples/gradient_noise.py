@@ -16,6 +16,7 @@ Run:  python examples/gradient_noise.py --logdir /tmp/gradient_noise
 import argparse
 import sys
 
+import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
 import numpy as np
 import tensorflow as tf
 

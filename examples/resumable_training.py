@@ -35,6 +35,7 @@ import os
 import signal
 import sys
 
+import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
 import numpy as np
 import tensorflow as tf
 

@@ -17,6 +17,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import tensorflow as tf
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# As when the example runs as a script (it imports examples/_tensorflow_log.py).
+sys.path.insert(0, str(ROOT / "examples"))
 
 
 def enter_graph_mode():

@@ -1,9 +1,13 @@
 """The README's test and docs commands are the ones CI runs.
 
 CI builds the docs with warnings as errors as a step of its own (``.ci/run``),
-not in a test: the build does not depend on the graph mode.
+not in a test: the build does not depend on the graph mode. Then it checks, in
+headless Chromium, that every built page shows all of its content
+(``scripts/check_docs_layout.py``); the tests here check that check.
 """
 
+import importlib.util
+import os
 import pathlib
 import re
 import runpy
@@ -81,3 +85,142 @@ def test_the_test_script_runs_every_graph_mode_of_conftest():
     (modes,) = re.findall(r"^for mode in ([\w ]+); do$", script, re.M)
     assert tuple(modes.split()) == conftest.GRAPH_MODES
     assert 'TF1_ACCUM_GRAPH_MODE=${mode} "${PYTHON}" -m pytest -n 2 --dist loadscope "$@"' in script
+
+
+def _load_layout_check():
+    spec = importlib.util.spec_from_file_location(
+        "check_docs_layout", ROOT / "scripts" / "check_docs_layout.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _layout_check():
+    """scripts/check_docs_layout.py, imported; skips (in CI: fails) without Chromium."""
+    module = _load_layout_check()
+    try:
+        module._find_tools()
+    except module.Skip as reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must install Chromium for the docs layout check: {reason}")
+        pytest.skip(f"docs layout check not run: {reason}")
+    return module
+
+
+# A page laid out as the theme lays it out: a 400 px column holding the article.
+PAGE = """<!DOCTYPE html><html><head><meta name="viewport" content="width=device-width">
+<style>
+body {{ margin: 0; font: 16px monospace; }}
+div.content {{ width: 400px; }}
+pre {{ overflow: auto; margin: 0; }}
+div.wrap pre {{ white-space: pre-wrap; overflow-wrap: anywhere; }}
+h2 {{ overflow-wrap: anywhere; }}
+div.table-wrapper, div.highlight-text pre {{ overflow-x: auto; }}
+div.table-wrapper::-webkit-scrollbar, pre::-webkit-scrollbar {{ height: 10px; }}
+div.table-wrapper::-webkit-scrollbar-thumb, pre::-webkit-scrollbar-thumb {{ background: gray; }}
+div.hidden-bar {{ scrollbar-width: none; }}
+</style></head>
+<body><div class="content"><article>{}</article></div></body></html>"""
+LONG = "x" * 80  # 80 characters of monospace: twice the column's width
+
+
+@pytest.mark.parametrize(
+    "body, finding",
+    [
+        (f'<div class="highlight-python"><pre>{LONG}</pre></div>', "px of its lines hidden"),
+        (f'<div style="width: 900px">{LONG}</div>', "px past the edge of the column"),
+        (
+            f'<div style="overflow: hidden"><table><tr><td>{LONG}</td></tr></table></div>',
+            "px past the edge of <div>",
+        ),
+        (
+            f'<div class="table-wrapper hidden-bar"><table><tr><td>{LONG}</td></tr></table></div>',
+            "scrolls without a visible scroll bar",
+        ),
+        (f"<h2>{LONG}</h2>", f'breaks the word "{LONG}" across lines'),
+    ],
+    ids=["code-scrolls", "past-column", "clipped", "no-scroll-bar", "broken-word"],
+)
+def test_layout_check_reports_a_block_cut_off(tmp_path, body, finding):
+    check = _layout_check()
+    (tmp_path / "page.html").write_text(PAGE.format(body), encoding="utf-8")
+    (found,) = check.check(tmp_path, widths=(1280,))
+    assert found.startswith("page.html @ 1280 px: <") and finding in found, found
+
+
+def test_layout_check_passes_wrapped_code_and_tables_that_scroll_visibly(tmp_path, capsys):
+    check = _layout_check()
+    body = (
+        f'<div class="highlight-python wrap"><pre>{LONG}</pre></div>'
+        f'<div class="highlight-text"><pre>{LONG}</pre></div>'
+        f'<div class="table-wrapper"><table><tr><td>{LONG}</td></tr></table></div>'
+        "<h2>a heading of short words that wraps over several lines of the column</h2>"
+    )
+    (tmp_path / "page.html").write_text(PAGE.format(body), encoding="utf-8")
+    screenshots = tmp_path / "shots"
+    assert check.main([str(tmp_path), "--screenshots", str(screenshots)]) == 0
+    assert "every block shows whole (1 pages at 1280 px and 390 px)" in capsys.readouterr().out
+    for width in check.WIDTHS:
+        assert (screenshots / f"page_{width}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ci_checks_the_built_docs_layout_with_chromium():
+    ci = _ci_commands()
+    build = ci.index("python -m sphinx -W --keep-going -b html docs docs/_build/html")
+    assert ci.index("CI=true python scripts/check_docs_layout.py docs/_build/html") > build
+    (install,) = [line for line in ci if "apt-get install" in line]
+    assert "chromium" in install.split() and "chromium-driver" in install.split()
+    # Installed in the background while pip installs the package, waited for
+    # before the check.
+    started = ci.index('install_chromium > "$chromium_log" 2>&1 &')
+    assert started < ci.index('pip install -e ".[test]"')
+    waited = ci.index('wait "$chromium_install" || { cat "$chromium_log"; exit 1; }')
+    assert build < waited < ci.index("CI=true python scripts/check_docs_layout.py docs/_build/html")
+
+
+@pytest.mark.parametrize("ci, status", [(None, 0), ("true", 2)])
+def test_layout_check_without_chromium_says_so_and_fails_only_in_ci(
+    tmp_path, monkeypatch, capsys, ci, status
+):
+    check = _load_layout_check()
+    monkeypatch.setattr(check.shutil, "which", lambda name: None)
+    for name in ("CHROMIUM", "CHROMEDRIVER", "CI"):
+        monkeypatch.delenv(name, raising=False)
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    (tmp_path / "page.html").write_text(PAGE.format("<p>text</p>"), encoding="utf-8")
+    assert check.main([str(tmp_path)]) == status
+    said = "FAILED to run in CI" if ci else "SKIPPED"
+    assert capsys.readouterr().err == (
+        f"docs layout check {said}: chromium and chromedriver not found (Debian: apt-get "
+        "install chromium chromium-driver; or set CHROMIUM and CHROMEDRIVER)\n"
+    )
+
+
+def test_landing_page_where_to_go_lists_every_guide_page():
+    index = (ROOT / "docs" / "index.rst").read_text(encoding="utf-8")
+    (pages,) = re.findall(r":caption: Guide\n(?:   :\w+:.*\n)*\n((?:   \w+\n)+)", index)
+    table = index[index.index("Where to go") : index.index(".. toctree::")]
+    listed = re.findall(r"^   \* - :doc:`(\w+)`", table, re.M)
+    assert {"faq", "performance", "statistics"} <= set(pages.split())
+    assert set(pages.split()) <= set(listed)
+
+
+def test_quickstart_shows_its_printed_table_as_text():
+    page = (ROOT / "docs" / "quickstart.rst").read_text(encoding="utf-8")
+    (block,) = re.findall(r"The table it prints [^\n]*\n\n\.\. code-block:: (\w+)\n\n   run ", page)
+    assert block == "text"
+
+
+def test_readme_use_it_says_what_the_keras_3_note_says():
+    from tf1_accum import _checks
+
+    text = (ROOT / "README.rst").read_text(encoding="utf-8")
+    use_it = " ".join(
+        text[text.index("Use it\n------") : text.index("With the session helper")].split()
+    )
+    assert "AttributeError: `dense` is not available with Keras 3." in use_it
+    assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in use_it
+    assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in _checks.KERAS_3_HINT
+    assert "tf_keras" in use_it and "tf_keras" in _checks.KERAS_3_HINT

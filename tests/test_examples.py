@@ -1,7 +1,12 @@
 """Smoke tests of the examples, with tiny settings, so they cannot rot."""
 
 import importlib.util
+import os
 import pathlib
+import re
+import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -10,6 +15,10 @@ import tensorflow as tf
 import tf1_accum
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+# As when an example runs as a script: its directory is on the path, for
+# examples/_tensorflow_log.py.
+if str(ROOT / "examples") not in sys.path:
+    sys.path.insert(0, str(ROOT / "examples"))
 
 
 def _load(name):
@@ -50,7 +59,39 @@ def test_quickstart(tmp_path, capsys):
     # The three runs really trained: losses moved from where they started.
     assert result["curves"]["big batch"][0] != result["curves"]["big batch"][-1]
     pytest.importorskip("matplotlib")
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = plot.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    # 7.4 x 4.6 inches at 200 dpi: shown 740 px wide, its text reads at its size.
+    assert struct.unpack(">II", png[16:24]) == (1480, 920)
+
+
+# A line of TensorFlow's C++ log (absl or TensorFlow's own format), e.g.
+# "I0000 00:00:1795624486.98 27574 port.cc:153] oneDNN custom operations are on".
+TENSORFLOW_LOG = re.compile(r"^([IWEF]\d{4} |WARNING: All log messages before absl)", re.M)
+
+
+@pytest.mark.graph_mode_independent
+def test_quickstart_prints_its_own_lines_first_and_tensorflow_log_on_request():
+    command = [sys.executable, str(ROOT / "examples" / "quickstart.py")]
+    command += ["--updates", "2", "--steps", "2", "--examples", "64", "--plot", ""]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's tf1_accum
+    quiet = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    assert quiet.stdout.startswith("Training a 10-32-1 MLP with Adam for 2 updates, three ways")
+    # Nothing else: no C++ log, and no deprecation warning from tf1_accum's build.
+    assert quiet.stderr == ""
+    # The documented way back: with TF_CPP_MIN_LOG_LEVEL=0 set, importing
+    # TensorFlow the examples' way shows its log.
+    env["TF_CPP_MIN_LOG_LEVEL"] = "0"
+    loud = subprocess.run(
+        [sys.executable, "-c", "import _tensorflow_log, tensorflow"],
+        cwd=ROOT / "examples",
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert TENSORFLOW_LOG.search(loud.stderr), loud.stderr
 
 
 # Starts its own worker processes: run in the v1 mode only.

@@ -1,9 +1,15 @@
-"""Packaging: the metadata in pyproject.toml, and the one TensorFlow range."""
+"""Packaging: the metadata in pyproject.toml, setup.py, and the one TensorFlow range."""
 
 import ast
+import os
 import pathlib
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+
+import pytest
 
 import tf1_accum
 
@@ -70,6 +76,84 @@ def test_package_ships_its_type_marker():
 
 def test_console_script_runs_the_checker():
     assert PROJECT["scripts"] == {"tf1-accum-check": "tf1_accum.check:main"}
+
+
+def test_setup_py_only_hands_over_to_setuptools():
+    # pyproject.toml stays the one source of metadata: setup.py passes nothing.
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setuptools.setup"
+    ]
+    assert len(calls) == 1 and not calls[0].args and not calls[0].keywords
+    # The setuptools release it asks for is the one the build system requires.
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "build-system"
+    ]["requires"]
+    assert requirement == "setuptools>=77"
+    assert "_REQUIRED = (77,)" in (ROOT / "setup.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.graph_mode_independent
+def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path):
+    # Through setup.py itself, as old TF1 environments call it: a wheel built
+    # by `python setup.py bdist_wheel` from a copy of the source (the build
+    # writes next to it), with the build requirement of pyproject.toml alone
+    # on the path, then installed into a fresh virtual environment.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("setup.py", "pyproject.toml", "README.rst", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(
+        ROOT / "tf1_accum", source / "tf1_accum", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+    def run(*command, cwd=tmp_path, **env):
+        done = subprocess.run(
+            command, cwd=cwd, env={**clean, **env}, capture_output=True, text=True
+        )
+        assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+        return done.stdout
+
+    pip = (sys.executable, "-m", "pip")
+    run(*pip, "install", "--quiet", "--target", str(tmp_path / "build"), "setuptools>=77")
+    build = {"PYTHONPATH": str(tmp_path / "build")}
+    version = run(sys.executable, "setup.py", "--version", cwd=source, **build)
+    assert version.split()[-1] == tf1_accum.__version__
+    run(sys.executable, "setup.py", "-q", "bdist_wheel", "-d", str(tmp_path), cwd=source, **build)
+    (wheel,) = tmp_path.glob("tf1_accum-*.whl")
+    assert wheel.name == f"tf1_accum-{tf1_accum.__version__}-py3-none-any.whl"
+
+    env = tmp_path / "env"
+    run(sys.executable, "-m", "venv", "--without-pip", str(env))
+    python, script = env / "bin" / "python", env / "bin" / "tf1-accum-check"
+    # --no-deps: numpy (and TensorFlow) are not what is tested here.
+    run(*pip, "--python", str(python), "install", "--quiet", "--no-deps", str(wheel))
+
+    # The installed package, not a source tree, outside the source directory.
+    installed = run(
+        python,
+        "-c",
+        "import importlib.metadata as m, tf1_accum; "
+        "print(m.version('tf1_accum'), tf1_accum.__version__, tf1_accum.__file__)",
+    ).split()
+    assert installed[:2] == [tf1_accum.__version__, tf1_accum.__version__]
+    assert pathlib.Path(installed[2]).is_relative_to(env)
+    # The console script runs the checker (it needs no TensorFlow).
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        "import tensorflow as tf\n\n"
+        "w = tf.Variable(1.0)\n"
+        "acc = tf.Variable(tf.zeros_like(w.initialized_value()))\n",
+        encoding="utf-8",
+    )
+    done = subprocess.run(
+        [script, str(bad)], cwd=tmp_path, env=clean, capture_output=True, text=True
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.startswith(f"{bad}:4:33: TFA007 Variable.initialized_value() raises")
 
 
 def test_type_checkers_see_every_lazily_exported_name():

@@ -401,7 +401,11 @@ _GUARDED_COLLECTIONS = tuple(
         {
             getattr(tf.compat.v1.GraphKeys, key)
             for key in dir(tf.compat.v1.GraphKeys)
-            if key.isupper() and isinstance(getattr(tf.compat.v1.GraphKeys, key), str)
+            # VARIABLES is GLOBAL_VARIABLES under a deprecated name, whose
+            # reading logs a deprecation warning in the user's first build.
+            if key.isupper()
+            and key != "VARIABLES"
+            and isinstance(getattr(tf.compat.v1.GraphKeys, key), str)
         }
         - {tf.compat.v1.GraphKeys.COND_CONTEXT, tf.compat.v1.GraphKeys.WHILE_CONTEXT}
     )
@@ -418,7 +422,9 @@ def restored_on_failure(graph, what, extra_collections=()):
     of ops (global, local and trainable variables, ``UPDATE_OPS``,
     ``SUMMARIES``, tf1_accum's state...) is put back as it was, so the
     initializers, a ``Saver`` and ``UPDATE_OPS`` see nothing of the failed
-    build. The error gets a note saying so.
+    build. The error gets a note saying so, and an ``AttributeError`` of
+    ``tf.compat.v1.layers`` under Keras 3 (the user's model code, called by
+    the build) a note saying how to run it with Keras 2.
     """
     keys = _GUARDED_COLLECTIONS + tuple(extra_collections)
     kept = {key: list(graph.get_collection(key)) for key in keys}
@@ -451,11 +457,24 @@ def restored_on_failure(graph, what, extra_collections=()):
                     "that tf.compat.v1.get_variable gave stays taken in its variable scope"
                 )
             _add_note(error, note + ".")
+        if isinstance(error, AttributeError) and KERAS_3_SYMPTOM in str(error):
+            _add_note(error, KERAS_3_HINT)
         raise
+
+
+# TensorFlow 2.16 and newer come with Keras 3, whose tf.compat.v1.layers
+# (dense, batch_normalization, ...) raise "`dense` is not available with Keras 3."
+KERAS_3_SYMPTOM = "is not available with Keras 3"
+KERAS_3_HINT = (
+    "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: install "
+    "tf_keras (pip install tf_keras, the release of your TensorFlow) and set "
+    "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (export it in the shell, or "
+    'os.environ["TF_USE_LEGACY_KERAS"] = "1" at the top of the script).'
+)
 
 
 def _add_note(error, note):
     if hasattr(error, "add_note"):  # Python 3.11
         error.add_note(note)
-    elif isinstance(error, (ValueError, TypeError)) and len(error.args) == 1:
+    elif isinstance(error, (ValueError, TypeError, AttributeError)) and len(error.args) == 1:
         error.args = (f"{error.args[0]}\n{note}",)

@@ -16,6 +16,11 @@ batches, in float64, and that ``global_step`` equals the number of updates.
 Run:  python examples/real_programs/bert_style_optimizer.py
 """
 
+import os
+
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import argparse
 import re
 import sys

@@ -14,6 +14,11 @@ moving average computed here, in NumPy, over the large-batch trajectory.
 Run:  python examples/real_programs/ema.py
 """
 
+import os
+
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import argparse
 import sys
 

@@ -13,6 +13,11 @@ last batch is shorter too.
 Run (TensorFlow 2.15):  python examples/real_programs/estimator.py
 """
 
+import os
+
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import argparse
 import sys
 import tempfile

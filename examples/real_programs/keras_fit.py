@@ -16,6 +16,8 @@ import os
 
 # tf.keras must be tf_keras (Keras 2): read when TensorFlow is imported.
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import argparse
 import sys

@@ -19,6 +19,11 @@ non-zero when the fixed one differs by more than 1e-10.
 Run it with ``python examples/real_programs/lr_schedule.py``.
 """
 
+import os
+
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import argparse
 import sys
 

@@ -15,6 +15,11 @@ equals the uninterrupted one exactly and large-batch training to 1e-10.
 Run:  python examples/real_programs/monitored_session.py
 """
 
+import os
+
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import argparse
 import sys
 import tempfile

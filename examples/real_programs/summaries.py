@@ -14,6 +14,11 @@ gradient norms of large-batch training.
 Run:  python examples/real_programs/summaries.py --logdir /tmp/per_update
 """
 
+import os
+
+# TensorFlow's C++ log stays quiet; TF_CPP_MIN_LOG_LEVEL=0 shows all of it.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
 import argparse
 import sys
 import tempfile
