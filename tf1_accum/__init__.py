@@ -21,6 +21,7 @@ __all__ = (
     "DatasetAccumulation",
     "GradientStatistics",
     "GraphFinding",
+    "HorovodAllReduce",
     "RunningAverage",
     "STATE_COLLECTION",
     "broadcast_variables",
@@ -42,6 +43,7 @@ _MODULES = {
     "DatasetAccumulation": "_dataset",
     "GraphFinding": "_graph_check",
     "GradientStatistics": "_stats",
+    "HorovodAllReduce": "_horovod",
     "RunningAverage": "_stats",
     "STATE_COLLECTION": "_window",
     "broadcast_variables": "_distributed",
@@ -68,6 +70,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._distributed import broadcast_variables as broadcast_variables
     from tf1_accum._graph_check import GraphFinding as GraphFinding
     from tf1_accum._graph_check import check_graph as check_graph
+    from tf1_accum._horovod import HorovodAllReduce as HorovodAllReduce
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
     from tf1_accum._session import run_accumulation as run_accumulation
     from tf1_accum._stats import GradientStatistics as GradientStatistics
