@@ -52,15 +52,15 @@ v1 = tf.compat.v1
 
 WINDOWS = 3  # K
 MICRO_BATCHES = 3  # N per worker (the kinds of _distributed_worker use the same N)
-HOROVOD_OPS = ("HorovodAllreduce", "HorovodBroadcast", "HorovodAllgather")
 
 # (optimizer, dtype, sparse, kind, way): each trained in a graph of its own.
 # kind as in _distributed_worker ("mean", "weighted", "uneven", "empty"), or
 # "nan": worker 1's last micro-batch of window 1 holds a NaN. way is
 # "explicit" (accum_op N times, then apply_op), "fused" (the last
-# micro-batch's add and the apply in one accum_apply_op run) or "hook"
+# micro-batch's add and the apply in one accum_apply_op run), "hook"
 # (run_accumulation in a MonitoredTrainingSession that broadcasts through
-# HorovodAllReduce.broadcast_hook).
+# HorovodAllReduce.broadcast_hook) or "optimizer" (the train op of an
+# AccumulationOptimizer(steps=N, cross_replica=...), run N times a window).
 CONFIGS = (
     ("sgd", tf.float32, False, "mean", "explicit"),
     ("adam", tf.float32, False, "mean", "fused"),
@@ -69,6 +69,8 @@ CONFIGS = (
     ("momentum", tf.float64, False, "weighted", "explicit"),
     ("momentum", tf.float32, False, "uneven", "fused"),
     ("momentum", tf.float32, True, "empty", "fused"),
+    ("adam", tf.float32, False, "mean", "optimizer"),
+    ("momentum", tf.float64, True, "weighted", "optimizer"),
     ("adam", tf.float64, False, "nan", "explicit"),
 )
 
@@ -80,9 +82,9 @@ def config_key(optimizer_name, dtype, sparse, kind, way):
 
 
 def with_statistics(optimizer_name, dtype, sparse, kind, way):
-    """Whether the configuration also builds statistics=True (float64, not NaN)."""
-    del optimizer_name, sparse, way
-    return dtype == tf.float64 and kind != "nan"
+    """Whether it also builds statistics=True (float64 explicit ops, with no NaN)."""
+    del optimizer_name, sparse
+    return dtype == tf.float64 and kind != "nan" and way != "optimizer"
 
 
 def training_batches(dtype, sparse, kind, workers):
@@ -101,19 +103,40 @@ def training_batches(dtype, sparse, kind, workers):
     return batches
 
 
-def graph_counts(graph, acc):
-    """Horovod all-reduces in the graph, in the apply's, the fused op's, the add's ancestry."""
-    reduces = [op for op in graph.get_operations() if op.type == "HorovodAllreduce"]
-    counts = [
-        len(reduces),
-        len([op for op in reduces if op in ancestors(acc.apply_op)]),
-        len([op for op in reduces if op in ancestors(acc.accum_op)]),
-        len([op for op in reduces if op in ancestors(acc.accum_apply_op)])
-        if acc.accum_apply_op is not None
-        else 0,
+def horovod_nodes(ops, library):
+    """The HorovodAllreduce nodes among ``ops`` and in the functions they call.
+
+    Under version 2 control flow (resource variables) a conditional's
+    branches are functions of the graph's library, not ops of the graph.
+    Returns (name, ignore_name_scope) pairs, one per node.
+    """
+    found = []
+
+    def visit(node_op, attrs, name):
+        if node_op == "HorovodAllreduce":
+            found.append((name, attrs["ignore_name_scope"].b))
+        for attr in attrs.values():
+            if attr.HasField("func"):
+                for node in library[attr.func.name].node_def:
+                    visit(node.op, node.attr, node.name)
+
+    for op in ops:
+        visit(op.type, op.node_def.attr, op.name)
+    return found
+
+
+def graph_counts(graph, first, second, third):
+    """Horovod all-reduces in the graph, and in the ancestry of each op given (or None).
+
+    Also returns the names they negotiate with (Horovod drops the name scope).
+    """
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    every = horovod_nodes(graph.get_operations(), library)
+    counts = [len(every)] + [
+        0 if op is None else len(horovod_nodes(ancestors(op), library))
+        for op in (first, second, third)
     ]
-    # The name each one negotiates with (Horovod drops the name scope).
-    names = sorted({op.name.split("/")[-1] for op in reduces if op.get_attr("ignore_name_scope")})
+    names = sorted({name.split("/")[-1] for name, ignore_scope in every if ignore_scope})
     return np.array(counts), np.array(names)
 
 
@@ -129,19 +152,34 @@ def train(config, rank, workers, after_first_window=None):
         global_step = v1.train.get_or_create_global_step()
         weight = tf.shape(model.labels)[0] if weighted(kind) else None
         cross = tf1_accum.HorovodAllReduce()
-        acc = tf1_accum.build_accumulation(
-            model.loss,
-            OPTIMIZERS[optimizer_name](dtype),
-            global_step=global_step,
-            weight=weight,
-            cross_replica=cross,
-            statistics=statistics,
-            micro_batch_size=4 if statistics and weight is None else None,
-            fused=way == "fused",
-        )
-        grads = tf.gradients(model.loss, acc.var_list)
+        if way == "optimizer":
+            opt = tf1_accum.AccumulationOptimizer(
+                OPTIMIZERS[optimizer_name](dtype),
+                steps=MICRO_BATCHES,
+                weight=weight,
+                cross_replica=cross,
+            )
+            train_op = opt.minimize(model.loss, global_step=global_step)
+            acc, skipped_windows = None, opt.skipped_windows
+            # [in the graph, the train op's ancestry, the flush's, none]
+            counts = graph_counts(graph, train_op, opt.flush_op, None)
+        else:
+            acc = tf1_accum.build_accumulation(
+                model.loss,
+                OPTIMIZERS[optimizer_name](dtype),
+                global_step=global_step,
+                weight=weight,
+                cross_replica=cross,
+                statistics=statistics,
+                micro_batch_size=4 if statistics and weight is None else None,
+                fused=way == "fused",
+            )
+            skipped_windows = acc.skipped_windows
+            grads = tf.gradients(model.loss, acc.var_list)
+            # [in the graph, apply_op's ancestry, accum_op's, accum_apply_op's]
+            counts = graph_counts(graph, acc.apply_op, acc.accum_op, acc.accum_apply_op)
         trained = tf1_accum.plain_variables()
-        out["graph_counts"], out["names"] = graph_counts(graph, acc)
+        out["graph_counts"], out["names"] = counts
         if way == "hook":
             session = v1.train.MonitoredTrainingSession(
                 hooks=[cross.broadcast_hook()],
@@ -152,7 +190,9 @@ def train(config, rank, workers, after_first_window=None):
         else:
             sync = tf1_accum.broadcast_variables(cross)
             session = v1.Session()
-        reduce_ops = {op.name for op in graph.get_operations() if op.type in HOROVOD_OPS}
+        # Inside a function a node runs under the conditional's name: match
+        # the last part, which is the name Horovod negotiates with.
+        reduce_ops = set(out["names"])
         with session as sess:
             if way != "hook":
                 sess.run(v1.global_variables_initializer())
@@ -165,18 +205,21 @@ def train(config, rank, workers, after_first_window=None):
                     tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
                     executed.append([1])  # counted in the graph, not traced here
                 else:
-                    runs = [(acc.accum_op, model.feed(b)) for b in mine]
-                    if way == "fused" and runs:
-                        runs[-1] = (acc.accum_apply_op, runs[-1][1])
+                    if way == "optimizer":  # every N-th run applies
+                        runs = [(train_op, model.feed(b)) for b in mine]
                     else:
-                        runs.append((acc.apply_op, None))
+                        runs = [(acc.accum_op, model.feed(b)) for b in mine]
+                        if way == "fused" and runs:
+                            runs[-1] = (acc.accum_apply_op, runs[-1][1])
+                        else:
+                            runs.append((acc.apply_op, None))
                     per_run = []
                     window = {"grads": [], "weights": [len(b[1]) for b in mine]}
                     for op, feed in runs:
                         metadata = v1.RunMetadata()
                         options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
                         fetches = [op]
-                        applies = op is acc.apply_op or op is acc.accum_apply_op
+                        applies = acc is not None and op in (acc.apply_op, acc.accum_apply_op)
                         if statistics and applies:
                             fetches.append(acc.statistics)
                         elif statistics:
@@ -188,7 +231,7 @@ def train(config, rank, workers, after_first_window=None):
                             window["grads"].append([dense(g) for g in got[1]])
                         per_run.append(
                             sum(
-                                node.node_name in reduce_ops
+                                node.node_name.split("/")[-1] in reduce_ops
                                 for device in metadata.step_stats.dev_stats
                                 for node in device.node_stats
                             )
@@ -196,7 +239,7 @@ def train(config, rank, workers, after_first_window=None):
                     executed.append(per_run)
                     observed.append(window)
                 values.append(values_by_name(sess, trained))
-                skipped.append(sess.run(acc.skipped_windows))
+                skipped.append(sess.run(skipped_windows))
                 print(f"rank {rank}: {config_key(*config)} window {w} done", flush=True)
                 if w == 0 and after_first_window is not None:
                     after_first_window()

@@ -197,17 +197,18 @@ def test_global_step_counts_updates_not_micro_batches(cluster_results, config):
 def test_exactly_one_all_reduce_per_window_in_the_graph_and_in_each_run(cluster_results, config):
     way = config[4]
     for rank, results in enumerate(_results_of(cluster_results, config)):
-        # [in the graph, in apply_op's ancestry, in accum_op's, in accum_apply_op's]
-        want = [2, 1, 0, 1] if way == "fused" else [1, 1, 0, 0]
+        # [in the graph, then in the ancestry of: apply_op, accum_op,
+        # accum_apply_op; or (optimizer) of the train op, flush_op]
+        want = {"fused": [2, 1, 0, 1], "optimizer": [2, 1, 1, 0]}.get(way, [1, 1, 0, 0])
         np.testing.assert_array_equal(results["graph_counts"], want, err_msg=f"rank {rank}")
-        # The fused op and the apply negotiate under one Horovod name.
+        # The fused op (or the flush) and the apply negotiate under one name.
         assert len(results["names"]) == 1
         assert results["names"][0].endswith("_window_0")
         if way == "hook":
             continue  # run_accumulation's runs are not traced
         n = worker.micro_batches(rank, config[3])
         # Per window: the runs that add execute none, the one that applies one.
-        runs = n if way == "fused" and n else n + 1
+        runs = n if way in ("fused", "optimizer") and n else n + 1
         want = [[0] * (runs - 1) + [1] + [-1] * (results["executed"].shape[1] - runs)]
         np.testing.assert_array_equal(
             results["executed"], want * worker.WINDOWS, err_msg=f"rank {rank}"
@@ -474,3 +475,7 @@ def test_cross_replica_and_broadcast_name_both_engines_when_given_something_else
             )
         with pytest.raises(TypeError, match="or a tf1_accum.HorovodAllReduce, got 'hvd'"):
             tf1_accum.broadcast_variables("hvd")
+        with pytest.raises(TypeError, match="a tf1_accum.HorovodAllReduce or None, got 'hvd'"):
+            tf1_accum.AccumulationOptimizer(
+                v1.train.GradientDescentOptimizer(0.1), steps=2, cross_replica="hvd"
+            )

@@ -253,12 +253,7 @@ def build_accumulation(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
             "allows one apply_gradients call: build with fused=False (the default)."
         )
-    if cross_replica is not None and not isinstance(cross_replica, _distributed.Engine):
-        raise TypeError(
-            "cross_replica must be a tf1_accum.CollectiveAllReduce, a "
-            "tf1_accum.HorovodAllReduce or None, got "
-            f"{_checks.describe(cross_replica)}."
-        )
+    _distributed.check_cross_replica(cross_replica)
     update_ops = options.update_ops
     if update_ops is None:
         update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)

@@ -52,6 +52,16 @@ class Engine:
         return _WindowReducer(self, self._take_instance_key())
 
 
+def check_cross_replica(cross_replica):
+    """Raises TypeError unless ``cross_replica`` is None or an `Engine`."""
+    if cross_replica is not None and not isinstance(cross_replica, Engine):
+        raise TypeError(
+            "cross_replica must be a tf1_accum.CollectiveAllReduce, a "
+            "tf1_accum.HorovodAllReduce or None, got "
+            f"{_checks.describe(cross_replica)}."
+        )
+
+
 class CollectiveAllReduce(Engine):
     """Where and how the windows of W workers are all-reduced.
 
