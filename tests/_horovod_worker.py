@@ -44,6 +44,7 @@ from _distributed_worker import window_batches  # noqa: E402
 from _helpers import OPTIMIZERS  # noqa: E402
 from _helpers import Model  # noqa: E402
 from _helpers import ancestors  # noqa: E402
+from _helpers import dataset_of  # noqa: E402
 from _helpers import make_batches  # noqa: E402
 from _helpers import values_by_name  # noqa: E402
 from _statistics import dense  # noqa: E402
@@ -59,8 +60,10 @@ MICRO_BATCHES = 3  # N per worker (the kinds of _distributed_worker use the same
 # "explicit" (accum_op N times, then apply_op), "fused" (the last
 # micro-batch's add and the apply in one accum_apply_op run), "hook"
 # (run_accumulation in a MonitoredTrainingSession that broadcasts through
-# HorovodAllReduce.broadcast_hook) or "optimizer" (the train op of an
-# AccumulationOptimizer(steps=N, cross_replica=...), run N times a window).
+# HorovodAllReduce.broadcast_hook), "optimizer" (the train op of an
+# AccumulationOptimizer(steps=N, cross_replica=...), run N times a window) or
+# "dataset" (the train op of build_dataset_accumulation over this worker's
+# micro-batches, run once a window).
 CONFIGS = (
     ("sgd", tf.float32, False, "mean", "explicit"),
     ("adam", tf.float32, False, "mean", "fused"),
@@ -71,6 +74,8 @@ CONFIGS = (
     ("momentum", tf.float32, True, "empty", "fused"),
     ("adam", tf.float32, False, "mean", "optimizer"),
     ("momentum", tf.float64, True, "weighted", "optimizer"),
+    ("momentum", tf.float32, False, "mean", "dataset"),
+    ("adam", tf.float64, True, "mean", "dataset"),
     ("adam", tf.float64, False, "nan", "explicit"),
 )
 
@@ -84,7 +89,7 @@ def config_key(optimizer_name, dtype, sparse, kind, way):
 def with_statistics(optimizer_name, dtype, sparse, kind, way):
     """Whether it also builds statistics=True (float64 explicit ops, with no NaN)."""
     del optimizer_name, sparse
-    return dtype == tf.float64 and kind != "nan" and way != "optimizer"
+    return dtype == tf.float64 and kind != "nan" and way not in ("optimizer", "dataset")
 
 
 def training_batches(dtype, sparse, kind, workers):
@@ -147,12 +152,30 @@ def train(config, rank, workers, after_first_window=None):
     statistics = with_statistics(*config)
     out = {}
     with tf.Graph().as_default() as graph:
-        # A different initialization on every worker: the broadcast must fix it.
-        model = Model(dtype, sparse, seed=100 + rank)
         global_step = v1.train.get_or_create_global_step()
-        weight = tf.shape(model.labels)[0] if weighted(kind) else None
         cross = tf1_accum.HorovodAllReduce()
-        if way == "optimizer":
+        if way != "dataset":
+            # A different initialization on every worker: the broadcast must fix it.
+            model = Model(dtype, sparse, seed=100 + rank)
+            weight = tf.shape(model.labels)[0] if weighted(kind) else None
+        if way == "dataset":
+            mine = [b for w in range(WINDOWS) for b in window_batches(batches, workers, w, rank)]
+
+            def loss_fn(batch):
+                inputs, labels = batch
+                return Model(dtype, sparse, seed=100 + rank, inputs=inputs, labels=labels).loss
+
+            loop = tf1_accum.build_dataset_accumulation(
+                loss_fn,
+                OPTIMIZERS[optimizer_name](dtype),
+                dataset_of(mine),
+                MICRO_BATCHES,
+                global_step=global_step,
+                cross_replica=cross,
+            )
+            train_op, acc, skipped_windows = loop.train_op, None, loop.skipped_windows
+            counts = graph_counts(graph, train_op, None, None)
+        elif way == "optimizer":
             opt = tf1_accum.AccumulationOptimizer(
                 OPTIMIZERS[optimizer_name](dtype),
                 steps=MICRO_BATCHES,
@@ -205,7 +228,9 @@ def train(config, rank, workers, after_first_window=None):
                     tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
                     executed.append([1])  # counted in the graph, not traced here
                 else:
-                    if way == "optimizer":  # every N-th run applies
+                    if way == "dataset":  # one run draws and applies the window
+                        runs = [(train_op, None)]
+                    elif way == "optimizer":  # every N-th run applies
                         runs = [(train_op, model.feed(b)) for b in mine]
                     else:
                         runs = [(acc.accum_op, model.feed(b)) for b in mine]
