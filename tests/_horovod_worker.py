@@ -14,6 +14,8 @@ SCENARIO is:
   waits for the test to kill it, and rank 0 trains on, and must fail.
 
 The graph mode comes from TF1_ACCUM_GRAPH_MODE, as in the test process.
+Horovod is imported where it is used: the test module imports this one for
+its configurations, also where Horovod is not installed.
 """
 
 import os
@@ -33,8 +35,6 @@ if os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
 else:
     tf.compat.v1.disable_eager_execution()
 tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
-
-import horovod.tensorflow as hvd  # noqa: E402
 
 import tf1_accum  # noqa: E402
 from _distributed_worker import batch_sizes  # noqa: E402
@@ -302,6 +302,8 @@ HOROVOD_LR = 0.1
 
 def horovod_own(rank, workers, out_dir):
     """Horovod's backward_passes_per_step, then the library, on the same micro-batches."""
+    import horovod.tensorflow as hvd
+
     batches = make_batches(tf.float32, False, WINDOWS * workers * MICRO_BATCHES, 4)
     results = {}
     for way in ("horovod", "library"):
@@ -391,6 +393,8 @@ def wait_for(path, seconds):
 
 
 def main():
+    import horovod.tensorflow as hvd
+
     scenario, out_dir = sys.argv[1], pathlib.Path(sys.argv[2])
     hvd.init()
     rank, workers = hvd.rank(), hvd.size()

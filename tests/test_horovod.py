@@ -7,9 +7,10 @@ training on the union of the workers' micro-batches. The in-process tests
 run Horovod with one worker (``hvd.init()`` outside ``horovodrun``).
 
 Where Horovod cannot be imported (it is built from source against the
-installed TensorFlow: see docs/distributed.rst), the module is skipped with
-the reason; with ``TF1_ACCUM_REQUIRE_HOROVOD=1`` (set by .ci/run in its
-TensorFlow 2.15 environment, which builds Horovod) that is an error instead.
+installed TensorFlow: see docs/distributed.rst), the tests that need it are
+skipped with the reason, and the checks of arguments, which need no Horovod,
+still run; with ``TF1_ACCUM_REQUIRE_HOROVOD=1`` (set by .ci/run in its
+TensorFlow 2.15 environment, which builds Horovod) the module fails instead.
 """
 
 import os
@@ -50,12 +51,9 @@ def _horovodrun():
 
 
 _REASON = _horovod_or_reason()
-if _REASON is not None:
-    if os.environ.get("TF1_ACCUM_REQUIRE_HOROVOD") == "1":
-        raise RuntimeError(f"TF1_ACCUM_REQUIRE_HOROVOD=1, but: {_REASON}")
-    pytest.skip(_REASON, allow_module_level=True)
-
-import horovod.tensorflow as hvd  # noqa: E402
+if _REASON is not None and os.environ.get("TF1_ACCUM_REQUIRE_HOROVOD") == "1":
+    raise RuntimeError(f"TF1_ACCUM_REQUIRE_HOROVOD=1, but: {_REASON}")
+needs_horovod = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 import tf1_accum  # noqa: E402
 from _helpers import OPTIMIZERS  # noqa: E402
@@ -80,7 +78,14 @@ WORKERS = 2
 # Every horovodrun the tests start is waited for at most this long, then killed.
 PROCESS_LIMIT = 300
 
-hvd.init()  # one worker, for the in-process tests
+
+@pytest.fixture(scope="module")
+def hvd():
+    """Horovod, initialized with one worker (outside horovodrun), for the in-process tests."""
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return hvd
 
 
 def horovodrun(args, **kwargs):
@@ -169,6 +174,7 @@ def _results_of(cluster_results, config):
     ]
 
 
+@needs_horovod
 @pytest.mark.parametrize("config", worker.CONFIGS, ids=lambda c: worker.config_key(*c))
 def test_every_worker_equals_large_batch_training(cluster_results, config):
     optimizer_name, dtype, sparse, kind, way = config
@@ -186,6 +192,7 @@ def test_every_worker_equals_large_batch_training(cluster_results, config):
         assert np.abs(last[name] - first[name]).max() > 1e-3, f"{name} did not move"
 
 
+@needs_horovod
 @pytest.mark.parametrize("config", worker.CONFIGS, ids=lambda c: worker.config_key(*c))
 def test_global_step_counts_updates_not_micro_batches(cluster_results, config):
     for results in _results_of(cluster_results, config):
@@ -193,6 +200,7 @@ def test_global_step_counts_updates_not_micro_batches(cluster_results, config):
         assert steps == ([0, 1, 1, 2] if config[3] == "nan" else [0, 1, 2, 3])
 
 
+@needs_horovod
 @pytest.mark.parametrize("config", worker.CONFIGS, ids=lambda c: worker.config_key(*c))
 def test_exactly_one_all_reduce_per_window_in_the_graph_and_in_each_run(cluster_results, config):
     way = config[4]
@@ -218,6 +226,7 @@ def test_exactly_one_all_reduce_per_window_in_the_graph_and_in_each_run(cluster_
         )
 
 
+@needs_horovod
 def test_a_nan_on_one_worker_makes_every_worker_skip_the_window(cluster_results):
     config = worker.CONFIGS[-1]
     assert config[3] == "nan"
@@ -234,6 +243,7 @@ def test_a_nan_on_one_worker_makes_every_worker_skip_the_window(cluster_results)
 STATISTICS_CONFIGS = [c for c in worker.CONFIGS if worker.with_statistics(*c)]
 
 
+@needs_horovod
 @pytest.mark.parametrize("config", STATISTICS_CONFIGS, ids=lambda c: worker.config_key(*c))
 def test_statistics_across_workers_equal_numpy_on_every_micro_batch(cluster_results, config):
     per_rank = _results_of(cluster_results, config)
@@ -271,6 +281,7 @@ def horovod_results(tmp_path_factory):
     return run_scenario("horovod", tmp_path_factory.mktemp("horovod_own"), "horovod")
 
 
+@needs_horovod
 def test_horovods_backward_passes_per_step_applies_the_sum_and_the_library_the_mean(
     horovod_results,
 ):
@@ -299,6 +310,7 @@ def test_horovods_backward_passes_per_step_applies_the_sum_and_the_library_the_m
         assert int(results["library|global_step"]) == worker.WINDOWS
 
 
+@needs_horovod
 def test_a_killed_worker_makes_the_other_fail_within_a_timeout(tmp_path):
     process = horovodrun([str(HERE / "_horovod_worker.py"), "killed", str(tmp_path)])
     try:
@@ -330,6 +342,7 @@ def test_a_killed_worker_makes_the_other_fail_within_a_timeout(tmp_path):
     assert elapsed < limit
 
 
+@needs_horovod
 def test_the_migration_example_runs_and_its_replicas_agree():
     out = finish(horovodrun([str(ROOT / "examples" / "horovod_migration.py")]))
     assert "Traceback" not in out, _quiet(out)[-6000:]
@@ -345,8 +358,9 @@ def test_the_migration_example_runs_and_its_replicas_agree():
 # In-process tests: one Horovod worker.
 
 
+@needs_horovod
 @pytest.mark.parametrize("fused", [False, True])
-def test_the_apply_holds_one_horovod_all_reduce_of_everything(fused):
+def test_the_apply_holds_one_horovod_all_reduce_of_everything(hvd, fused):
     with tf.Graph().as_default() as graph:
         model = Model(tf.float64, True)
         acc = tf1_accum.build_accumulation(
@@ -372,8 +386,9 @@ def test_the_apply_holds_one_horovod_all_reduce_of_everything(fused):
         assert {op.name.split("/")[-1] for op in reduces} == {"apply_window_0"}
 
 
+@needs_horovod
 @pytest.mark.parametrize("fused", [False, True])
-def test_one_worker_equals_large_batch_training(fused):
+def test_one_worker_equals_large_batch_training(hvd, fused):
     batches = make_batches(tf.float32, True, 6, 4)
     with tf.Graph().as_default():
         model = Model(tf.float32, True)
@@ -399,7 +414,8 @@ def test_one_worker_equals_large_batch_training(fused):
     assert_same_values(got, want, RTOL[tf.float32], "one Horovod worker")
 
 
-def test_the_broadcast_hook_runs_in_a_monitored_session():
+@needs_horovod
+def test_the_broadcast_hook_runs_in_a_monitored_session(hvd):
     with tf.Graph().as_default():
         w = v1.get_variable("w", initializer=[1.0, 2.0])
         cross = tf1_accum.HorovodAllReduce()
@@ -411,12 +427,14 @@ def test_the_broadcast_hook_runs_in_a_monitored_session():
             np.testing.assert_array_equal(sess.run(w), [1.0, 2.0])
 
 
-def test_num_workers_and_task_index_are_horovods():
+@needs_horovod
+def test_num_workers_and_task_index_are_horovods(hvd):
     cross = tf1_accum.HorovodAllReduce()
     assert (cross.num_workers, cross.task_index) == (hvd.size(), hvd.rank()) == (1, 0)
 
 
-def test_default_names_count_the_objects_made():
+@needs_horovod
+def test_default_names_count_the_objects_made(hvd):
     first, second = tf1_accum.HorovodAllReduce(), tf1_accum.HorovodAllReduce()
     assert int(second.name[len("tf1_accum") :]) == int(first.name[len("tf1_accum") :]) + 1
 
@@ -440,6 +458,7 @@ def test_without_horovod_the_error_says_how_to_build_it(monkeypatch):
         tf1_accum.HorovodAllReduce()
 
 
+@needs_horovod
 def test_before_hvd_init_the_error_says_to_call_it():
     code = (
         "import tensorflow as tf\n"
@@ -460,7 +479,8 @@ def test_before_hvd_init_the_error_says_to_call_it():
     assert "ValueError: Horovod is not initialized: call hvd.init()" in out, out
 
 
-def test_broadcast_variables_names_the_engine_that_cannot_send_a_dtype():
+@needs_horovod
+def test_broadcast_variables_names_the_engine_that_cannot_send_a_dtype(hvd):
     with tf.Graph().as_default() as graph:
         table = v1.get_variable("table", initializer=tf.constant(["a"]), trainable=False)
         before = len(graph.get_operations())
@@ -481,4 +501,12 @@ def test_cross_replica_and_broadcast_name_both_engines_when_given_something_else
         with pytest.raises(TypeError, match="a tf1_accum.HorovodAllReduce or None, got 'hvd'"):
             tf1_accum.AccumulationOptimizer(
                 v1.train.GradientDescentOptimizer(0.1), steps=2, cross_replica="hvd"
+            )
+        with pytest.raises(TypeError, match="a tf1_accum.HorovodAllReduce or None, got 'hvd'"):
+            tf1_accum.build_dataset_accumulation(
+                lambda batch: tf.reduce_mean(batch),
+                v1.train.GradientDescentOptimizer(0.1),
+                tf.data.Dataset.from_tensor_slices(np.ones([4, 2], np.float32)),
+                2,
+                cross_replica="hvd",
             )

@@ -34,7 +34,8 @@ _made = itertools.count()
 class HorovodAllReduce(_distributed.Engine):
     """Sums the windows of Horovod's workers in one ``hvd.allreduce`` per window.
 
-    Pass one to ``build_accumulation(..., cross_replica=...)`` in a program
+    Pass one as ``cross_replica=`` to `build_accumulation`,
+    `AccumulationOptimizer` or `build_dataset_accumulation`, in a program
     started by ``horovodrun`` (after ``hvd.init()``). Each worker accumulates
     its own micro-batches; the apply then sums, across the workers, in ONE
     Horovod all-reduce, the same vector `CollectiveAllReduce` sends: every
