@@ -187,9 +187,9 @@ def build_accumulation(
         cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
             for between-graph replication over several workers: the apply
             sums the window across the workers in one all-reduce (the
-            statistics' sums included), then every worker applies the mean over all
-            their micro-batches. Every worker must run every apply, even with
-            nothing accumulated (see :doc:`distributed`).
+            statistics' sums included), then every worker applies the mean
+            over all their micro-batches. Every worker must run every apply,
+            even with nothing accumulated (see :doc:`distributed`).
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:

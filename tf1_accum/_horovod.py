@@ -161,7 +161,8 @@ class HorovodAllReduce(_distributed.Engine):
     ) -> tf.compat.v1.train.SessionRunHook:
         """Returns a hook that broadcasts worker 0's variables when a session is made.
 
-        For loops a framework owns (``MonitoredTrainingSession``, Estimator):
+        For loops a framework owns (``MonitoredTrainingSession`` and others
+        that take ``SessionRunHook`` objects):
         the hook builds `broadcast_variables` when the session begins (before
         the graph is finalized) and runs it once each session is created,
         after initialization or a restore. It replaces
