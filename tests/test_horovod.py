@@ -62,6 +62,7 @@ from _helpers import Model  # noqa: E402
 from _helpers import ancestors  # noqa: E402
 from _helpers import assert_same_values  # noqa: E402
 from _helpers import concat  # noqa: E402
+from _helpers import dataset_of  # noqa: E402
 from _helpers import make_batches  # noqa: E402
 from _helpers import relative_error  # noqa: E402
 from _helpers import values_by_name  # noqa: E402
@@ -356,6 +357,60 @@ def test_the_migration_example_runs_and_its_replicas_agree():
 
 
 # In-process tests: one Horovod worker.
+
+
+def _engine(kind):
+    if kind == "collective":
+        return tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return tf1_accum.HorovodAllReduce()
+
+
+@pytest.mark.parametrize("kind", ["collective", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.parametrize("way", ["optimizer", "dataset"])
+def test_one_worker_of_the_optimizer_and_the_dataset_loop_equals_large_batch(kind, way):
+    """Both engines in the two ways in that apply inside a conditional (one worker)."""
+    steps = 3
+    batches = make_batches(tf.float64, True, 2 * steps, 4)
+    with tf.Graph().as_default() as graph:
+        step = v1.train.get_or_create_global_step()
+        cross = _engine(kind)
+        if way == "optimizer":
+            model = Model(tf.float64, True)
+            opt = tf1_accum.AccumulationOptimizer(
+                v1.train.AdamOptimizer(0.01), steps=steps, cross_replica=cross
+            )
+            train_op = opt.minimize(model.loss, global_step=step)
+            feeds = [model.feed(b) for b in batches]
+        else:
+            loop = tf1_accum.build_dataset_accumulation(
+                lambda batch: Model(tf.float64, True, inputs=batch[0], labels=batch[1]).loss,
+                v1.train.AdamOptimizer(0.01),
+                dataset_of(batches),
+                steps,
+                global_step=step,
+                cross_replica=cross,
+            )
+            train_op, feeds = loop.train_op, [None, None]
+        config = cross.session_config() if kind == "collective" else None
+        with v1.Session(config=config) as sess:
+            sess.run(v1.global_variables_initializer())
+            for feed in feeds:
+                sess.run(train_op, feed)
+            got = values_by_name(sess, tf1_accum.plain_variables(graph))
+    with tf.Graph().as_default():
+        model = Model(tf.float64, True)
+        step = v1.train.get_or_create_global_step()
+        train_op = v1.train.AdamOptimizer(0.01).minimize(model.loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for window in (batches[:steps], batches[steps:]):
+                sess.run(train_op, model.feed(concat(window)))
+            want = values_by_name(sess, v1.global_variables())
+    assert_same_values(got, want, RTOL[tf.float64], f"one {kind} worker, {way}")
+    assert got["global_step"] == 2
 
 
 @needs_horovod
