@@ -203,6 +203,8 @@ def train(config, rank, workers, after_first_window=None):
             counts = graph_counts(graph, acc.apply_op, acc.accum_op, acc.accum_apply_op)
         trained = tf1_accum.plain_variables()
         out["graph_counts"], out["names"] = counts
+        # VarHandleOp (resource variables) or VariableV2 (reference variables).
+        out["variable_ops"] = np.array(sorted({v.op.type for v in trained}))
         if way == "hook":
             session = v1.train.MonitoredTrainingSession(
                 hooks=[cross.broadcast_hook()],

@@ -195,6 +195,14 @@ def test_every_worker_equals_large_batch_training(cluster_results, config):
 
 @needs_horovod
 @pytest.mark.parametrize("config", worker.CONFIGS, ids=lambda c: worker.config_key(*c))
+def test_the_workers_run_in_this_process_graph_mode(cluster_results, config):
+    resource = os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "resource"
+    for results in _results_of(cluster_results, config):
+        assert list(results["variable_ops"]) == ["VarHandleOp" if resource else "VariableV2"]
+
+
+@needs_horovod
+@pytest.mark.parametrize("config", worker.CONFIGS, ids=lambda c: worker.config_key(*c))
 def test_global_step_counts_updates_not_micro_batches(cluster_results, config):
     for results in _results_of(cluster_results, config):
         steps = [int(results[f"{w}|global_step"]) for w in range(worker.WINDOWS + 1)]
