@@ -21,6 +21,7 @@ __all__ = (
     "DatasetAccumulation",
     "GradientStatistics",
     "GraphFinding",
+    "HorovodAllReduce",
     "MemoryFit",
     "RunningAverage",
     "STATE_COLLECTION",
@@ -44,6 +45,7 @@ _MODULES = {
     "DatasetAccumulation": "_dataset",
     "GraphFinding": "_graph_check",
     "GradientStatistics": "_stats",
+    "HorovodAllReduce": "_horovod",
     "MemoryFit": "_split",
     "RunningAverage": "_stats",
     "STATE_COLLECTION": "_window",
@@ -72,6 +74,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._distributed import broadcast_variables as broadcast_variables
     from tf1_accum._graph_check import GraphFinding as GraphFinding
     from tf1_accum._graph_check import check_graph as check_graph
+    from tf1_accum._horovod import HorovodAllReduce as HorovodAllReduce
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
     from tf1_accum._session import run_accumulation as run_accumulation
     from tf1_accum._split import MemoryFit as MemoryFit

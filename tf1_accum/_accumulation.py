@@ -100,7 +100,7 @@ def build_accumulation(
     fused: bool = False,
     statistics: bool = False,
     micro_batch_size: int | None = None,
-    cross_replica: _distributed.CollectiveAllReduce | None = None,
+    cross_replica: _distributed.Engine | None = None,
     name: str | None = None,
 ) -> Accumulation:
     """Builds the ops that accumulate gradients over micro-batches and apply once.
@@ -187,12 +187,12 @@ def build_accumulation(
             See :doc:`statistics`.
         micro_batch_size: Examples per micro-batch, for ``statistics``; needed
             unless ``weight`` is given.
-        cross_replica: Optional `CollectiveAllReduce`, for between-graph
-            replication over several workers: the apply sums the window
-            across the workers in one collective all-reduce (the statistics'
-            sums included), then every worker applies the mean over all
-            their micro-batches. Every worker must run every apply, even with
-            nothing accumulated (see :doc:`distributed`).
+        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
+            for between-graph replication over several workers: the apply
+            sums the window across the workers in one all-reduce (the
+            statistics' sums included), then every worker applies the mean
+            over all their micro-batches. Every worker must run every apply,
+            even with nothing accumulated (see :doc:`distributed`).
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:
@@ -218,7 +218,8 @@ def build_accumulation(
             ``statistics`` is not a bool, ``weight`` is not a real tensor,
             ``clip_norm`` or ``micro_batch_size`` is not a number,
             ``update_ops`` is not None or a list of ops or tensors, or
-            ``cross_replica`` is not a `CollectiveAllReduce`.
+            ``cross_replica`` is not a `CollectiveAllReduce` or a
+            `HorovodAllReduce`.
         ValueError: If ``loss`` is not a scalar, there are no variables to
             train, a variable of ``var_list`` is not in the loss's graph, no
             variable has a gradient, the shape of a variable the loss reads is
@@ -255,13 +256,7 @@ def build_accumulation(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
             "allows one apply_gradients call: build with fused=False (the default)."
         )
-    if cross_replica is not None and not isinstance(
-        cross_replica, _distributed.CollectiveAllReduce
-    ):
-        raise TypeError(
-            "cross_replica must be a tf1_accum.CollectiveAllReduce or None, got "
-            f"{_checks.describe(cross_replica)}."
-        )
+    _distributed.check_cross_replica(cross_replica)
     update_ops = options.update_ops
     if update_ops is None:
         update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)

@@ -8,6 +8,7 @@ import typing
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _distributed
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import exclusive
@@ -81,6 +82,7 @@ def build_dataset_accumulation(
     update_ops: typing.Sequence[tf.Operation] | None = None,
     statistics: bool = False,
     micro_batch_size: int | None = None,
+    cross_replica: _distributed.Engine | None = None,
     name: str | None = None,
 ) -> DatasetAccumulation:
     """Builds a train op that runs a whole window inside the graph.
@@ -167,6 +169,13 @@ def build_dataset_accumulation(
             :doc:`statistics`.
         micro_batch_size: Examples per micro-batch, for ``statistics``; needed
             unless ``weight`` is given.
+        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
+            as in `build_accumulation`: each run of ``train_op`` sums its
+            window across the workers in one all-reduce after the loop, and
+            every worker applies the mean over all their micro-batches. Every
+            worker must run ``train_op`` equally often, each drawing a window
+            (shards of equal length), so that each all-reduce finds every
+            worker in it; the loss is then not scaled by 1 / ``steps``.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:
@@ -189,8 +198,9 @@ def build_dataset_accumulation(
             ``clip_norm``, ``skip_nonfinite``, ``statistics`` or
             ``micro_batch_size`` is of the wrong type (the texts of
             `build_accumulation`), ``update_ops`` is not None or a
-            list, or what ``loss_fn`` or ``weight`` returns is not a
-            floating-point loss or a real weight tensor.
+            list, what ``loss_fn`` or ``weight`` returns is not a
+            floating-point loss or a real weight tensor, or ``cross_replica``
+            is not a `CollectiveAllReduce` or a `HorovodAllReduce`.
         ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
             positive, ``update_ops`` is a non-empty list, ``statistics=True``
             is given without ``micro_batch_size`` or ``weight``,
@@ -224,6 +234,7 @@ def build_dataset_accumulation(
         micro_batch_size,
         weight_kind="callable of the element",
     )
+    _distributed.check_cross_replica(cross_replica)
     if options.update_ops:
         raise ValueError(
             "build_dataset_accumulation takes update_ops=None (the UPDATE_OPS that "
@@ -238,10 +249,14 @@ def build_dataset_accumulation(
     # Checked: what follows calls loss_fn and builds. If it fails, the
     # graph's collections are put back and the error says which ops remain.
     with _checks.restored_on_failure(graph, "build_dataset_accumulation"):
-        return _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, name)
+        return _build(
+            loss_fn, optimizer, dataset, steps, var_list, global_step, options, name, cross_replica
+        )
 
 
-def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, name):
+def _build(
+    loss_fn, optimizer, dataset, steps, var_list, global_step, options, name, cross_replica=None
+):
     """Builds the loop; ``options`` is the checked `WindowOptions` (``update_ops`` None or [])."""
     weight = options.weight
     run_updates = options.update_ops is None
@@ -291,7 +306,11 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
         read = _checks.check_trainable(loss, trainable)
         # The gradients are not built yet: the dtypes looked at are those of
         # the variables the loss reads.
-        scaled, prescaled = per_step_loss(loss, options, steps, read)
+        # Across workers the window's sums are all-reduced, then divided by
+        # the summed count: each micro-batch's gradient as it is.
+        scaled, prescaled = (
+            per_step_loss(loss, options, steps, read) if cross_replica is None else (loss, False)
+        )
         pairs = optimizer.compute_gradients(scaled, var_list=trainable)
         pairs = _checks.usable_gradients(pairs, loss)  # named as loss_fn returned it
         with tf.compat.v1.name_scope(scope):
@@ -300,6 +319,7 @@ def _build(loss_fn, optimizer, dataset, steps, var_list, global_step, options, n
                 options._replace(average=False) if prescaled else options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
+                cross_replica=cross_replica and cross_replica._reducer(),
                 mutex=mutex,
             )
         built.update(window=window, prescaled=prescaled, loss_dtype=loss.dtype.base_dtype)

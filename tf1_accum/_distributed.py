@@ -18,7 +18,51 @@ from tf1_accum import _checks
 from tf1_accum._window import plain_variables
 
 
-class CollectiveAllReduce:
+class Engine:
+    """What ``cross_replica=`` accepts: an engine that sums a window across workers.
+
+    `CollectiveAllReduce` (TensorFlow's collective ops) and
+    `HorovodAllReduce` (Horovod) are the two. An engine hands out keys in
+    the order the graph is built (every worker builds the same graph, so
+    their keys agree), and builds the two ops the library needs: a sum of
+    one flat vector over every worker (`_all_reduce`), and a broadcast of
+    one from worker 0 (`_broadcast`). Packing a window's totals into that
+    one vector, and unpacking the sum, is the engines' common part
+    (`_WindowReducer`).
+    """
+
+    #: Named in error messages: "the <kind> broadcast cannot send ...".
+    _kind = "cross-replica"
+    #: The dtypes `_broadcast` can send.
+    _broadcast_dtypes: tuple = ()
+
+    def _take_instance_key(self):
+        raise NotImplementedError
+
+    def _all_reduce(self, flat, key):
+        """Returns the sum of the 1-D tensor ``flat`` over every worker."""
+        raise NotImplementedError
+
+    def _broadcast(self, flat, key):
+        """Returns worker 0's value of the 1-D tensor ``flat`` on every worker."""
+        raise NotImplementedError
+
+    def _reducer(self):
+        """Returns a `_WindowReducer` with a key of its own."""
+        return _WindowReducer(self, self._take_instance_key())
+
+
+def check_cross_replica(cross_replica):
+    """Raises TypeError unless ``cross_replica`` is None or an `Engine`."""
+    if cross_replica is not None and not isinstance(cross_replica, Engine):
+        raise TypeError(
+            "cross_replica must be a tf1_accum.CollectiveAllReduce, a "
+            "tf1_accum.HorovodAllReduce or None, got "
+            f"{_checks.describe(cross_replica)}."
+        )
+
+
+class CollectiveAllReduce(Engine):
     """Where and how the windows of W workers are all-reduced.
 
     Pass one to ``build_accumulation(..., cross_replica=...)``. Every worker
@@ -174,9 +218,32 @@ class CollectiveAllReduce:
             timeout_seconds=self.timeout or 0.0,
         )
 
-    def _reducer(self):
-        """Returns a `_WindowReducer` with an instance key of its own."""
-        return _WindowReducer(self, self._take_instance_key())
+    _kind = "collective"
+    _broadcast_dtypes = (tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
+
+    def _all_reduce(self, flat, key):
+        return tf.raw_ops.CollectiveReduceV2(
+            input=flat,
+            instance_key=key,
+            ordering_token=[],
+            merge_op="Add",
+            final_op="Id",
+            name="all_reduce_window",
+            **self._attrs(),
+        )
+
+    def _broadcast(self, flat, key):
+        if self.task_index == 0:
+            return tf.raw_ops.CollectiveBcastSendV2(
+                input=flat, instance_key=key, name="send", **self._attrs()
+            )
+        return tf.raw_ops.CollectiveBcastRecvV2(
+            instance_key=key,
+            shape=flat.shape.as_list(),
+            T=flat.dtype.base_dtype,
+            name="receive",
+            **self._attrs(),
+        )
 
 
 class _WindowReducer:
@@ -222,15 +289,7 @@ class _WindowReducer:
             tail += _weight_pieces(weight, flat_dtype)
         pieces.append(tf.stack(tail))
         flat = tf.concat(pieces, 0, name="window_flat")
-        summed = tf.raw_ops.CollectiveReduceV2(
-            input=flat,
-            instance_key=self.instance_key,
-            ordering_token=[],
-            merge_op="Add",
-            final_op="Id",
-            name="all_reduce_window",
-            **self.collective._attrs(),
-        )
+        summed = self.collective._all_reduce(flat, self.instance_key)
         sizes = [int(np.prod(t.shape.as_list())) for t in parts] + [len(tail)]
         splits = tf.split(summed, sizes, name="window_parts")
         reduced, at = [], 0
@@ -294,7 +353,7 @@ def _join_weight_pieces(pieces):
 
 
 def broadcast_variables(
-    collective: CollectiveAllReduce,
+    collective: Engine,
     var_list: typing.Sequence[tf.Variable] | None = None,
     name: str | None = None,
 ) -> tf.Operation:
@@ -303,8 +362,8 @@ def broadcast_variables(
     Run it once on every worker, after initialization (on worker 0, after
     restoring a checkpoint, if any), before the first window: replicas then
     start identical whatever their initializers drew. The variables are
-    concatenated into one tensor per dtype, each sent in one collective
-    broadcast.
+    concatenated into one tensor per dtype, each sent in one broadcast of
+    the engine (a collective broadcast, or Horovod's ``broadcast``).
 
     Example:
 
@@ -319,7 +378,8 @@ def broadcast_variables(
     [1. 2.]
 
     Args:
-        collective: The `CollectiveAllReduce` of this worker.
+        collective: The engine of this worker: a `CollectiveAllReduce` or a
+            `HorovodAllReduce`.
         var_list: Variables to broadcast; defaults to every global variable
             that tf1_accum did not create (see `plain_variables`): the model,
             the optimizer's slots, ``global_step``.
@@ -329,16 +389,19 @@ def broadcast_variables(
         A ``tf.Operation`` that assigns every variable its value on worker 0.
 
     Raises:
-        TypeError: If ``collective`` is not a `CollectiveAllReduce`, or
-            ``var_list`` holds something other than variables.
+        TypeError: If ``collective`` is not a `CollectiveAllReduce` or a
+            `HorovodAllReduce`, or ``var_list`` holds something other than
+            variables.
         ValueError: If ``var_list`` is empty or holds a variable of a dtype
-            the collective broadcast cannot send (bool, float16, float32,
-            float64, int32, int64 are supported).
+            the engine's broadcast cannot send (the collective one sends
+            bool, float16, float32, float64, int32, int64; Horovod's also
+            int8, int16, uint8, uint16).
     """
     _checks.check_graph_mode("broadcast_variables")
-    if not isinstance(collective, CollectiveAllReduce):
+    if not isinstance(collective, Engine):
         raise TypeError(
-            "collective must be a tf1_accum.CollectiveAllReduce, got "
+            "collective must be a tf1_accum.CollectiveAllReduce or a "
+            "tf1_accum.HorovodAllReduce, got "
             f"{_checks.describe(collective)}."
         )
     graph = tf.compat.v1.get_default_graph()
@@ -351,35 +414,23 @@ def broadcast_variables(
     by_dtype = {}
     for var in var_list:
         dtype = var.dtype.base_dtype
-        if dtype not in _BROADCAST_DTYPES:
+        supported = collective._broadcast_dtypes
+        if dtype not in supported:
             raise ValueError(
-                f"Variable {var.op.name} has dtype {dtype.name}, which the collective "
-                "broadcast cannot send; supported: "
-                + ", ".join(d.name for d in _BROADCAST_DTYPES)
+                f"Variable {var.op.name} has dtype {dtype.name}, which the "
+                f"{collective._kind} broadcast cannot send; supported: "
+                + ", ".join(d.name for d in supported)
                 + ". Leave it out of var_list."
             )
         by_dtype.setdefault(dtype, []).append(var)
     with tf.compat.v1.name_scope(name, "broadcast_variables"):
         assigns = []
-        for dtype, variables in by_dtype.items():
+        for variables in by_dtype.values():
             key = collective._take_instance_key()
             sizes = [int(np.prod(v.shape.as_list())) for v in variables]
-            if collective.task_index == 0:
-                flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
-                values = tf.raw_ops.CollectiveBcastSendV2(
-                    input=flat, instance_key=key, name="send", **collective._attrs()
-                )
-            else:
-                values = tf.raw_ops.CollectiveBcastRecvV2(
-                    instance_key=key,
-                    shape=[sum(sizes)],
-                    T=dtype,
-                    name="receive",
-                    **collective._attrs(),
-                )
+            # Read on every worker; a receiver's engine may not send it.
+            flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
+            values = collective._broadcast(flat, key)
             for var, part in zip(variables, tf.split(values, sizes)):
                 assigns.append(var.assign(tf.reshape(part, var.shape), read_value=False))
         return tf.group(*assigns, name="broadcast")
-
-
-_BROADCAST_DTYPES = (tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)

@@ -8,6 +8,7 @@ import typing
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _distributed
 from tf1_accum import _hooks
 from tf1_accum import _keras
 from tf1_accum import _stats
@@ -109,6 +110,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
             is built (``minimize`` or ``apply_gradients``); a list runs exactly
             those ops, ``[]`` none. ``flush_op`` never runs them.
+        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
+            as in `build_accumulation`: every ``steps``-th run (and
+            ``flush_op``) sums the window across the workers in one
+            all-reduce, and every worker applies the mean over all their
+            micro-batches. Every worker must run the train op the same
+            number of times (and ``flush_op`` together), so that each
+            all-reduce finds every worker in it; the loss is then not scaled
+            by 1 / ``steps`` ahead of the window.
         name: Name scope of the accumulation ops.
 
     Raises:
@@ -118,7 +127,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
             or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
-            wrong type.
+            wrong type, or ``cross_replica`` is not a `CollectiveAllReduce`
+            or a `HorovodAllReduce`.
         ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
             positive, ``weight`` (a tensor) is not a scalar, ``statistics=True``
             without ``micro_batch_size`` or ``weight``, or ``micro_batch_size``
@@ -138,6 +148,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         statistics: bool = False,
         micro_batch_size: int | None = None,
         update_ops: typing.Sequence[tf.Operation] | None = None,
+        cross_replica: _distributed.Engine | None = None,
         name: str = "Accumulation",
     ) -> None:
         optimizer = _checks.check_optimizer(optimizer)
@@ -160,7 +171,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             micro_batch_size,
             weight_kind="tensor or callable",
         )
+        _distributed.check_cross_replica(cross_replica)
         super().__init__(use_locking=False, name=name)
+        self._cross_replica = cross_replica
         self._optimizer = optimizer
         self._steps = int(steps)
         self._minimizing = False  # minimize() guards the whole build, gradients included
@@ -365,6 +378,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
+                cross_replica=self._cross_replica and self._cross_replica._reducer(),
             )
         # The train op and the flush each hold the window's mutex while they
         # run (see Window.exclusive): threads running the train op on one
@@ -450,7 +464,13 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # graph's collections back and says which ops remain.
             guard = _checks.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize")
             with guard:
-                loss, prescaled = per_step_loss(loss, self._options, self._steps, variables)
+                # Across workers the window's sums are all-reduced, then divided
+                # by the summed count: each micro-batch's gradient as it is.
+                loss, prescaled = (
+                    per_step_loss(loss, self._options, self._steps, variables)
+                    if self._cross_replica is None
+                    else (loss, False)
+                )
                 with self._building_in_minimize(prescaled):
                     return super().minimize(loss, global_step, var_list, *args, **kwargs)
         return super().minimize(loss, global_step, var_list, *args, **kwargs)

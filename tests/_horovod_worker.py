@@ -1,0 +1,413 @@
+"""One Horovod worker of the runs that tests/test_horovod.py starts with horovodrun.
+
+Usage: horovodrun -np 2 -H localhost:2 --gloo python _horovod_worker.py SCENARIO OUT_DIR
+
+SCENARIO is:
+
+* "equivalence": trains each configuration of CONFIGS with
+  ``cross_replica=tf1_accum.HorovodAllReduce()``, and writes the values after
+  every window (and what the test checks besides) to OUT_DIR/rank<RANK>.npz;
+* "horovod": trains SGD with Horovod's own ``hvd.DistributedOptimizer(opt,
+  backward_passes_per_step=N)`` and with the library, from the same start on
+  the same micro-batches, and writes both to OUT_DIR/horovod<RANK>.npz;
+* "killed": trains one window; then rank 1 writes its pid to OUT_DIR/pid1 and
+  waits for the test to kill it, and rank 0 trains on, and must fail.
+
+The graph mode comes from TF1_ACCUM_GRAPH_MODE, as in the test process.
+Horovod is imported where it is used: the test module imports this one for
+its configurations, also where Horovod is not installed.
+"""
+
+import os
+import pathlib
+import signal
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import numpy as np
+import tensorflow as tf
+
+if os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
+    tf.compat.v1.disable_v2_behavior()
+else:
+    tf.compat.v1.disable_eager_execution()
+tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+
+import tf1_accum  # noqa: E402
+from _distributed_worker import batch_sizes  # noqa: E402
+from _distributed_worker import micro_batches  # noqa: E402
+from _distributed_worker import weighted  # noqa: E402
+from _distributed_worker import window_batches  # noqa: E402
+from _helpers import OPTIMIZERS  # noqa: E402
+from _helpers import Model  # noqa: E402
+from _helpers import ancestors  # noqa: E402
+from _helpers import dataset_of  # noqa: E402
+from _helpers import make_batches  # noqa: E402
+from _helpers import values_by_name  # noqa: E402
+from _statistics import dense  # noqa: E402
+
+v1 = tf.compat.v1
+
+WINDOWS = 3  # K
+MICRO_BATCHES = 3  # N per worker (the kinds of _distributed_worker use the same N)
+
+# (optimizer, dtype, sparse, kind, way): each trained in a graph of its own.
+# kind as in _distributed_worker ("mean", "weighted", "uneven", "empty"), or
+# "nan": worker 1's last micro-batch of window 1 holds a NaN. way is
+# "explicit" (accum_op N times, then apply_op), "fused" (the last
+# micro-batch's add and the apply in one accum_apply_op run), "hook"
+# (run_accumulation in a MonitoredTrainingSession that broadcasts through
+# HorovodAllReduce.broadcast_hook), "optimizer" (the train op of an
+# AccumulationOptimizer(steps=N, cross_replica=...), run N times a window) or
+# "dataset" (the train op of build_dataset_accumulation over this worker's
+# micro-batches, run once a window).
+CONFIGS = (
+    ("sgd", tf.float32, False, "mean", "explicit"),
+    ("adam", tf.float32, False, "mean", "fused"),
+    ("momentum", tf.float32, False, "mean", "hook"),
+    ("adam", tf.float64, True, "mean", "explicit"),
+    ("momentum", tf.float64, False, "weighted", "explicit"),
+    ("momentum", tf.float32, False, "uneven", "fused"),
+    ("momentum", tf.float32, True, "empty", "fused"),
+    ("adam", tf.float32, False, "mean", "optimizer"),
+    ("momentum", tf.float64, True, "weighted", "optimizer"),
+    ("momentum", tf.float32, False, "mean", "dataset"),
+    ("adam", tf.float64, True, "mean", "dataset"),
+    ("adam", tf.float64, False, "nan", "explicit"),
+)
+
+NAN_WINDOW = 1
+
+
+def config_key(optimizer_name, dtype, sparse, kind, way):
+    return f"{optimizer_name}-{dtype.name}-{'sparse' if sparse else 'dense'}-{kind}-{way}"
+
+
+def with_statistics(optimizer_name, dtype, sparse, kind, way):
+    """Whether it also builds statistics=True (float64 explicit ops, with no NaN)."""
+    del optimizer_name, sparse
+    return dtype == tf.float64 and kind != "nan" and way not in ("optimizer", "dataset")
+
+
+def training_batches(dtype, sparse, kind, workers):
+    """Every micro-batch of the run, windows in order, each window's by worker.
+
+    For "nan", worker 1's last micro-batch of window NAN_WINDOW holds a NaN.
+    """
+    count = WINDOWS * sum(micro_batches(t, kind) for t in range(workers))
+    batches = make_batches(dtype, sparse, count, batch_sizes(kind, count))
+    if kind == "nan":
+        last = (NAN_WINDOW + 1) * workers * MICRO_BATCHES - 1
+        inputs, labels = batches[last]
+        labels = labels.copy()
+        labels[0, 0] = np.nan
+        batches[last] = (inputs, labels)
+    return batches
+
+
+def horovod_nodes(ops, library):
+    """The HorovodAllreduce nodes among ``ops`` and in the functions they call.
+
+    Under version 2 control flow (resource variables) a conditional's
+    branches are functions of the graph's library, not ops of the graph.
+    Returns (name, ignore_name_scope) pairs, one per node.
+    """
+    found = []
+
+    def visit(node_op, attrs, name):
+        if node_op == "HorovodAllreduce":
+            found.append((name, attrs["ignore_name_scope"].b))
+        for attr in attrs.values():
+            if attr.HasField("func"):
+                for node in library[attr.func.name].node_def:
+                    visit(node.op, node.attr, node.name)
+
+    for op in ops:
+        visit(op.type, op.node_def.attr, op.name)
+    return found
+
+
+def graph_counts(graph, first, second, third):
+    """Horovod all-reduces in the graph, and in the ancestry of each op given (or None).
+
+    Also returns the names they negotiate with (Horovod drops the name scope).
+    """
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    every = horovod_nodes(graph.get_operations(), library)
+    counts = [len(every)] + [
+        0 if op is None else len(horovod_nodes(ancestors(op), library))
+        for op in (first, second, third)
+    ]
+    names = sorted({name.split("/")[-1] for name, ignore_scope in every if ignore_scope})
+    return np.array(counts), np.array(names)
+
+
+def train(config, rank, workers, after_first_window=None):
+    """Trains one configuration; returns what the test checks, as a dict of arrays."""
+    optimizer_name, dtype, sparse, kind, way = config
+    batches = training_batches(dtype, sparse, kind, workers)
+    statistics = with_statistics(*config)
+    out = {}
+    with tf.Graph().as_default() as graph:
+        global_step = v1.train.get_or_create_global_step()
+        cross = tf1_accum.HorovodAllReduce()
+        if way != "dataset":
+            # A different initialization on every worker: the broadcast must fix it.
+            model = Model(dtype, sparse, seed=100 + rank)
+            weight = tf.shape(model.labels)[0] if weighted(kind) else None
+        if way == "dataset":
+            mine = [b for w in range(WINDOWS) for b in window_batches(batches, workers, w, rank)]
+
+            def loss_fn(batch):
+                inputs, labels = batch
+                return Model(dtype, sparse, seed=100 + rank, inputs=inputs, labels=labels).loss
+
+            loop = tf1_accum.build_dataset_accumulation(
+                loss_fn,
+                OPTIMIZERS[optimizer_name](dtype),
+                dataset_of(mine),
+                MICRO_BATCHES,
+                global_step=global_step,
+                cross_replica=cross,
+            )
+            train_op, acc, skipped_windows = loop.train_op, None, loop.skipped_windows
+            counts = graph_counts(graph, train_op, None, None)
+        elif way == "optimizer":
+            opt = tf1_accum.AccumulationOptimizer(
+                OPTIMIZERS[optimizer_name](dtype),
+                steps=MICRO_BATCHES,
+                weight=weight,
+                cross_replica=cross,
+            )
+            train_op = opt.minimize(model.loss, global_step=global_step)
+            acc, skipped_windows = None, opt.skipped_windows
+            # [in the graph, the train op's ancestry, the flush's, none]
+            counts = graph_counts(graph, train_op, opt.flush_op, None)
+        else:
+            acc = tf1_accum.build_accumulation(
+                model.loss,
+                OPTIMIZERS[optimizer_name](dtype),
+                global_step=global_step,
+                weight=weight,
+                cross_replica=cross,
+                statistics=statistics,
+                micro_batch_size=4 if statistics and weight is None else None,
+                fused=way == "fused",
+            )
+            skipped_windows = acc.skipped_windows
+            grads = tf.gradients(model.loss, acc.var_list)
+            # [in the graph, apply_op's ancestry, accum_op's, accum_apply_op's]
+            counts = graph_counts(graph, acc.apply_op, acc.accum_op, acc.accum_apply_op)
+        trained = tf1_accum.plain_variables()
+        out["graph_counts"], out["names"] = counts
+        # VarHandleOp (resource variables) or VariableV2 (reference variables).
+        out["variable_ops"] = np.array(sorted({v.op.type for v in trained}))
+        if way == "hook":
+            session = v1.train.MonitoredTrainingSession(
+                hooks=[cross.broadcast_hook()],
+                save_checkpoint_secs=None,
+                save_summaries_steps=None,
+                log_step_count_steps=None,
+            )
+        else:
+            sync = tf1_accum.broadcast_variables(cross)
+            session = v1.Session()
+        # Inside a function a node runs under the conditional's name: match
+        # the last part, which is the name Horovod negotiates with.
+        reduce_ops = set(out["names"])
+        with session as sess:
+            if way != "hook":
+                sess.run(v1.global_variables_initializer())
+                sess.run(sync)
+            values = [values_by_name(sess, trained)]
+            executed, observed, skipped = [], [], []
+            for w in range(WINDOWS):
+                mine = window_batches(batches, workers, w, rank, kind)
+                if way == "hook":
+                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
+                    executed.append([1])  # counted in the graph, not traced here
+                else:
+                    if way == "dataset":  # one run draws and applies the window
+                        runs = [(train_op, None)]
+                    elif way == "optimizer":  # every N-th run applies
+                        runs = [(train_op, model.feed(b)) for b in mine]
+                    else:
+                        runs = [(acc.accum_op, model.feed(b)) for b in mine]
+                        if way == "fused" and runs:
+                            runs[-1] = (acc.accum_apply_op, runs[-1][1])
+                        else:
+                            runs.append((acc.apply_op, None))
+                    per_run = []
+                    window = {"grads": [], "weights": [len(b[1]) for b in mine]}
+                    for op, feed in runs:
+                        metadata = v1.RunMetadata()
+                        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+                        fetches = [op]
+                        applies = acc is not None and op in (acc.apply_op, acc.accum_apply_op)
+                        if statistics and applies:
+                            fetches.append(acc.statistics)
+                        elif statistics:
+                            fetches.append(grads)
+                        got = sess.run(fetches, feed, options=options, run_metadata=metadata)
+                        if statistics and applies:
+                            window["statistics"] = got[1]._asdict()
+                        elif statistics:
+                            window["grads"].append([dense(g) for g in got[1]])
+                        per_run.append(
+                            sum(
+                                node.node_name.split("/")[-1] in reduce_ops
+                                for device in metadata.step_stats.dev_stats
+                                for node in device.node_stats
+                            )
+                        )
+                    executed.append(per_run)
+                    observed.append(window)
+                values.append(values_by_name(sess, trained))
+                skipped.append(sess.run(skipped_windows))
+                print(f"rank {rank}: {config_key(*config)} window {w} done", flush=True)
+                if w == 0 and after_first_window is not None:
+                    after_first_window()
+    for w, window_values in enumerate(values):
+        for name, value in window_values.items():
+            out[f"{w}|{name}"] = value
+    # Ragged for "uneven": one row per window, padded with -1.
+    width = max(len(row) for row in executed)
+    out["executed"] = np.array([row + [-1] * (width - len(row)) for row in executed])
+    out["skipped"] = np.array(skipped)
+    for w, window in enumerate(observed):
+        if "statistics" not in window:
+            continue
+        for field, value in window["statistics"].items():
+            if field != "summary_op":
+                out[f"{w}|statistics|{field}"] = np.array(value)
+        out[f"{w}|weights"] = np.array(window["weights"], np.float64)
+        for k, micro in enumerate(window["grads"]):
+            for i, g in enumerate(micro):
+                out[f"{w}|grad|{k}|{i}"] = g
+    return out
+
+
+def equivalence(rank, workers, out_dir):
+    results = {}
+    for config in CONFIGS:
+        key = config_key(*config)
+        for name, value in train(config, rank, workers).items():
+            results[f"{key}|{name}"] = value
+    np.savez(out_dir / f"rank{rank}.npz", **results)
+
+
+HOROVOD_LR = 0.1
+
+
+def horovod_own(rank, workers, out_dir):
+    """Horovod's backward_passes_per_step, then the library, on the same micro-batches."""
+    import horovod.tensorflow as hvd
+
+    batches = make_batches(tf.float32, False, WINDOWS * workers * MICRO_BATCHES, 4)
+    results = {}
+    for way in ("horovod", "library"):
+        with tf.Graph().as_default():
+            model = Model(tf.float32, False, seed=100 + rank)
+            step = v1.train.get_or_create_global_step()
+            sgd = v1.train.GradientDescentOptimizer(HOROVOD_LR)
+            if way == "horovod":
+                # The program being migrated: Horovod aggregates N passes locally.
+                opt = hvd.DistributedOptimizer(sgd, backward_passes_per_step=MICRO_BATCHES)
+                train_op = opt.minimize(model.loss, global_step=step)
+                sync = hvd.broadcast_global_variables(0)
+            else:
+                cross = tf1_accum.HorovodAllReduce()
+                acc = tf1_accum.build_accumulation(
+                    model.loss, sgd, global_step=step, cross_replica=cross
+                )
+                sync = tf1_accum.broadcast_variables(cross)
+            trained = [v for v in v1.global_variables() if v.op.name in ("w1", "b1", "w2")]
+            with v1.Session() as sess:
+                # Horovod's aggregation counters are local variables.
+                sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
+                sess.run(sync)
+                values = [values_by_name(sess, trained)]
+                for w in range(WINDOWS):
+                    mine = window_batches(batches, workers, w, rank)
+                    if way == "horovod":
+                        for b in mine:
+                            sess.run(train_op, model.feed(b))
+                    else:
+                        tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
+                    values.append(values_by_name(sess, trained))
+                results[f"{way}|global_step"] = np.array(sess.run(step))
+        for w, window_values in enumerate(values):
+            for name, value in window_values.items():
+                results[f"{way}|{w}|{name}"] = value
+    np.savez(out_dir / f"horovod{rank}.npz", **results)
+
+
+def killed(rank, workers, out_dir):
+    """One window together; then rank 1 is killed by the test, and rank 0 trains on."""
+    started = [time.time()]
+    if rank == 0:
+        # horovodrun terminates the other ranks (SIGTERM, then SIGKILL 5 s
+        # later) once one has died; rank 0 waits for its own error instead,
+        # which is what this scenario is about.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def after_first_window():
+        if rank != 0:
+            (out_dir / "pid1").write_text(str(os.getpid()))
+            time.sleep(120)  # killed by the test long before
+            sys.exit(1)
+        wait_for(out_dir / "killed", 60)
+        print("rank 1 is lost; training on", flush=True)
+        started[0] = time.time()
+
+    try:
+        train(
+            ("sgd", tf.float32, False, "mean", "explicit"),
+            rank,
+            workers,
+            after_first_window=after_first_window,
+        )
+    except tf.errors.OpError as error:
+        where = error.op.name if error.op is not None else "?"
+        # TensorFlow's message holds where the op was built; Horovod's own
+        # reason is the line that names it.
+        lines = error.message.splitlines()
+        message = next((line for line in lines if "Horovod" in line), lines[0]).strip()
+        print(
+            f"FAILED after {time.time() - started[0]:.1f} s at {where} "
+            f"with {type(error).__name__}: {message}",
+            flush=True,
+        )
+        return 3
+    print("trained on without rank 1", flush=True)
+    return 0
+
+
+def wait_for(path, seconds):
+    deadline = time.time() + seconds
+    while not path.exists():
+        if time.time() > deadline:
+            raise TimeoutError(f"{path} did not appear within {seconds} s")
+        time.sleep(0.05)
+
+
+def main():
+    import horovod.tensorflow as hvd
+
+    scenario, out_dir = sys.argv[1], pathlib.Path(sys.argv[2])
+    hvd.init()
+    rank, workers = hvd.rank(), hvd.size()
+    if scenario == "equivalence":
+        equivalence(rank, workers, out_dir)
+    elif scenario == "horovod":
+        horovod_own(rank, workers, out_dir)
+    else:
+        return killed(rank, workers, out_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""Accumulation across Horovod workers: one Horovod all-reduce per window.
+
+For programs that already run under ``horovodrun``: every worker (Horovod
+rank) holds a replica of the variables and accumulates its own micro-batches;
+the apply of each window sums the window across the workers in one
+``hvd.allreduce``, packed exactly as `CollectiveAllReduce` packs it (see
+``_distributed._WindowReducer``), and every worker applies the same update.
+Horovod is imported only when a `HorovodAllReduce` is made.
+"""
+
+from __future__ import annotations
+
+import itertools
+import typing
+
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum import _distributed
+
+_NO_HOROVOD = (
+    "HorovodAllReduce needs Horovod built with TensorFlow support, and "
+    "'import horovod.tensorflow' failed ({error}). Build it against the installed "
+    "TensorFlow: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install "
+    "--no-build-isolation horovod (see the guide 'Across several machines'), or use "
+    "tf1_accum.CollectiveAllReduce, which needs nothing built."
+)
+
+# Objects made in this process, in order: each takes the next default name,
+# the same on every worker that makes them in the same order.
+_made = itertools.count()
+
+
+class HorovodAllReduce(_distributed.Engine):
+    """Sums the windows of Horovod's workers in one ``hvd.allreduce`` per window.
+
+    Pass one as ``cross_replica=`` to `build_accumulation`,
+    `AccumulationOptimizer` or `build_dataset_accumulation`, in a program
+    started by ``horovodrun`` (after ``hvd.init()``). Each worker accumulates
+    its own micro-batches; the apply then sums, across the workers, in ONE
+    Horovod all-reduce, the same vector `CollectiveAllReduce` sends: every
+    accumulator (flattened and concatenated), the window's count of
+    micro-batches, with ``weight=`` its total weight (sent in pieces that
+    sum exactly in float32), and with ``statistics=True`` the sums behind
+    the `GradientStatistics`. Every worker divides the summed gradients by
+    the summed count (or weight) and applies the result: all workers make
+    the update of large-batch training on every micro-batch of every worker.
+    The non-finite guard and clipping see that all-reduced gradient, so a
+    NaN on one worker makes every worker skip the window, and
+    ``global_step`` advances once per update.
+
+    This differs from ``hvd.DistributedOptimizer(opt,
+    backward_passes_per_step=N)``, which applies the *sum* of the N passes
+    (unless ``average_aggregated_gradients=True``) and advances
+    ``global_step`` on every pass.
+
+    Sparse gradients are densified, as with `CollectiveAllReduce`: the
+    accumulator of an embedding table is dense already, so it is summed
+    whole, with its touched-row mask; the window sends the table's size
+    (twice: values and mask) once per window, however many rows were
+    touched. (``hvd.allgather`` of the touched rows would send less for a
+    window touching few rows, but its size would differ between workers and
+    windows, and the one vector would become several messages.)
+
+    Horovod matches the ops of different workers by name. Each accumulation
+    built with this object names its all-reduce ``<name>_window_<k>``, k
+    counting up from 0 in the order they are built, and each
+    `broadcast_variables` takes the next k, so every worker must build them
+    in the same order (the apply and the fused ``accum_apply_op`` of one
+    accumulation share one name, so workers that apply either way still
+    meet). Variables must start equal on every worker: run
+    `broadcast_variables` (or add `broadcast_hook`) after initialization.
+
+    Example (outside ``horovodrun``, Horovod runs one worker):
+
+    >>> import numpy as np
+    >>> import horovod.tensorflow as hvd  # doctest: +SKIP
+    >>> hvd.init()  # doctest: +SKIP
+    >>> with tf.Graph().as_default():  # doctest: +SKIP
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     cross = tf1_accum.HorovodAllReduce()
+    ...     acc = tf1_accum.build_accumulation(
+    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1),
+    ...         cross_replica=cross)
+    ...     sync = tf1_accum.broadcast_variables(cross)
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         sess.run(sync)
+    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
+    ...             _ = sess.run(acc.accum_op, {x: np.array(batch)})
+    ...         sess.run(acc.apply_op)
+    ...         print(round(float(sess.run(w)), 4))
+    2.5
+
+    Args:
+        name: Prefix of the names of the Horovod ops this object builds, the
+            same on every worker. By default ``"tf1_accum<i>"``, i counting
+            the objects made in this process, so objects made in the same
+            order on every worker agree.
+
+    Raises:
+        ImportError: If Horovod's TensorFlow ops cannot be imported (Horovod
+            is not installed, or was built without TensorFlow).
+        TypeError: If ``name`` is not a string.
+        ValueError: If ``name`` is empty or holds a character other than
+            letters, digits and ``_``, or ``hvd.init()`` has not run.
+    """
+
+    _kind = "Horovod"
+
+    def __init__(self, *, name: str | None = None) -> None:
+        if name is not None:
+            if not isinstance(name, str):
+                raise TypeError(f"name must be a string or None, got {_checks.describe(name)}.")
+            if not name or not all(c.isascii() and (c.isalnum() or c == "_") for c in name):
+                raise ValueError(
+                    f"name must be a non-empty string of letters, digits and '_' (it "
+                    f"names Horovod ops), got {name!r}."
+                )
+        try:
+            import horovod.tensorflow as hvd
+        except ImportError as error:
+            raise ImportError(_NO_HOROVOD.format(error=error)) from error
+        if not hvd.is_initialized():
+            raise ValueError(
+                "Horovod is not initialized: call hvd.init() (import horovod.tensorflow "
+                "as hvd) before making a HorovodAllReduce."
+            )
+        self._hvd = hvd
+        self.name = f"tf1_accum{next(_made)}" if name is None else name
+        self._next_key = 0
+
+    # Horovod's broadcast sends these (and more that no variable holds).
+    _broadcast_dtypes = (
+        tf.bool,
+        tf.uint8,
+        tf.int8,
+        tf.uint16,
+        tf.int16,
+        tf.int32,
+        tf.int64,
+        tf.float16,
+        tf.float32,
+        tf.float64,
+    )
+
+    @property
+    def num_workers(self) -> int:
+        """W, Horovod's ``size()``: the number of workers."""
+        return self._hvd.size()
+
+    @property
+    def task_index(self) -> int:
+        """This worker's Horovod ``rank()``; rank 0 is the source of `broadcast_variables`."""
+        return self._hvd.rank()
+
+    def broadcast_hook(
+        self, var_list: typing.Sequence[tf.Variable] | None = None
+    ) -> tf.compat.v1.train.SessionRunHook:
+        """Returns a hook that broadcasts worker 0's variables when a session is made.
+
+        For loops a framework owns (``MonitoredTrainingSession`` and others
+        that take ``SessionRunHook`` objects):
+        the hook builds `broadcast_variables` when the session begins (before
+        the graph is finalized) and runs it once each session is created,
+        after initialization or a restore. It replaces
+        ``hvd.BroadcastGlobalVariablesHook``, which Horovod defines only where
+        ``tf.estimator`` exists (TensorFlow 2.15 and older); this one is a
+        ``tf.compat.v1.train.SessionRunHook`` on every supported TensorFlow.
+
+        Args:
+            var_list: As in `broadcast_variables`; by default every variable
+                of the graph that tf1_accum did not create, taken when the
+                session begins.
+
+        Returns:
+            A ``tf.compat.v1.train.SessionRunHook``.
+        """
+        return _BroadcastHook(self, var_list)
+
+    def _take_instance_key(self):
+        key = self._next_key
+        self._next_key += 1
+        return key
+
+    def _all_reduce(self, flat, key):
+        # A scope of its own, so that the op's own name is exactly the
+        # Horovod name even when a second op of the same key (the fused
+        # apply) is built beside the first; Horovod then drops the scope.
+        with tf.compat.v1.name_scope(None, "horovod"):
+            return self._hvd.allreduce(
+                flat,
+                op=self._hvd.Sum,
+                name=f"{self.name}_window_{key}",
+                ignore_name_scope=True,
+            )
+
+    def _broadcast(self, flat, key):
+        with tf.compat.v1.name_scope(None, "horovod"):
+            return self._hvd.broadcast(
+                flat, 0, name=f"{self.name}_broadcast_{key}", ignore_name_scope=True
+            )
+
+
+class _BroadcastHook(tf.compat.v1.train.SessionRunHook):
+    """Made by `HorovodAllReduce.broadcast_hook`, which documents it."""
+
+    def __init__(self, engine, var_list):
+        self._engine = engine
+        self._var_list = var_list
+        self._op = None
+
+    def begin(self):
+        graph = tf.compat.v1.get_default_graph()
+        if self._op is None or self._op.graph is not graph:
+            self._op = _distributed.broadcast_variables(self._engine, self._var_list)
+
+    def after_create_session(self, session, coord):
+        del coord
+        session.run(self._op)
