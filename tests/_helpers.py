@@ -110,6 +110,17 @@ def concat(batches):
     return tuple(np.concatenate(part) for part in zip(*batches))
 
 
+def pending(sess, accumulators, counter):
+    """What a window holds: its accumulators' values, or zeros while its ``counter`` is 0.
+
+    A window's first add assigns, so between windows a dense accumulator
+    keeps what the last window left there: only a counter above 0 makes it
+    the window's sums.
+    """
+    values, count = sess.run([list(accumulators), counter])
+    return values if count > 0 else [np.zeros_like(v) for v in values]
+
+
 def values_by_name(sess, variables):
     """Returns {variable name: value} for ``variables``."""
     variables = list(variables)

@@ -18,6 +18,7 @@ from _helpers import Model
 from _helpers import RTOL
 from _helpers import assert_same_values
 from _helpers import make_batches
+from _helpers import pending
 from _helpers import plain_training
 from _helpers import values_by_name
 
@@ -362,14 +363,15 @@ def test_raw_ops_from_threads_lose_and_double_nothing(repeat):
             errors = _threads(work)
             assert not any(errors), errors
             assert sess.run(step) == sum(updates)
-            held = sess.run(acc.accumulators)
+            held = pending(sess, acc.accumulators, acc.counter)
             assert sess.run(acc.counter) == held[2]
             total = [a + h for a, h in zip(model.applied(sess, start), held)]
             _assert_exact(total, model.fed(feeds), "applied + accumulated")
             # The window is left as the ops left it: zero_op empties it.
             sess.run(acc.zero_op)
             assert sess.run(acc.counter) == 0
-            assert not np.any(np.concatenate([np.ravel(a) for a in sess.run(acc.accumulators)]))
+            held = pending(sess, acc.accumulators, acc.counter)
+            assert not np.any(np.concatenate([np.ravel(a) for a in held]))
 
 
 DATASET_WINDOWS = 40
@@ -475,12 +477,12 @@ def test_ops_of_one_window_fetched_in_one_run_take_turns():
             runner.join(timeout=60)
             assert done, "accum_op and apply_op in one run hung"
             assert sess.run(step) == 1
-            held = sess.run(acc.accumulators)
+            held = pending(sess, acc.accumulators, acc.counter)
             total = [a + h for a, h in zip(model.applied(sess, start), held)]
             _assert_exact(total, model.fed([first, second]), "applied + accumulated")
 
             sess.run([acc.accum_apply_op, acc.accum_op], third)
             assert sess.run(step) == 2
-            held = sess.run(acc.accumulators)
+            held = pending(sess, acc.accumulators, acc.counter)
             total = [a + h for a, h in zip(model.applied(sess, start), held)]
             _assert_exact(total, model.fed([first, second, third, third]), "applied + accumulated")
