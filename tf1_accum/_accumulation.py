@@ -9,6 +9,7 @@ import tensorflow as tf
 from tf1_accum import _checks
 from tf1_accum import _distributed
 from tf1_accum import _keras
+from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
@@ -233,6 +234,7 @@ def build_accumulation(
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
     optimizer = _checks.check_optimizer(optimizer)
+    _migration.refuse_accumulating_optimizer(optimizer, "build_accumulation")
     _checks.check_global_step(global_step)
     graph = loss.graph
     options = window_options(

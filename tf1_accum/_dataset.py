@@ -8,6 +8,7 @@ import typing
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import exclusive
@@ -212,6 +213,7 @@ def build_dataset_accumulation(
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_checks.describe(dataset)}.")
     optimizer = _checks.check_optimizer(optimizer)
+    _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
     _checks.check_steps(steps)
     _checks.check_global_step(global_step)
     options = window_options(

@@ -10,6 +10,7 @@ import tensorflow as tf
 from tf1_accum import _checks
 from tf1_accum import _hooks
 from tf1_accum import _keras
+from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import per_step_loss
@@ -141,6 +142,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str = "Accumulation",
     ) -> None:
         optimizer = _checks.check_optimizer(optimizer)
+        _migration.refuse_accumulating_optimizer(optimizer, "AccumulationOptimizer")
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             raise TypeError(
                 "AccumulationOptimizer cannot wrap a SyncReplicasOptimizer: its "
@@ -168,6 +170,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._windows = []
         self._trains = []  # the Applied of each train op built, aligned with _windows
         self._flushes = []  # the Applied of each flush
+        self._step_starts = []  # the _migration.WindowStart of each train op given global_step
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -332,6 +335,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _checks.check_global_step(global_step)
         pairs = _checks.usable_gradients(grads_and_vars)
         _checks.check_shapes([v for _, v in pairs])
+        if not self._minimizing:  # minimize() hands over the gradients it computed
+            _migration.warn_if_clipped(pairs, self._options.clip_norm)
         _keras.check_variables(self._optimizer, [v for _, v in pairs])
         graph = tf.compat.v1.get_default_graph()
         options = self._options
@@ -370,19 +375,25 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
         with window.control_flow(global_step):
-            train, _ = window.exclusive(
-                lambda: (
-                    window.accumulate_and_apply_every(
+            start = None
+            if global_step is not None:
+                start = _migration.WindowStart(global_step, window.counter, scope)
+
+            def accumulate_and_apply():
+                # With global_step: each run first checks that nothing else moved it.
+                checked = [] if start is None else [start.check(self._steps)]
+                with tf.control_dependencies(checked):
+                    applied = window.accumulate_and_apply_every(
                         self._steps,
                         [g for g, _ in pairs],
                         self._optimizer,
                         global_step,
                         weight,
                         run_with=update_ops,
-                    ),
-                    None,
-                )
-            )
+                    )
+                return applied, None
+
+            train, _ = window.exclusive(accumulate_and_apply)
             # Built now, not when first asked for: a MonitoredSession
             # finalizes the graph before the end of training.
             with tf.control_dependencies(None):
@@ -401,6 +412,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                     name="flush",
                 )
         self._windows.append(window)
+        if start is not None:
+            self._step_starts.append(start)
         self._trains.append(train)
         self._flushes.append(flushed)
         with tf.compat.v1.name_scope(scope):
@@ -485,6 +498,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         graph = tf.compat.v1.get_default_graph()
         state = [v for window in self._windows for v in window._state() if v.graph is graph]
+        state += [s.variable for s in self._step_starts if s.variable.graph is graph]
         return list(self._optimizer.variables()) + state
 
     def make_session_run_hook(
