@@ -8,7 +8,9 @@ a new user makes first.
 """
 
 import importlib.util
+import os
 import pathlib
+import subprocess
 import sys
 import warnings
 
@@ -21,7 +23,8 @@ from _helpers import Model
 from _helpers import make_batches
 
 v1 = tf.compat.v1
-EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples" / "real_programs"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "real_programs"
 
 
 def _load(name):
@@ -216,3 +219,27 @@ def test_an_accumulation_optimizer_given_to_a_way_that_accumulates_is_refused(wa
     assert "(steps=4) wrapping AdamOptimizer" in message
     assert "the weights would not change while global_step advances" in message
     assert "opt.optimizer, the AdamOptimizer" in message
+
+
+@pytest.mark.graph_mode_independent
+def test_importing_the_library_prints_nothing():
+    # TensorFlow's own start-up messages come before the marker; nothing of
+    # tf1_accum's may follow it (a deprecation warning there reads like the
+    # user's bug).
+    code = (
+        "import sys\n"
+        "import tensorflow as tf\n"
+        "print('<imported>', file=sys.stderr, flush=True)\n"
+        "import tf1_accum\n"
+        "for name in tf1_accum.__all__:\n"
+        "    getattr(tf1_accum, name)\n"
+        "import tf1_accum.check\n"
+        "from tf1_accum import _checks, _graph_check, _hooks, _keras, _migration\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, check=True
+    )
+    assert done.stdout == ""
+    assert done.stderr.split("<imported>\n", 1)[1] == ""
