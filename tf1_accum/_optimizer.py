@@ -11,6 +11,7 @@ from tf1_accum import _checks
 from tf1_accum import _hooks
 from tf1_accum import _keras
 from tf1_accum import _migration
+from tf1_accum import _scaffold
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import per_step_loss
@@ -545,6 +546,46 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         _checks.check_bool("flush_at_end", flush_at_end)
         return _hooks.AccumulationHook(self._built_windows, flush_at_end)
+
+    def make_scaffold(
+        self, *, max_to_keep: int = 5, **scaffold_kwargs: typing.Any
+    ) -> tf.compat.v1.train.Scaffold:
+        """A ``Scaffold`` that starts from a checkpoint of plain training, or resumes one.
+
+        For ``MonitoredTrainingSession`` (``scaffold=``) and ``tf.estimator``
+        (``EstimatorSpec(scaffold=...)``) programs migrated in a directory that
+        plain training wrote: its checkpoints hold no accumulator and no
+        counter, and the session's default saver fails to restore them
+        (``Key .../counter not found in checkpoint``). The scaffold's saver
+        saves every global variable, as the default one does; restoring, it
+        restores a checkpoint that holds tf1_accum's state whole (a partial
+        window included) and, from one that holds none of it, the model's and
+        the wrapped optimizer's variables (`plain_variables`), then
+        initializes the accumulators and counters: the first window starts
+        empty, at the checkpoint's ``global_step``.
+
+        Make it after the train op is built (the saver lists the variables
+        then), and before any other saver is added to
+        ``tf.compat.v1.GraphKeys.SAVERS``: it adds its own there, where the
+        ``CheckpointSaverHook``, ``Estimator`` and `make_session_run_hook`'s
+        hook find it. Sharded, with relative paths, as ``Estimator``'s.
+
+        Args:
+            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s
+                (``RunConfig.keep_checkpoint_max`` in an ``Estimator``).
+            **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
+                argument (``init_op``, ``local_init_op``...), except ``saver``.
+
+        Returns:
+            A ``tf.compat.v1.train.Scaffold``.
+
+        Raises:
+            TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.
+            ValueError: If no train op was built yet, or the graph already has
+                a saver in ``SAVERS``.
+        """
+        self._last_window("make_scaffold")
+        return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph):
         """(counter, flush op) of each train op built in ``graph``."""
