@@ -1,10 +1,12 @@
 """AccumulationOptimizer.make_session_run_hook under MonitoredTrainingSession."""
 
+import logging
 import warnings
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.platform import tf_logging
 
 import tf1_accum
 from _helpers import RTOL
@@ -182,3 +184,43 @@ def test_a_session_without_checkpoints_warns_of_a_kept_window_only(flush_at_end)
             "checkpoint: no saver of the graph (tf.compat.v1.GraphKeys.SAVERS) wrote a "
             "checkpoint in this session, or there is no global step."
         ]
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@pytest.mark.parametrize("with_hook", [False, True], ids=["without", "with"])
+def test_the_hook_silences_the_step_counters_unmoved_step_warning(tmp_path, with_hook):
+    # MonitoredTrainingSession's StepCounterHook warns (5 times per process,
+    # counted per call site: the count is reset here) when global_step does
+    # not move in a run, which it does not in N - 1 of every N.
+    tf_logging._log_counter_per_token.clear()
+    records = _Records()
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # the tests log errors only
+    logger.addHandler(records)
+    try:
+        with tf.Graph().as_default():
+            model = Model(tf.float64, False)
+            step = v1.train.get_or_create_global_step()
+            opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), N)
+            train_op = opt.minimize(model.loss, global_step=step)
+            hooks = [opt.make_session_run_hook()] if with_hook else []
+            with v1.train.MonitoredTrainingSession(
+                checkpoint_dir=str(tmp_path), hooks=hooks, log_step_count_steps=1
+            ) as sess:
+                for batch in BATCHES:
+                    sess.run(train_op, model.feed(batch))
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    unmoved = [m for m in records.messages if m.startswith("It seems that global step")]
+    assert len(unmoved) == (0 if with_hook else 5)
+    assert all(not f.__class__.__name__.startswith("_Unmoved") for f in tf.get_logger().filters)

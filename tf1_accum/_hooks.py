@@ -1,9 +1,24 @@
 """The session hook for loops a framework owns: no micro-batch is lost at exit."""
 
+import logging
 import re
 import warnings
 
 import tensorflow as tf
+
+
+class _UnmovedStepFilter(logging.Filter):
+    """Drops StepCounterHook's warning that ``global_step`` did not move in a run.
+
+    ``global_step`` counts updates, so N - 1 of every N runs of the train op
+    leave it where it was, by design, as ``SyncReplicasOptimizer``'s workers
+    do: ``StepCounterHook`` (which ``MonitoredTrainingSession`` and
+    ``Estimator`` add) would log "It seems that global step ... has not been
+    increased" five times, as if it had not been passed.
+    """
+
+    def filter(self, record):
+        return not str(record.msg).startswith("It seems that global step")
 
 
 class AccumulationHook(tf.compat.v1.train.SessionRunHook):
@@ -17,6 +32,7 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         self._flush_at_end = flush_at_end
         self._counters = self._flushes = None
         self._global_step = None
+        self._filter = _UnmovedStepFilter()
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
@@ -31,8 +47,10 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         self._counters = [counter for counter, _ in built]
         self._flushes = [flush for _, flush in built]
         self._global_step = tf.compat.v1.train.get_global_step(graph)
+        tf.get_logger().addFilter(self._filter)
 
     def end(self, session):
+        tf.get_logger().removeFilter(self._filter)
         pending = sum(int(count) for count in session.run(self._counters))
         if not pending:
             return

@@ -533,6 +533,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         a kept partial window gets a ``UserWarning``. Pass it in ``hooks`` (or
         ``training_hooks`` of an ``EstimatorSpec``), on the chief.
 
+        From ``begin()`` to ``end()`` it also drops, from TensorFlow's logger,
+        the warning of ``StepCounterHook`` (which ``MonitoredTrainingSession``
+        and ``Estimator`` add) that "global step ... has not been increased":
+        ``global_step`` counts updates, so N - 1 runs of every N leave it as
+        it was, by design.
+
         Args:
             flush_at_end: False (the default) keeps the partial window for a
                 resumed run; True applies it at the end of the session.
