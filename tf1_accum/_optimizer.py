@@ -187,6 +187,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def micro_step(self) -> tf.Variable:
         """The ``int64`` counter of micro-batches accumulated since the last update.
 
+        Fetch it in a run of its own, after the train op's: fetched in the
+        same ``session.run`` as the train op, it is read unordered with that
+        run's increment, and holds the count before or after the run. To log
+        once per update, fetch `applied` with the train op.
+
         Raises:
             ValueError: If no train op was built yet.
         """
