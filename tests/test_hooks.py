@@ -195,11 +195,14 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-@pytest.mark.parametrize("with_hook", [False, True], ids=["without", "with"])
-def test_the_hook_silences_the_step_counters_unmoved_step_warning(tmp_path, with_hook):
-    # MonitoredTrainingSession's StepCounterHook warns (5 times per process,
-    # counted per call site: the count is reset here) when global_step does
-    # not move in a run, which it does not in N - 1 of every N.
+def _unmoved_step_warnings(directory, with_hook, fail=False):
+    """The StepCounterHook warnings of one MonitoredTrainingSession run over BATCHES.
+
+    MonitoredTrainingSession's StepCounterHook warns (5 times per process,
+    counted per call site: the count is reset here) when global_step does not
+    move in a run, which it does not in N - 1 of every N. ``fail`` ends the
+    session with an error after the first micro-batch.
+    """
     tf_logging._log_counter_per_token.clear()
     records = _Records()
     logger = tf.get_logger()
@@ -214,13 +217,26 @@ def test_the_hook_silences_the_step_counters_unmoved_step_warning(tmp_path, with
             train_op = opt.minimize(model.loss, global_step=step)
             hooks = [opt.make_session_run_hook()] if with_hook else []
             with v1.train.MonitoredTrainingSession(
-                checkpoint_dir=str(tmp_path), hooks=hooks, log_step_count_steps=1
+                checkpoint_dir=directory, hooks=hooks, log_step_count_steps=1
             ) as sess:
                 for batch in BATCHES:
                     sess.run(train_op, model.feed(batch))
+                    if fail:
+                        raise RuntimeError("the input pipeline failed")
     finally:
         logger.removeHandler(records)
         logger.setLevel(level)
-    unmoved = [m for m in records.messages if m.startswith("It seems that global step")]
-    assert len(unmoved) == (0 if with_hook else 5)
-    assert all(not f.__class__.__name__.startswith("_Unmoved") for f in tf.get_logger().filters)
+    return [m for m in records.messages if m.startswith("It seems that global step")]
+
+
+@pytest.mark.parametrize("with_hook", [False, True], ids=["without", "with"])
+def test_the_hook_silences_the_step_counters_unmoved_step_warning(tmp_path, with_hook):
+    assert len(_unmoved_step_warnings(str(tmp_path), with_hook)) == (0 if with_hook else 5)
+
+
+def test_after_a_session_that_failed_the_warning_is_back_without_the_hook(tmp_path):
+    # A session ending in an error calls no hook's end(): the filter stays on
+    # the logger, but acts no more.
+    with pytest.raises(RuntimeError, match="the input pipeline failed"):
+        _unmoved_step_warnings(str(tmp_path / "failed"), True, fail=True)
+    assert len(_unmoved_step_warnings(str(tmp_path / "plain"), False)) == 5
