@@ -243,3 +243,26 @@ def test_importing_the_library_prints_nothing():
     )
     assert done.stdout == ""
     assert done.stderr.split("<imported>\n", 1)[1] == ""
+
+
+def test_run_accumulation_says_to_initialize_after_building():
+    batches = make_batches(tf.float64, False, 2, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        init = v1.global_variables_initializer()  # made before the accumulation: too early
+        acc = tf1_accum.build_accumulation(model.loss, v1.train.GradientDescentOptimizer(0.1))
+        with v1.Session() as sess:
+            sess.run(init)
+            with pytest.raises(
+                (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)
+            ) as raised:
+                tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches])
+            sess.run(v1.global_variables_initializer())
+            before = sess.run(v1.trainable_variables())
+            tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches])
+            after = sess.run(v1.trainable_variables())
+    message = raised.value.message
+    assert message.startswith("tf1_accum: the accumulation's variables are not initialized (")
+    assert "make it (and run it) after the accumulation is built" in message
+    assert "micro-batch 0 of the window failed" in message
+    assert any(np.any(a != b) for a, b in zip(after, before))

@@ -20,6 +20,7 @@ import warnings
 import tensorflow as tf
 
 from tf1_accum import _checks
+from tf1_accum._window import STATE_COLLECTION
 from tf1_accum._window import state_variable
 
 
@@ -181,3 +182,28 @@ class WindowStart:
                 tf.where(empty, step, start), use_locking=True, read_value=False
             )
         return tf.group(record, name="record_global_step")
+
+
+def uninitialized_hint(error, graph):
+    """A hint for an error of a run that read tf1_accum's state uninitialized; "" otherwise.
+
+    A program that makes ``global_variables_initializer()`` before building
+    the accumulation initializes only the variables that existed then: the
+    first run reading an accumulator or a counter fails with TensorFlow's
+    ``NotFoundError`` (resource variables) or ``FailedPreconditionError``
+    (reference variables), which does not say why.
+    """
+    if not isinstance(error, (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)):
+        return ""
+    state = {v.op.name for v in graph.get_collection(STATE_COLLECTION)}
+    named = [name for name in sorted(state) if name in error.message]
+    if not named:
+        return ""
+    return (
+        f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): "
+        "tf.compat.v1.global_variables_initializer() initializes only the variables "
+        "that exist when it is made, so make it (and run it) after the accumulation "
+        "is built, or also run "
+        "tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
+        "tf1_accum.STATE_COLLECTION)). "
+    )
