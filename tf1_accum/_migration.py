@@ -142,6 +142,7 @@ class WindowStart:
     def __init__(self, global_step, counter, scope):
         self.global_step = global_step
         self.counter = counter
+        self.scope = scope
         dtype = global_step.dtype.base_dtype
         with tf.compat.v1.name_scope(scope), tf.device(counter.device):
             self.variable = state_variable(
@@ -156,6 +157,10 @@ class WindowStart:
 
     def check(self, steps):
         """The op to run before a micro-batch is added: record, or check, the step."""
+        with tf.compat.v1.name_scope(self.scope):
+            return self._check(steps)
+
+    def _check(self, steps):
         count = tf.identity(self.counter.read_value(), name="micro_batches_before")
         step = tf.identity(self.global_step.read_value(), name="global_step_now")
         start = tf.identity(self.variable.read_value(), name="global_step_at_start")
@@ -174,8 +179,12 @@ class WindowStart:
             "global_step at the window's start, global_step now, micro-batches in the "
             "window:"
         )
-        checked = tf.debugging.Assert(
-            unmoved, [message, start, step, count], name="global_step_unmoved"
+        # The op itself: tf.debugging.Assert would wrap it in a conditional.
+        checked = tf.raw_ops.Assert(
+            condition=unmoved,
+            data=[tf.constant(message), start, step, count],
+            summarize=3,
+            name="global_step_unmoved",
         )
         with tf.control_dependencies([checked]):
             record = self.variable.assign(
