@@ -185,7 +185,9 @@ def build_dataset_accumulation(
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``loss_fn`` is not callable, ``dataset`` is not a
-            ``tf.data.Dataset``, ``weight`` is not a callable, ``optimizer``,
+            ``tf.data.Dataset``, ``optimizer`` is an `AccumulationOptimizer`
+            (which accumulates by itself: give its ``optimizer``), ``weight``
+            is not a callable, ``optimizer``,
             ``var_list``, ``global_step``, ``steps``, ``average``,
             ``clip_norm``, ``skip_nonfinite``, ``statistics`` or
             ``micro_batch_size`` is of the wrong type (the texts of

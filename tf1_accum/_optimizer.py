@@ -48,6 +48,17 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ``applied``, True in the runs that applied an update (see
     :doc:`real_programs`).
 
+    Given ``global_step``, each run of the train op first checks that
+    nothing else moved it since the window's first micro-batch: a
+    hand-written ``global_step.assign(global_step + 1)`` grouped with the
+    train op (BERT's ``create_optimizer``) would count every micro-batch
+    besides every update. Such a run stops with an ``InvalidArgumentError``
+    that says what to change, before its micro-batch is added. Gradients
+    handed to ``apply_gradients`` from ``tf.clip_by_global_norm`` (or
+    ``clip_by_norm``, ``clip_by_value``) get a ``UserWarning``: they clip
+    each micro-batch, where ``clip_norm=`` clips the window. See the
+    migration checklist of :doc:`real_programs`.
+
     Several threads may run the train op on one session (a queue-runner
     style loop): each run holds the window's mutex while it adds its
     micro-batch and, when due, applies, so every micro-batch is counted once
@@ -116,7 +127,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is a ``SyncReplicasOptimizer``, ``steps`` is not an int,
+            or is a ``SyncReplicasOptimizer`` or an `AccumulationOptimizer`,
+            ``steps`` is not an int,
             ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
             or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
@@ -312,7 +324,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 `build_accumulation` does).
             global_step: Optional integer variable, incremented once per update,
                 whether the wrapped optimizer increments it or not; the
-                wrapped optimizer still receives it.
+                wrapped optimizer still receives it. Nothing else may move it
+                in the middle of a window (see above).
             name: Name scope of the ops; defaults to the optimizer's name.
 
         Returns:
