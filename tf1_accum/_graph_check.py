@@ -194,9 +194,12 @@ def check_graph(
     (``GradientDescentOptimizer`` scatters into the variable) are not checked
     for sums. Nor can a graph show what depends on the data or the loop:
     micro-batches of different sizes averaged with equal weights (see
-    ``weight=``), or a ``tf.cond`` whose applying run skips its own
-    micro-batch; ``python -m tf1_accum.check`` finds those recipes in the
-    source.
+    ``weight=``), a ``tf.cond`` whose applying run skips its own
+    micro-batch (``python -m tf1_accum.check`` finds those recipes in the
+    source), or a learning-rate schedule whose step counts (``decay_steps``,
+    warm-up) were worked out in micro-batches: a constant does not say what
+    it counts (the migration checklist of :doc:`real_programs` gives the
+    rule).
 
     Example:
 
