@@ -30,20 +30,25 @@ def model_fn(features, labels, mode, params):
     model = Model(tf.float64, False, inputs=features, labels=labels)
     step = v1.train.get_or_create_global_step()
     hooks = []
+    scaffold = None
     if params["accumulate"]:
         opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), N)
         train_op = opt.minimize(model.loss, global_step=step)
         hooks.append(opt.make_session_run_hook(flush_at_end=params["flush_at_end"]))
+        if params["scaffold"]:
+            scaffold = opt.make_scaffold()
     else:
         train_op = v1.train.AdamOptimizer(0.05).minimize(model.loss, global_step=step)
-    return estimator.EstimatorSpec(mode, loss=model.loss, train_op=train_op, training_hooks=hooks)
+    return estimator.EstimatorSpec(
+        mode, loss=model.loss, train_op=train_op, training_hooks=hooks, scaffold=scaffold
+    )
 
 
-def _estimator(directory, accumulate, flush_at_end=False):
+def _estimator(directory, accumulate, flush_at_end=False, scaffold=False):
     config = estimator.RunConfig(
         model_dir=str(directory), save_checkpoints_steps=2, save_checkpoints_secs=None
     )
-    params = {"accumulate": accumulate, "flush_at_end": flush_at_end}
+    params = {"accumulate": accumulate, "flush_at_end": flush_at_end, "scaffold": scaffold}
     return estimator.Estimator(model_fn, config=config, params=params)
 
 
@@ -127,3 +132,25 @@ def test_estimator_example(capsys):
     assert result["global_step"] == 3
     assert result["max_rel_diff"] <= 1e-10
     assert "accumulated vs large batch" in capsys.readouterr().out
+
+
+def test_a_plain_model_dir_is_continued_with_the_scaffold(tmp_path):
+    # The program trained without accumulation, then migrated in the same model_dir.
+    plain = _estimator(tmp_path / "plain", accumulate=False)
+    plain.train(_input_fn(0, 4 * N, N * B))
+    migrated_dir = tmp_path / "migrated"
+    _estimator(migrated_dir, accumulate=False).train(_input_fn(0, 2 * N, N * B))
+    migrated = _estimator(migrated_dir, accumulate=True, scaffold=True)
+    migrated.train(_input_fn(2 * N, 4 * N, B))
+    got = _values(migrated)
+    assert got["global_step"] == 4 and got["Accumulation/counter"] == 0
+    assert_same_values(_trained(migrated), _values(plain), RTOL[tf.float64], "continued")
+    # Resumed from its own checkpoint next time, the state included.
+    migrated.train(_input_fn(0, N + 1, B))
+    assert _values(migrated)["Accumulation/counter"] == 1
+
+
+def test_a_plain_model_dir_without_the_scaffold_fails_to_restore(tmp_path):
+    _estimator(tmp_path, accumulate=False).train(_input_fn(0, 2 * N, N * B))
+    with pytest.raises(tf.errors.NotFoundError, match="Accumulation/counter not found"):
+        _estimator(tmp_path, accumulate=True).train(_input_fn(2 * N, 4 * N, B))

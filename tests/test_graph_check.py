@@ -238,8 +238,12 @@ def test_running_average_keyed_on_the_global_step_is_never_reset():
             accum_op = v1.assign_add(step, 1)
         apply_op = model.opt.apply_gradients(list(zip(model.accums, model.vars)))
         findings = tf1_accum.check_graph(apply_op, accum_op)
-        # A running average is a mean: never reset, but not a sum.
-        assert by_kind(findings) == {"never_reset": variable_names(model.accums)}
+        # A running average is a mean: never reset, but not a sum. Its count
+        # is the global step, which then counts micro-batches.
+        assert by_kind(findings) == {
+            "never_reset": variable_names(model.accums),
+            "step_not_per_update": [accum_op.op.name],
+        }
 
 
 def test_in_a_cond_that_accumulates_or_applies():
@@ -561,7 +565,14 @@ def test_migration_before_e_running_average(monkeypatch):
     averages = [v for v in averages if v.op.name != "global_step"]
     assert len(averages) == len(graph.get_collection(v1.GraphKeys.TRAINABLE_VARIABLES)) == 3
     findings = tf1_accum.check_graph(apply_ops, accum_ops)
-    assert by_kind(findings) == {"never_reset": variable_names(averages)}
+    # Keyed on the global step, the average makes it count micro-batches.
+    increments = [
+        op.name for op in graph.get_operations() if op.type in ("AssignAdd", "AssignAddVariableOp")
+    ]
+    assert by_kind(findings) == {
+        "never_reset": variable_names(averages),
+        "step_not_per_update": increments,
+    }
 
 
 @pytest.mark.parametrize(
@@ -578,3 +589,69 @@ def test_migration_before_e_running_average(monkeypatch):
 def test_migration_afters_are_clean(name, monkeypatch):
     apply_ops, _, accum_ops = run_example(name, monkeypatch)
     assert tf1_accum.check_graph(apply_ops, accum_ops or None) == []
+
+
+def _bert_loss():
+    x = v1.placeholder(tf.float64, [None, 2], name="x")
+    w = v1.get_variable("w", initializer=np.array([1.0, -0.5]))
+    return tf.reduce_mean((tf.reduce_sum(x * w, axis=1) - 1.0) ** 2), w
+
+
+def test_a_hand_written_increment_beside_the_wrappers_counts_micro_batches():
+    # BERT's create_optimizer with the wrapper line only: its own increment,
+    # grouped with a train op that runs once per micro-batch.
+    with tf.Graph().as_default():
+        loss, _ = _bert_loss()
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 4)
+        tvars = v1.trainable_variables()
+        train_op = opt.apply_gradients(zip(tf.gradients(loss, tvars), tvars), global_step=step)
+        increment = step.assign(step + 1)
+        findings = tf1_accum.check_graph(tf.group(train_op, [increment]))
+    assert [(f.kind, f.op_name) for f in findings] == [("step_not_per_update", increment.op.name)]
+    assert "run once per micro-batch" in findings[0].message
+    assert "increments the global step global_step with every micro-batch" in findings[0].message
+    assert "tf.cond(opt.applied, ...)" in findings[0].message
+
+
+def test_the_increment_hung_on_applied_is_clean():
+    with tf.Graph().as_default():
+        loss, _ = _bert_loss()
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 4)
+        train_op = opt.minimize(loss)
+        increment = tf.cond(opt.applied, lambda: step.assign(step + 1), step.read_value)
+        assert tf1_accum.check_graph(tf.group(train_op, increment)) == []
+
+
+def test_an_increment_with_each_accumulate_op_counts_micro_batches():
+    with tf.Graph().as_default():
+        model = HandWritten()
+        step = v1.train.get_or_create_global_step()
+        count = v1.Variable(0.0, trainable=False)
+        accum = model.accum_ops + [count.assign_add(1.0), v1.assign_add(step, 1)]
+        mean = [(a / count, v) for a, v in zip(model.accums, model.vars)]
+        apply_op = tf.group(model.opt.apply_gradients(mean), model.zero_ops, count.assign(0.0))
+        findings = tf1_accum.check_graph(apply_op, accum)
+    assert [(f.kind, f.op_name) for f in findings] == [("step_not_per_update", accum[-1].op.name)]
+    assert findings[0].message.startswith("a micro-batch's fetch (accum_ops) runs")
+
+
+def test_an_apply_that_increments_twice():
+    with tf.Graph().as_default():
+        model = HandWritten()
+        step = v1.train.get_or_create_global_step()
+        count = v1.Variable(0.0, trainable=False)
+        mean = [(a / count, v) for a, v in zip(model.accums, model.vars)]
+        update = model.opt.apply_gradients(mean, global_step=step)
+        with tf.control_dependencies([update]):
+            apply_op = tf.group(update, step.assign(step + 1), model.zero_ops, count.assign(0.0))
+        accum = model.accum_ops + [count.assign_add(1.0)]
+        findings = tf1_accum.check_graph(apply_op, accum)
+        once = tf1_accum.check_graph(
+            tf.group(model.opt.apply_gradients(mean, global_step=step), model.zero_ops), accum
+        )
+    assert [f.kind for f in findings] == ["step_not_per_update"]
+    assert "runs 2 increments of the global step" in findings[0].message
+    assert "delete the hand-written" in findings[0].message
+    assert [f.kind for f in once] == []

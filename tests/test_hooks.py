@@ -1,10 +1,12 @@
 """AccumulationOptimizer.make_session_run_hook under MonitoredTrainingSession."""
 
+import logging
 import warnings
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.platform import tf_logging
 
 import tf1_accum
 from _helpers import RTOL
@@ -182,3 +184,59 @@ def test_a_session_without_checkpoints_warns_of_a_kept_window_only(flush_at_end)
             "checkpoint: no saver of the graph (tf.compat.v1.GraphKeys.SAVERS) wrote a "
             "checkpoint in this session, or there is no global step."
         ]
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _unmoved_step_warnings(directory, with_hook, fail=False):
+    """The StepCounterHook warnings of one MonitoredTrainingSession run over BATCHES.
+
+    MonitoredTrainingSession's StepCounterHook warns (5 times per process,
+    counted per call site: the count is reset here) when global_step does not
+    move in a run, which it does not in N - 1 of every N. ``fail`` ends the
+    session with an error after the first micro-batch.
+    """
+    tf_logging._log_counter_per_token.clear()
+    records = _Records()
+    logger = tf.get_logger()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # the tests log errors only
+    logger.addHandler(records)
+    try:
+        with tf.Graph().as_default():
+            model = Model(tf.float64, False)
+            step = v1.train.get_or_create_global_step()
+            opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), N)
+            train_op = opt.minimize(model.loss, global_step=step)
+            hooks = [opt.make_session_run_hook()] if with_hook else []
+            with v1.train.MonitoredTrainingSession(
+                checkpoint_dir=directory, hooks=hooks, log_step_count_steps=1
+            ) as sess:
+                for batch in BATCHES:
+                    sess.run(train_op, model.feed(batch))
+                    if fail:
+                        raise RuntimeError("the input pipeline failed")
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+    return [m for m in records.messages if m.startswith("It seems that global step")]
+
+
+@pytest.mark.parametrize("with_hook", [False, True], ids=["without", "with"])
+def test_the_hook_silences_the_step_counters_unmoved_step_warning(tmp_path, with_hook):
+    assert len(_unmoved_step_warnings(str(tmp_path), with_hook)) == (0 if with_hook else 5)
+
+
+def test_after_a_session_that_failed_the_warning_is_back_without_the_hook(tmp_path):
+    # A session ending in an error calls no hook's end(): the filter stays on
+    # the logger, but acts no more.
+    with pytest.raises(RuntimeError, match="the input pipeline failed"):
+        _unmoved_step_warnings(str(tmp_path / "failed"), True, fail=True)
+    assert len(_unmoved_step_warnings(str(tmp_path / "plain"), False)) == 5

@@ -306,3 +306,53 @@ def test_keras_fit_example(capsys):
     assert result["updates"] == result["large_batch_updates"] == 4
     assert "accumulated vs large batch" in capsys.readouterr().out
     assert tf_keras.backend.floatx() == "float32"  # as the example found it
+
+
+def _fit_saved(x, y, epochs, save_to=None, restore_from=None):
+    """fit with the wrapper; saves Keras' session after, or restores it before, training."""
+    with tf.Graph().as_default(), v1.Session():
+        glorot = tf_keras.initializers.GlorotUniform
+        model = tf_keras.Sequential(
+            [
+                tf_keras.layers.Dense(
+                    5, activation="tanh", input_shape=(4,), kernel_initializer=glorot(seed=1)
+                ),
+                tf_keras.layers.Dense(1, kernel_initializer=glorot(seed=2)),
+            ]
+        )
+        optimizer = tf1_accum.AccumulationOptimizer(legacy.Adam(0.05), N)
+        model.compile(optimizer=optimizer, loss="mse")
+        callbacks = []
+        if restore_from is not None:
+            # The optimizer's variables exist once fit has built its train
+            # function, before the first batch: restore them all then.
+            def restore(logs):
+                v1.train.Saver().restore(v1.keras.backend.get_session(), restore_from)
+
+            callbacks.append(tf_keras.callbacks.LambdaCallback(on_train_begin=restore))
+        model.fit(x, y, batch_size=B, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks)
+        if save_to is not None:
+            v1.train.Saver().save(v1.keras.backend.get_session(), save_to)
+        sess = v1.keras.backend.get_session()
+        return (
+            model.get_weights(),
+            int(sess.run(model.optimizer.iterations)),
+            int(sess.run(optimizer.micro_step)),
+        )
+
+
+def test_a_saver_in_keras_session_keeps_the_optimizer_and_the_window(tmp_path, floatx):
+    # model.save() keeps no state of a tf.compat.v1 optimizer; a Saver of
+    # Keras' session keeps all of it: slots, iterations, the partial window.
+    floatx("float64")
+    rng = np.random.RandomState(4)
+    x, y = rng.randn(5 * B, 4), rng.randn(5 * B, 1)  # 5 micro-batches an epoch
+    whole, iterations, pending = _fit_saved(x, y, epochs=2)
+    assert (iterations, pending) == (3, 1)
+    path = str(tmp_path / "keras")
+    first, iterations, pending = _fit_saved(x, y, epochs=1, save_to=path)
+    assert (iterations, pending) == (1, 2)  # a window open across the epochs
+    resumed, iterations, pending = _fit_saved(x, y, epochs=1, restore_from=path)
+    assert (iterations, pending) == (3, 1)
+    for i, (a, e) in enumerate(zip(resumed, whole)):
+        np.testing.assert_array_equal(a, e, err_msg=f"weight {i}")

@@ -9,6 +9,7 @@ import tensorflow as tf
 from tf1_accum import _checks
 from tf1_accum import _distributed
 from tf1_accum import _keras
+from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
@@ -211,7 +212,8 @@ def build_accumulation(
         RuntimeError: If eager execution is active.
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer`` or a tf_keras legacy
-            optimizer, a Keras optimizer is given a reference variable
+            optimizer, or is an `AccumulationOptimizer` (which accumulates by
+            itself: give its ``optimizer``), a Keras optimizer is given a reference variable
             (it updates resource variables only), ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
             variable, ``average``, ``skip_nonfinite``, ``fused`` or
@@ -237,6 +239,7 @@ def build_accumulation(
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
     optimizer = _checks.check_optimizer(optimizer)
+    _migration.refuse_accumulating_optimizer(optimizer, "build_accumulation")
     _checks.check_global_step(global_step)
     graph = loss.graph
     options = window_options(

@@ -395,17 +395,16 @@ def _caller_stacklevel():
 
 # The collections a failed build puts back: those that hold variables and the
 # ops a user fetches from them. The control-flow contexts stay: they describe
-# ops that remain in the graph.
+# ops that remain in the graph. Read from the class's own namespace, not with
+# getattr: that would evaluate the deprecated GraphKeys.VARIABLES property,
+# and TensorFlow would log a deprecation warning on the user's import.
 _GUARDED_COLLECTIONS = tuple(
     sorted(
         {
-            getattr(tf.compat.v1.GraphKeys, key)
-            for key in dir(tf.compat.v1.GraphKeys)
-            # VARIABLES is GLOBAL_VARIABLES under a deprecated name, whose
-            # reading logs a deprecation warning in the user's first build.
-            if key.isupper()
-            and key != "VARIABLES"
-            and isinstance(getattr(tf.compat.v1.GraphKeys, key), str)
+            value
+            for cls in type.mro(tf.compat.v1.GraphKeys)
+            for key, value in vars(cls).items()
+            if key.isupper() and isinstance(value, str)
         }
         - {tf.compat.v1.GraphKeys.COND_CONTEXT, tf.compat.v1.GraphKeys.WHILE_CONTEXT}
     )

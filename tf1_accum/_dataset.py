@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from tf1_accum import _checks
 from tf1_accum import _distributed
+from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import exclusive
@@ -193,7 +194,9 @@ def build_dataset_accumulation(
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``loss_fn`` is not callable, ``dataset`` is not a
-            ``tf.data.Dataset``, ``weight`` is not a callable, ``optimizer``,
+            ``tf.data.Dataset``, ``optimizer`` is an `AccumulationOptimizer`
+            (which accumulates by itself: give its ``optimizer``), ``weight``
+            is not a callable, ``optimizer``,
             ``var_list``, ``global_step``, ``steps``, ``average``,
             ``clip_norm``, ``skip_nonfinite``, ``statistics`` or
             ``micro_batch_size`` is of the wrong type (the texts of
@@ -222,6 +225,7 @@ def build_dataset_accumulation(
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_checks.describe(dataset)}.")
     optimizer = _checks.check_optimizer(optimizer)
+    _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
     _checks.check_steps(steps)
     _checks.check_global_step(global_step)
     options = window_options(

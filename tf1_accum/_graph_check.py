@@ -40,7 +40,8 @@ APPLY_NEEDS_FEED = "apply_needs_feed"
 APPLY_ACCUMULATES = "apply_accumulates"
 NEVER_RESET = "never_reset"
 SUM_NOT_MEAN = "sum_not_mean"
-_KINDS = (APPLY_NEEDS_FEED, APPLY_ACCUMULATES, NEVER_RESET, SUM_NOT_MEAN)
+STEP_NOT_PER_UPDATE = "step_not_per_update"
+_KINDS = (APPLY_NEEDS_FEED, APPLY_ACCUMULATES, NEVER_RESET, SUM_NOT_MEAN, STEP_NOT_PER_UPDATE)
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 # Ops that hand a ref or resource tensor on unchanged (input 0).
@@ -121,7 +122,9 @@ class GraphFinding(typing.NamedTuple):
               over all of training, not over one window;
             * ``"sum_not_mean"``: an optimizer's update op gets an
               accumulator's value as it is, the sum over the micro-batches,
-              where it expects the mean.
+              where it expects the mean;
+            * ``"step_not_per_update"``: ``global_step`` is incremented with
+              every micro-batch, or twice per update.
 
         op_name: The op at fault: the placeholder, the accumulate op, the
             accumulator (or counter) variable, or the optimizer's update op.
@@ -173,6 +176,15 @@ def check_graph(
       of the micro-batch gradients, where the optimizer expects the mean.
       tf1_accum's own accumulators are not reported: with ``average=False``
       they apply the sum on purpose.
+    * ``"step_not_per_update"``: the graph's global step (in
+      ``tf.compat.v1.GraphKeys.GLOBAL_STEP``) is incremented other than once
+      per update: by an increment outside any conditional that a
+      micro-batch's fetch runs (the ``accum_ops``, or an apply that adds
+      its micro-batch and applies only every N-th run, as
+      ``AccumulationOptimizer``'s train op does), or by two increments that
+      one apply runs (an optimizer given ``global_step`` and a hand-written
+      ``global_step.assign(global_step + 1)`` grouped with it). Schedules
+      and hooks driven by the step then run ahead of the updates.
 
     tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
     train op and ``build_dataset_accumulation``'s train op give no findings.
@@ -182,9 +194,12 @@ def check_graph(
     (``GradientDescentOptimizer`` scatters into the variable) are not checked
     for sums. Nor can a graph show what depends on the data or the loop:
     micro-batches of different sizes averaged with equal weights (see
-    ``weight=``), or a ``tf.cond`` whose applying run skips its own
-    micro-batch; ``python -m tf1_accum.check`` finds those recipes in the
-    source.
+    ``weight=``), a ``tf.cond`` whose applying run skips its own
+    micro-batch (``python -m tf1_accum.check`` finds those recipes in the
+    source), or a learning-rate schedule whose step counts (``decay_steps``,
+    warm-up) were worked out in micro-batches: a constant does not say what
+    it counts (the migration checklist of :doc:`real_programs` gives the
+    rule).
 
     Example:
 
@@ -298,6 +313,7 @@ class _Checker:
     """One run of the checks over one graph."""
 
     def __init__(self, graph, apply_fetches, accum_fetches, accum_given):
+        self.graph = graph
         self.apply_fetches = apply_fetches
         self.accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
         self.accum_given = accum_given
@@ -608,7 +624,74 @@ class _Checker:
                     "the accumulators.",
                 )
             )
+        findings += self.step_findings(apply_set, accum_set)
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
+        return findings
+
+    def conditional(self, op):
+        """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
+        return op.graph is not self.graph or op._get_control_flow_context() is not None
+
+    def step_findings(self, apply_set, accum_set):
+        """(v) increments of the global step that do not follow the updates."""
+        increments = {op for op, var in self.accumulates.items() if var in self.steps}
+        if not increments:
+            return []
+        apply_name = _names(self.apply_fetches)
+        findings = []
+        # An apply that adds a micro-batch unconditionally and resets the
+        # window only on a branch runs once per micro-batch (a fused step
+        # resets unconditionally: it runs once per window).
+        adds = [
+            op
+            for op in apply_set & self.fresh
+            if self.accumulates[op] in self.accumulators and not self.conditional(op)
+        ]
+        unconditional_resets = {
+            var
+            for var, ops in self.resets.items()
+            if any(o in apply_set and not self.conditional(o) for o in ops)
+        }
+        per_micro_batch_apply = any(self.accumulates[op] not in unconditional_resets for op in adds)
+        per_micro_batch = [(accum_set - apply_set, "a micro-batch's fetch (accum_ops)")]
+        if per_micro_batch_apply:
+            per_micro_batch.append((apply_set, f"{apply_name}, run once per micro-batch,"))
+        reported = set()
+        for ops, what in per_micro_batch:
+            for op in sorted(increments & ops, key=lambda o: o.name):
+                if self.conditional(op) or op in reported:
+                    continue
+                reported.add(op)
+                findings.append(
+                    GraphFinding(
+                        STEP_NOT_PER_UPDATE,
+                        op.name,
+                        f"{what} runs {op.name}, which increments the global step "
+                        f"{self.accumulates[op].name} with every micro-batch: the step "
+                        "counts micro-batches, not updates, so learning-rate schedules, "
+                        "StopAtStepHook and checkpoints keyed on it run N times ahead. "
+                        "Increment it once per update: pass global_step to the "
+                        "accumulation (build_accumulation, AccumulationOptimizer) and "
+                        "delete the hand-written increment, or run it only when an "
+                        "update is applied (tf.cond(opt.applied, ...)).",
+                    )
+                )
+        if not per_micro_batch_apply:
+            in_apply = sorted(increments & apply_set, key=lambda o: o.name)
+            if len(in_apply) >= 2 and any(not self.conditional(o) for o in in_apply):
+                names = ", ".join(o.name for o in in_apply)
+                findings.append(
+                    GraphFinding(
+                        STEP_NOT_PER_UPDATE,
+                        in_apply[-1].name,
+                        f"Fetching {apply_name} runs {len(in_apply)} increments of the "
+                        f"global step ({names}): each update advances it "
+                        f"{len(in_apply)} times, so learning-rate schedules and hooks "
+                        "keyed on it run ahead. Keep one: an optimizer given "
+                        "global_step increments it already, so delete the hand-written "
+                        "global_step.assign(global_step + 1).",
+                    )
+                )
         return findings
 
     def summed_accumulator(self, op):

@@ -1,9 +1,53 @@
 """The session hook for loops a framework owns: no micro-batch is lost at exit."""
 
+import logging
 import re
 import warnings
+import weakref
 
 import tensorflow as tf
+
+
+class _UnmovedStepFilter(logging.Filter):
+    """Drops StepCounterHook's warning that ``global_step`` did not move in a run.
+
+    ``global_step`` counts updates, so N - 1 of every N runs of the train op
+    leave it where it was, by design, as ``SyncReplicasOptimizer``'s workers
+    do: ``StepCounterHook`` (which ``MonitoredTrainingSession`` and
+    ``Estimator`` add) would log "It seems that global step ... has not been
+    increased" five times, as if it had not been passed.
+
+    It acts while its session is open: a session that ends with an error
+    calls no hook's ``end()``, and the filter, left on the logger, then lets
+    everything through.
+    """
+
+    def __init__(self, session):
+        super().__init__()
+        self._session = weakref.ref(session)
+
+    def active(self):
+        session = self._session()
+        return session is not None and not getattr(session, "_closed", False)
+
+    def filter(self, record):
+        if not self.active():
+            return True
+        return not str(record.msg).startswith("It seems that global step")
+
+
+def _filter_unmoved_step_warnings(session):
+    """Adds an `_UnmovedStepFilter` for ``session`` to TensorFlow's logger.
+
+    Filters of sessions closed already (ended by an error) are taken off.
+    """
+    logger = tf.get_logger()
+    for old in [f for f in logger.filters if isinstance(f, _UnmovedStepFilter)]:
+        if not old.active():
+            logger.removeFilter(old)
+    new = _UnmovedStepFilter(session)
+    logger.addFilter(new)
+    return new
 
 
 class AccumulationHook(tf.compat.v1.train.SessionRunHook):
@@ -17,6 +61,7 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         self._flush_at_end = flush_at_end
         self._counters = self._flushes = None
         self._global_step = None
+        self._filter = None
 
     def begin(self):
         graph = tf.compat.v1.get_default_graph()
@@ -32,7 +77,13 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         self._flushes = [flush for _, flush in built]
         self._global_step = tf.compat.v1.train.get_global_step(graph)
 
+    def after_create_session(self, session, coord):
+        self._filter = _filter_unmoved_step_warnings(session)
+
     def end(self, session):
+        if self._filter is not None:
+            tf.get_logger().removeFilter(self._filter)
+            self._filter = None
         pending = sum(int(count) for count in session.run(self._counters))
         if not pending:
             return

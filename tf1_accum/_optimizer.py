@@ -11,6 +11,8 @@ from tf1_accum import _checks
 from tf1_accum import _distributed
 from tf1_accum import _hooks
 from tf1_accum import _keras
+from tf1_accum import _migration
+from tf1_accum import _scaffold
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import per_step_loss
@@ -46,6 +48,17 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     increment, a moving average of the weights, summaries) hangs on
     ``applied``, True in the runs that applied an update (see
     :doc:`real_programs`).
+
+    Given ``global_step``, each run of the train op first checks that
+    nothing else moved it since the window's first micro-batch: a
+    hand-written ``global_step.assign(global_step + 1)`` grouped with the
+    train op (BERT's ``create_optimizer``) would count every micro-batch
+    besides every update. Such a run stops with an ``InvalidArgumentError``
+    that says what to change, before its micro-batch is added. Gradients
+    handed to ``apply_gradients`` from ``tf.clip_by_global_norm`` (or
+    ``clip_by_norm``, ``clip_by_value``) get a ``UserWarning``: they clip
+    each micro-batch, where ``clip_norm=`` clips the window. See the
+    migration checklist of :doc:`real_programs`.
 
     Several threads may run the train op on one session (a queue-runner
     style loop): each run holds the window's mutex while it adds its
@@ -123,7 +136,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is a ``SyncReplicasOptimizer``, ``steps`` is not an int,
+            or is a ``SyncReplicasOptimizer`` or an `AccumulationOptimizer`,
+            ``steps`` is not an int,
             ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
             or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
@@ -152,6 +166,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str = "Accumulation",
     ) -> None:
         optimizer = _checks.check_optimizer(optimizer)
+        _migration.refuse_accumulating_optimizer(optimizer, "AccumulationOptimizer")
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             raise TypeError(
                 "AccumulationOptimizer cannot wrap a SyncReplicasOptimizer: its "
@@ -181,6 +196,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._windows = []
         self._trains = []  # the Applied of each train op built, aligned with _windows
         self._flushes = []  # the Applied of each flush
+        self._step_starts = []  # the _migration.WindowStart of each train op given global_step
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -195,6 +211,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     @property
     def micro_step(self) -> tf.Variable:
         """The ``int64`` counter of micro-batches accumulated since the last update.
+
+        Fetch it in a run of its own, after the train op's: fetched in the
+        same ``session.run`` as the train op, it is read unordered with that
+        run's increment, and holds the count before or after the run. To log
+        once per update, fetch `applied` with the train op.
 
         Raises:
             ValueError: If no train op was built yet.
@@ -316,7 +337,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 `build_accumulation` does).
             global_step: Optional integer variable, incremented once per update,
                 whether the wrapped optimizer increments it or not; the
-                wrapped optimizer still receives it.
+                wrapped optimizer still receives it. Nothing else may move it
+                in the middle of a window (see above).
             name: Name scope of the ops; defaults to the optimizer's name.
 
         Returns:
@@ -345,6 +367,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _checks.check_global_step(global_step)
         pairs = _checks.usable_gradients(grads_and_vars)
         _checks.check_shapes([v for _, v in pairs])
+        if not self._minimizing:  # minimize() hands over the gradients it computed
+            _migration.warn_if_clipped(pairs, self._options.clip_norm)
         _keras.check_variables(self._optimizer, [v for _, v in pairs])
         graph = tf.compat.v1.get_default_graph()
         options = self._options
@@ -384,19 +408,25 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
         with window.control_flow(global_step):
-            train, _ = window.exclusive(
-                lambda: (
-                    window.accumulate_and_apply_every(
+            start = None
+            if global_step is not None:
+                start = _migration.WindowStart(global_step, window.counter, scope)
+
+            def accumulate_and_apply():
+                # With global_step: each run first checks that nothing else moved it.
+                checked = [] if start is None else [start.check(self._steps)]
+                with tf.control_dependencies(checked):
+                    applied = window.accumulate_and_apply_every(
                         self._steps,
                         [g for g, _ in pairs],
                         self._optimizer,
                         global_step,
                         weight,
                         run_with=update_ops,
-                    ),
-                    None,
-                )
-            )
+                    )
+                return applied, None
+
+            train, _ = window.exclusive(accumulate_and_apply)
             # Built now, not when first asked for: a MonitoredSession
             # finalizes the graph before the end of training.
             with tf.control_dependencies(None):
@@ -415,6 +445,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                     name="flush",
                 )
         self._windows.append(window)
+        if start is not None:
+            self._step_starts.append(start)
         self._trains.append(train)
         self._flushes.append(flushed)
         with tf.compat.v1.name_scope(scope):
@@ -505,6 +537,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         graph = tf.compat.v1.get_default_graph()
         state = [v for window in self._windows for v in window._state() if v.graph is graph]
+        state += [s.variable for s in self._step_starts if s.variable.graph is graph]
         return list(self._optimizer.variables()) + state
 
     def make_session_run_hook(
@@ -538,6 +571,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         a kept partial window gets a ``UserWarning``. Pass it in ``hooks`` (or
         ``training_hooks`` of an ``EstimatorSpec``), on the chief.
 
+        From ``begin()`` to ``end()`` it also drops, from TensorFlow's logger,
+        the warning of ``StepCounterHook`` (which ``MonitoredTrainingSession``
+        and ``Estimator`` add) that "global step ... has not been increased":
+        ``global_step`` counts updates, so N - 1 runs of every N leave it as
+        it was, by design.
+
         Args:
             flush_at_end: False (the default) keeps the partial window for a
                 resumed run; True applies it at the end of the session.
@@ -551,6 +590,46 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         _checks.check_bool("flush_at_end", flush_at_end)
         return _hooks.AccumulationHook(self._built_windows, flush_at_end)
+
+    def make_scaffold(
+        self, *, max_to_keep: int = 5, **scaffold_kwargs: typing.Any
+    ) -> tf.compat.v1.train.Scaffold:
+        """A ``Scaffold`` that starts from a checkpoint of plain training, or resumes one.
+
+        For ``MonitoredTrainingSession`` (``scaffold=``) and ``tf.estimator``
+        (``EstimatorSpec(scaffold=...)``) programs migrated in a directory that
+        plain training wrote: its checkpoints hold no accumulator and no
+        counter, and the session's default saver fails to restore them
+        (``Key .../counter not found in checkpoint``). The scaffold's saver
+        saves every global variable, as the default one does; restoring, it
+        restores a checkpoint that holds tf1_accum's state whole (a partial
+        window included) and, from one that holds none of it, the model's and
+        the wrapped optimizer's variables (`plain_variables`), then
+        initializes the accumulators and counters: the first window starts
+        empty, at the checkpoint's ``global_step``.
+
+        Make it after the train op is built (the saver lists the variables
+        then), and before any other saver is added to
+        ``tf.compat.v1.GraphKeys.SAVERS``: it adds its own there, where the
+        ``CheckpointSaverHook``, ``Estimator`` and `make_session_run_hook`'s
+        hook find it. Sharded, with relative paths, as ``Estimator``'s.
+
+        Args:
+            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s
+                (``RunConfig.keep_checkpoint_max`` in an ``Estimator``).
+            **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
+                argument (``init_op``, ``local_init_op``...), except ``saver``.
+
+        Returns:
+            A ``tf.compat.v1.train.Scaffold``.
+
+        Raises:
+            TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.
+            ValueError: If no train op was built yet, or the graph already has
+                a saver in ``SAVERS``.
+        """
+        self._last_window("make_scaffold")
+        return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph):
         """(counter, flush op) of each train op built in ``graph``."""

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _checks
+from tf1_accum import _migration
 from tf1_accum import _split
 from tf1_accum import _stats
 
@@ -270,7 +271,8 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
             what = _discard_window(sess, accumulation)
             if what == _DISCARDED and isinstance(error, retry):
                 raise _split.WindowDiscarded(error, failing) from error
-        _reraise(error, f"micro-batch {failing} of the window failed {what}")
+        hint = _migration.uninitialized_hint(error, accumulation.counter.graph)
+        _reraise(error, f"{hint}micro-batch {failing} of the window failed {what}")
     if not results:
         raise ValueError(_EMPTY_WINDOW)
     if not fused:

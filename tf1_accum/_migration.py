@@ -1,0 +1,218 @@
+"""What a migrated program does wrong around the optimizer, caught where the library sees it.
+
+The arithmetic of an accumulation is exact; what goes wrong when a legacy
+program is migrated is the code around the optimizer, and it goes wrong
+silently. Each check here catches one such mistake where a way in can see
+it, and says what to do instead (the "Real programs" guide lists them all):
+
+* `refuse_accumulating_optimizer`: an `AccumulationOptimizer` handed to a
+  way in that accumulates by itself; the wrapper's window would never fill.
+* `warn_if_clipped`: gradients clipped before the wrapper's
+  ``apply_gradients``, which clips each micro-batch instead of the window.
+* `WindowStart`: a ``global_step`` that moves in the middle of a window,
+  typically a hand-written ``global_step.assign(global_step + 1)`` run with
+  every micro-batch on top of the wrapper's own increment.
+"""
+
+import re
+import warnings
+
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum._window import STATE_COLLECTION
+from tf1_accum._window import state_variable
+
+
+def refuse_accumulating_optimizer(optimizer, what):
+    """Refuses an `AccumulationOptimizer` as the optimizer of a way in that accumulates.
+
+    Args:
+        optimizer: the optimizer given to ``what``.
+        what: the way in, as the user calls it (``"build_accumulation"``).
+
+    Raises:
+        TypeError: if ``optimizer`` is an `AccumulationOptimizer`.
+    """
+    from tf1_accum._optimizer import AccumulationOptimizer  # imports this module
+
+    if not isinstance(optimizer, AccumulationOptimizer):
+        return
+    inner = type(optimizer.optimizer).__name__
+    raise TypeError(
+        f"{what} accumulates by itself, but its optimizer is an AccumulationOptimizer "
+        f"(steps={optimizer.steps}) wrapping {inner}: each update of {what} would only "
+        "add to the wrapper's window, which applies nothing until it is full, so the "
+        "weights would not change while global_step advances. Give "
+        f"{what} the wrapped optimizer (opt.optimizer, the {inner}) and let it "
+        "accumulate, or use the AccumulationOptimizer alone, as a drop-in: "
+        "train_op = opt.minimize(loss, global_step=global_step)."
+    )
+
+
+# A name scope of TensorFlow's clipping functions: ``clip_by_global_norm``,
+# ``clip_by_global_norm_1``... anywhere in an op's name.
+_CLIP_SCOPE = re.compile(r"^(clip_by_global_norm|clip_by_norm|clip_by_value)(?:_\d+)?$")
+# Ops a clipped gradient may pass through unchanged on its way to the optimizer.
+_PASS_THROUGH = frozenset({"Identity", "Cast", "Reshape", "CheckNumerics"})
+
+
+def _clipped_by(gradient):
+    """The clipping function whose output ``gradient`` is, or None."""
+    if isinstance(gradient, tf.IndexedSlices):
+        gradient = gradient.values
+    op = getattr(gradient, "op", None)
+    for _ in range(8):
+        if not isinstance(op, tf.Operation):
+            return None
+        for part in op.name.split("/")[:-1] + [op.name.rsplit("/", 1)[-1]]:
+            match = _CLIP_SCOPE.match(part)
+            if match:
+                return match.group(1)
+        if op.type not in _PASS_THROUGH or not op.inputs:
+            return None
+        op = op.inputs[0].op
+    return None
+
+
+def warn_if_clipped(pairs, clip_norm):
+    """Warns when the gradients given to `AccumulationOptimizer.apply_gradients` were clipped.
+
+    ``tf.clip_by_global_norm(grads, c)`` in front of the wrapper's
+    ``apply_gradients`` (BERT's ``create_optimizer`` has it) clips each
+    micro-batch's gradient, which large-batch training never did: it clipped
+    the large batch's gradient, the window's mean. The ``clip_norm=`` option
+    of the wrapper does that.
+    """
+    found = {}
+    for gradient, var in pairs:
+        how = _clipped_by(gradient)
+        if how is not None:
+            found.setdefault(how, []).append(var.op.name)
+    if not found:
+        return
+    how, names = sorted(found.items())[0]
+    if how == "clip_by_global_norm":
+        fix = (
+            "Hand the wrapper the unclipped gradients and pass the norm as "
+            "AccumulationOptimizer(..., clip_norm=c): it clips the window's mean "
+            "gradient to that global norm just before the update, as tf.clip_by_global_norm "
+            "clipped the large batch's gradient."
+        )
+        if clip_norm is not None:
+            fix = (
+                f"clip_norm={clip_norm} already clips the window's mean: remove the "
+                "tf.clip_by_global_norm in front of apply_gradients."
+            )
+    else:
+        fix = (
+            f"To clip the window's mean gradient with {how}, do it inside the wrapped "
+            "optimizer's apply_gradients (a subclass), which receives that mean; "
+            "clip_norm= clips it by global norm."
+        )
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    warnings.warn(
+        f"tf1_accum: the gradients given to AccumulationOptimizer.apply_gradients "
+        f"({shown}) come from tf.{how}, so each micro-batch is clipped on its own, "
+        f"before it is accumulated; training on the large batch clipped its gradient "
+        f"once. {fix}",
+        UserWarning,
+        stacklevel=_checks._caller_stacklevel(),
+    )
+
+
+class WindowStart:
+    """The value ``global_step`` had when a window's first micro-batch was added.
+
+    A way in given ``global_step`` advances it once per update, in the run
+    that applies. In every other run of a window it must not move: if it
+    does, something else increments it (a hand-written
+    ``global_step.assign(global_step + 1)`` grouped with the train op, a
+    second optimizer given the same step), and schedules and hooks driven by
+    it run ahead of the updates. `check` builds, for the start of each run,
+    the op that records the step when the window is empty and otherwise
+    stops the run, before this micro-batch is added, with an error that
+    says what to change.
+
+    The value is state of the window (in `STATE_COLLECTION`, saved with the
+    counter): a run resumed in the middle of a window checks against the
+    step its window started at.
+    """
+
+    def __init__(self, global_step, counter, scope):
+        self.global_step = global_step
+        self.counter = counter
+        self.scope = scope
+        dtype = global_step.dtype.base_dtype
+        with tf.compat.v1.name_scope(scope), tf.device(counter.device):
+            self.variable = state_variable(
+                lambda: tf.constant(0, dtype), "global_step_at_window_start"
+            )
+        graph = counter.graph
+        if any(v is counter for v in graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)):
+            # The window's state is local to the worker (replica_device_setter): so is this.
+            global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            global_vars[:] = [v for v in global_vars if v is not self.variable]
+            graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, self.variable)
+
+    def check(self, steps):
+        """The op to run before a micro-batch is added: record, or check, the step."""
+        with tf.compat.v1.name_scope(self.scope):
+            return self._check(steps)
+
+    def _check(self, steps):
+        count = tf.identity(self.counter.read_value(), name="micro_batches_before")
+        step = tf.identity(self.global_step.read_value(), name="global_step_now")
+        start = tf.identity(self.variable.read_value(), name="global_step_at_start")
+        empty = tf.equal(count, 0)
+        unmoved = tf.logical_or(empty, tf.equal(step, start))
+        message = (
+            "tf1_accum: global_step moved in the middle of an accumulation window. "
+            f"AccumulationOptimizer advances it once per update (every {steps} runs of "
+            "the train op), but something else incremented it since the window's first "
+            "micro-batch: typically a hand-written global_step.assign(global_step + 1) "
+            "grouped with the train op (BERT's create_optimizer), which now counts "
+            "micro-batches, so a learning-rate schedule runs ahead. Delete that "
+            "increment; or keep it, run it only when an update was applied "
+            "(tf.cond(opt.applied, ...), see the Real programs guide) and give the "
+            "wrapper no global_step. This micro-batch was not accumulated. Values: "
+            "global_step at the window's start, global_step now, micro-batches in the "
+            "window:"
+        )
+        # The op itself: tf.debugging.Assert would wrap it in a conditional.
+        checked = tf.raw_ops.Assert(
+            condition=unmoved,
+            data=[tf.constant(message), start, step, count],
+            summarize=3,
+            name="global_step_unmoved",
+        )
+        with tf.control_dependencies([checked]):
+            record = self.variable.assign(
+                tf.where(empty, step, start), use_locking=True, read_value=False
+            )
+        return tf.group(record, name="record_global_step")
+
+
+def uninitialized_hint(error, graph):
+    """A hint for an error of a run that read tf1_accum's state uninitialized; "" otherwise.
+
+    A program that makes ``global_variables_initializer()`` before building
+    the accumulation initializes only the variables that existed then: the
+    first run reading an accumulator or a counter fails with TensorFlow's
+    ``NotFoundError`` (resource variables) or ``FailedPreconditionError``
+    (reference variables), which does not say why.
+    """
+    if not isinstance(error, (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)):
+        return ""
+    state = {v.op.name for v in graph.get_collection(STATE_COLLECTION)}
+    named = [name for name in sorted(state) if name in error.message]
+    if not named:
+        return ""
+    return (
+        f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): "
+        "tf.compat.v1.global_variables_initializer() initializes only the variables "
+        "that exist when it is made, so make it (and run it) after the accumulation "
+        "is built, or also run "
+        "tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
+        "tf1_accum.STATE_COLLECTION)). "
+    )

@@ -1,0 +1,84 @@
+"""A Scaffold for loops a framework owns: start from a plain checkpoint, or resume a full one.
+
+A ``MonitoredTrainingSession`` or an ``Estimator`` restores the latest
+checkpoint of its directory with one ``Saver`` of every global variable. A
+directory that plain training wrote holds no accumulator and no counter, so
+the first run of a migrated program fails there (``Key .../counter not found
+in checkpoint``). The saver made here restores such a checkpoint's variables
+and initializes tf1_accum's own; a checkpoint that holds them (written by a
+migrated run) it restores whole, partial window included.
+"""
+
+import tensorflow as tf
+
+from tf1_accum._window import STATE_COLLECTION
+from tf1_accum._window import plain_variables
+
+
+class _PlainOrFullSaver(tf.compat.v1.train.Saver):
+    """Saves every global variable; restores a checkpoint with or without tf1_accum's state."""
+
+    def __init__(self, max_to_keep):
+        super().__init__(
+            sharded=True, max_to_keep=max_to_keep, allow_empty=True, save_relative_paths=True
+        )
+        graph = tf.compat.v1.get_default_graph()
+        saved = {id(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
+        self._state = [v for v in graph.get_collection(STATE_COLLECTION) if id(v) in saved]
+        self._plain = tf.compat.v1.train.Saver(
+            plain_variables(graph), sharded=True, allow_empty=True, save_relative_paths=True
+        )
+        self._initialize_state = tf.compat.v1.variables_initializer(
+            self._state, name="initialize_accumulation_state"
+        )
+
+    def restore(self, sess, save_path):
+        """Restores ``save_path``; without tf1_accum's state, initializes that state instead.
+
+        Raises:
+            ValueError: If the checkpoint holds some of tf1_accum's state but not all.
+        """
+        held = tf.train.load_checkpoint(save_path).get_variable_to_shape_map()
+        missing = [v.op.name for v in self._state if v.op.name not in held]
+        if not missing:
+            return super().restore(sess, save_path)
+        if len(missing) < len(self._state):
+            raise ValueError(
+                f"Checkpoint {save_path} holds part of tf1_accum's state but not "
+                f"{', '.join(missing)}: it was written by another accumulation than the "
+                "graph's (other variables trained, or other options). Restore it with "
+                "tf.compat.v1.train.Saver(tf1_accum.plain_variables()) and initialize "
+                "the rest, which starts every window empty."
+            )
+        self._plain.restore(sess, save_path)
+        sess.run(self._initialize_state)
+        return None
+
+
+def make_scaffold(max_to_keep, scaffold_kwargs):
+    """Returns a ``Scaffold`` whose saver is a `_PlainOrFullSaver`, also in ``SAVERS``.
+
+    Raises:
+        TypeError: If ``scaffold_kwargs`` holds ``saver``, or ``max_to_keep``
+            is not an int.
+        ValueError: If the graph already has a saver in ``SAVERS``.
+    """
+    if "saver" in scaffold_kwargs:
+        raise TypeError(
+            "make_scaffold makes the Scaffold's saver (it restores plain and accumulating "
+            "checkpoints): pass the other Scaffold arguments only, not saver="
+        )
+    if isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int):
+        raise TypeError(f"max_to_keep must be an int, got {max_to_keep!r}.")
+    graph = tf.compat.v1.get_default_graph()
+    savers = graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
+    if savers:
+        raise ValueError(
+            f"The graph already has {len(savers)} saver(s) in "
+            "tf.compat.v1.GraphKeys.SAVERS, which the session's CheckpointSaverHook "
+            "would use: make the scaffold before any saver is added there, and add none."
+        )
+    saver = _PlainOrFullSaver(max_to_keep)
+    # The saver CheckpointSaverHook, Estimator and the accumulation hook find.
+    graph.add_to_collection(tf.compat.v1.GraphKeys.SAVERS, saver)
+    return tf.compat.v1.train.Scaffold(saver=saver, **scaffold_kwargs)
