@@ -442,6 +442,14 @@ class _Checker:
                     self.resets.setdefault(var, []).append(op)
         self.writes = set(self.accumulates)
         self.writes.update(op for ops in self.resets.values() for op in ops)
+        # A version 2 conditional that writes a variable in a branch (a
+        # window's first add assigns, the others add) is a write too: what
+        # it outputs is the variable's new value, not what was fed.
+        for op in self.all_ops:
+            if op.type in ("If", "StatelessIf") and any(
+                o in self.writes for graph, _ in _bodies(op) for o in graph.get_operations()
+            ):
+                self.writes.add(op)
         self.fed = set()  # accumulate ops that add what a placeholder is fed
         self.constant_adds = set()  # counter increments: add a constant
         for op in self.accumulates:
@@ -639,13 +647,20 @@ class _Checker:
             return []
         apply_name = _names(self.apply_fetches)
         findings = []
-        # An apply that adds a micro-batch unconditionally and resets the
-        # window only on a branch runs once per micro-batch (a fused step
-        # resets unconditionally: it runs once per window).
+        # An apply that adds to a window's state unconditionally (its
+        # accumulators, or its counter: a window whose first add assigns
+        # adds to its accumulators on a branch) and resets it only on a
+        # branch runs once per micro-batch (a fused step resets
+        # unconditionally: it runs once per window).
         adds = [
             op
-            for op in apply_set & self.fresh
-            if self.accumulates[op] in self.accumulators and not self.conditional(op)
+            for op in apply_set & set(self.accumulates)
+            if not self.conditional(op)
+            and self.accumulates[op] not in self.steps
+            and (
+                (op in self.fresh and self.accumulates[op] in self.accumulators)
+                or self.accumulates[op] in self.resets
+            )
         ]
         unconditional_resets = {
             var
