@@ -59,7 +59,7 @@ class SharedApply:
             The update op.
         """
         reuse = self._replaying if self._created is not None else self._recording
-        with reuse():
+        with reuse(), _outer_train_ops_only():
             return self._apply(grads_and_vars, global_step)
 
     def _apply(self, grads_and_vars, global_step):
@@ -150,6 +150,25 @@ def _intercepting(create, get):
     with tf.variable_creator_scope(create):
         with tf.compat.v1.variable_scope(scope, custom_getter=get, auxiliary_name_scope=False):
             yield
+
+
+@contextlib.contextmanager
+def _outer_train_ops_only():
+    """Keeps ops of a conditional's branch out of the graph's ``TRAIN_OP`` collection.
+
+    ``Optimizer.apply_gradients`` adds its update op to ``TRAIN_OP``. Built in
+    a version 2 conditional's branch (the non-finite check, the apply every
+    ``steps`` runs), that op lives in the branch's function graph, which
+    shares the graph's collections: a ``SavedModel`` or ``.meta`` exported
+    with it then fails to load (the name refers to no op of the graph).
+    """
+    with tf.init_scope():
+        graph = tf.compat.v1.get_default_graph()
+    try:
+        yield
+    finally:
+        train_ops = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+        train_ops[:] = [op for op in train_ops if getattr(op, "graph", graph) is graph]
 
 
 def _counts_its_own_steps(optimizer):
