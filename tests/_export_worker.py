@@ -64,7 +64,9 @@ def main(out_dir):
             sess.run(graph.get_operation_by_name(names["apply"]))
         for var in v1.global_variables():
             out[f"resumed/{var.op.name}"] = sess.run(var)
-        out["predicted_after"] = sess.run(graph.get_tensor_by_name(names["y"]), {x: data["examples"]})
+        out["predicted_after"] = sess.run(
+            graph.get_tensor_by_name(names["y"]), {x: data["examples"]}
+        )
 
     np.savez(os.path.join(out_dir, "loaded.npz"), **out)
 
