@@ -18,6 +18,7 @@ increments it or ignores it.
 """
 
 import contextlib
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -146,10 +147,26 @@ def _intercepting(create, get):
     name it already holds), so it is intercepted by a custom getter; ``get``
     calls to ``get_variable`` that create a variable reach ``create`` too.
     """
+    # The getter is set on the current scope itself, not by re-entering it:
+    # leaving a re-entered scope object puts back the counts of the variable
+    # scopes opened inside it, and the optimizer's slot scope ("w/Momentum")
+    # would be handed out again to the next optimizer of its class, which
+    # then fails ("Variable w/Momentum/ already exists") instead of getting
+    # "w/Momentum_1" as in plain TensorFlow.
     scope = tf.compat.v1.get_variable_scope()
+    outer = scope.custom_getter
+
+    def getter(getter, *args, **kwargs):  # TensorFlow passes every argument by name
+        if outer is not None:
+            getter = functools.partial(outer, getter)
+        return get(getter, *args, **kwargs)
+
     with tf.variable_creator_scope(create):
-        with tf.compat.v1.variable_scope(scope, custom_getter=get, auxiliary_name_scope=False):
+        scope.set_custom_getter(getter)
+        try:
             yield
+        finally:
+            scope.set_custom_getter(outer)
 
 
 @contextlib.contextmanager
