@@ -226,6 +226,26 @@ def test_a_sync_replicas_optimizer_cannot_be_wrapped():
         tf1_accum.AccumulationOptimizer(sync, 2)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_sync_replicas_optimizer_wrapping_the_wrapper_is_refused_at_build(sparse):
+    """The other nesting built, then hung on the second micro-batch."""
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse)
+        step = v1.train.get_or_create_global_step()
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), steps=2)
+        sync = v1.train.SyncReplicasOptimizer(wrapper, replicas_to_aggregate=1)
+        with pytest.raises(
+            ValueError,
+            match=r"SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
+            r"of \S+ comes from its (Sparse|Resource)?AccumulatorTakeGradient .*would wait "
+            r"forever\. Give the SyncReplicasOptimizer to tf1_accum\.build_accumulation",
+        ):
+            sync.minimize(model.loss, global_step=step)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        with pytest.raises(ValueError, match="call minimize"):
+            _ = wrapper.micro_step
+
+
 def test_flush_with_nothing_accumulated_changes_nothing():
     batches = make_batches(tf.float64, True, 4, 3)
     with tf.Graph().as_default():
@@ -336,3 +356,60 @@ def test_variables_are_the_wrapped_optimizers_then_tf1_accums_state():
             assert sess.run(wrapper.micro_step) == 0
     with tf.Graph().as_default():
         assert wrapper.variables() == []  # only the default graph's
+
+
+def test_two_minimize_calls_flush_op_flushes_both_windows():
+    """One wrapper, two models' losses: flush_op applies each partial window, as plain training."""
+    dtype = tf.float64
+    batches = make_batches(dtype, False, 3, 4)
+    first, second = batches[:2], batches[2:]
+
+    def models():
+        with v1.variable_scope("a"):
+            a = Model(dtype, False, seed=0)
+        with v1.variable_scope("b"):
+            b = Model(dtype, False, seed=1)
+        return a, b
+
+    with tf.Graph().as_default():
+        a, b = models()
+        opt = v1.train.MomentumOptimizer(0.1, 0.9)
+        train_a, train_b = opt.minimize(a.loss), opt.minimize(b.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_a, a.feed(concat(first)))
+            sess.run(train_b, b.feed(concat(second)))
+            expected = values_by_name(sess, v1.global_variables())
+
+    with tf.Graph().as_default():
+        a, b = models()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), steps=4)
+        train_a, train_b = opt.minimize(a.loss), opt.minimize(b.loss)
+        for name in ("micro_step", "applied", "global_norm", "skipped_windows", "statistics"):
+            with pytest.raises(ValueError, match=f"{name} is ambiguous: this Accumulation"):
+                getattr(opt, name)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in first:
+                sess.run(train_a, a.feed(batch))
+            for batch in second:
+                sess.run(train_b, b.feed(batch))
+            before = values_by_name(sess, tf1_accum.plain_variables())
+            sess.run(opt.flush_op)
+            got = values_by_name(sess, tf1_accum.plain_variables())
+            counters = sess.run([v for v in opt.variables() if v.op.name.endswith("counter")])
+    assert sorted(int(c) for c in counters) == [0, 0]
+    assert set(got) == set(expected)
+    for name in ("a/w1", "b/w1"):
+        assert not np.allclose(before[name], expected[name]), name
+    assert_same_values(got, expected, RTOL[dtype], "flush_op after two minimize calls")
+
+
+def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
+    """Train ops built in other graphs do not make the properties ambiguous."""
+    opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), steps=2)
+    for _ in range(2):
+        with tf.Graph().as_default() as graph:
+            opt.minimize(Model(tf.float32, False).loss)
+            assert opt.micro_step.graph is graph
+            assert opt.applied.graph is graph

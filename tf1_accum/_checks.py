@@ -256,6 +256,37 @@ def _graph_op(item):
     return op if isinstance(op, tf.Operation) else None
 
 
+# The ops a SyncReplicasOptimizer's gradient accumulators hand their aggregate out by.
+_TAKE_GRADIENT_OPS = (
+    "AccumulatorTakeGradient",
+    "ResourceAccumulatorTakeGradient",
+    "SparseAccumulatorTakeGradient",
+)
+
+
+def check_not_under_sync_replicas(grads_and_vars):
+    """Refuses gradients a ``SyncReplicasOptimizer`` aggregated for an AccumulationOptimizer.
+
+    Raises:
+        ValueError: If a gradient is taken from a ``ConditionalAccumulator``.
+    """
+    for gradient, var in grads_and_vars:
+        values = getattr(gradient, "values", gradient)
+        op = getattr(values, "op", None)
+        if op is not None and op.type in _TAKE_GRADIENT_OPS:
+            raise ValueError(
+                "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
+                f"of {var.op.name} comes from its {op.type} ({op.name}), which waits for "
+                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer "
+                "applies once every steps runs: the second micro-batch would wait "
+                "forever. Give the SyncReplicasOptimizer to "
+                "tf1_accum.build_accumulation(loss, SyncReplicasOptimizer(opt, ...)) and "
+                "run windows with tf1_accum.run_accumulation (its apply_op pushes one "
+                "window per update), or use cross_replica=tf1_accum.CollectiveAllReduce "
+                "(see the guide 'Across several machines')."
+            )
+
+
 def check_steps(steps):
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
