@@ -208,7 +208,9 @@ def build_accumulation(
         RuntimeError: If eager execution is active.
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer`` or a tf_keras legacy
-            optimizer, a Keras optimizer is given a reference variable
+            optimizer (or is tf_keras's ``LossScaleOptimizer``: use
+            ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
+            a Keras optimizer is given a reference variable
             (it updates resource variables only), ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
             variable, ``average``, ``skip_nonfinite``, ``fused`` or

@@ -114,7 +114,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is a ``SyncReplicasOptimizer``, ``steps`` is not an int,
+            or is a ``SyncReplicasOptimizer`` or tf_keras's
+            ``LossScaleOptimizer``, ``steps`` is not an int,
             ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
             or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
