@@ -163,8 +163,9 @@ def build_accumulation(
         weight: Optional scalar tensor computed from each micro-batch (its
             number of examples, or of non-padding tokens): the apply uses
             sum(weight_i * gradient_i) / sum(weight_i). A micro-batch of
-            weight 0 contributes nothing, even a NaN gradient; a negative
-            weight fails the run (``InvalidArgumentError``). See
+            weight 0 contributes nothing, even a NaN gradient; a negative,
+            NaN or infinite weight fails the run (``InvalidArgumentError``,
+            saying which). See
             :ref:`window-options`.
         clip_norm: Optional positive number: the window's gradient is clipped
             to this global norm just before the apply; ``global_norm`` is its
