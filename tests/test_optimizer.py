@@ -413,3 +413,37 @@ def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
             opt.minimize(Model(tf.float32, False).loss)
             assert opt.micro_step.graph is graph
             assert opt.applied.graph is graph
+
+
+@pytest.mark.parametrize("way", ["build_accumulation", "minimize", "apply_gradients"])
+def test_a_global_step_of_another_graph_is_refused_before_anything_is_built(way):
+    """It was refused after about 120 ops, without naming global_step, and slots stayed taken."""
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+
+    def build(step):
+        optimizer = v1.train.AdamOptimizer(0.1)
+        if way == "build_accumulation":
+            return tf1_accum.build_accumulation(model.loss, optimizer, global_step=step)
+        opt = tf1_accum.AccumulationOptimizer(optimizer, 2)
+        if way == "minimize":
+            return opt.minimize(model.loss, global_step=step)
+        pairs = [(tf.ones_like(v), v) for v in v1.trainable_variables()]
+        return opt.apply_gradients(pairs, global_step=step)
+
+    with tf.Graph().as_default() as graph:
+        model = Model(tf.float32, False)
+        ops = len(graph.get_operations())
+        with pytest.raises(
+            ValueError,
+            match=r"global_step must be a variable of the loss's graph, got global_step of "
+            r"another graph\. Create it in the graph you build in",
+        ):
+            build(other_step)
+        if way != "apply_gradients":
+            assert len(graph.get_operations()) == ops
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        build(v1.train.get_or_create_global_step())
+        names = {v.op.name for v in tf1_accum.plain_variables()}
+    assert {"w1/Adam", "w1/Adam_1", "beta1_power", "beta2_power"} <= names
+    assert not any(name.endswith(("Adam_2", "power_1")) for name in names)

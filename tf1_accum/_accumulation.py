@@ -226,6 +226,7 @@ def build_accumulation(
             ``update_ops`` is not in the loss's graph, ``clip_norm`` is not
             positive, ``fused=True`` with a ``SyncReplicasOptimizer``,
             ``statistics=True`` without ``micro_batch_size`` or ``weight``,
+            ``global_step`` is a variable of another graph,
             or ``micro_batch_size`` is not positive, or is given without
             ``statistics=True`` or together with ``weight``; or if the
             optimizer creates a variable
@@ -236,8 +237,8 @@ def build_accumulation(
     _checks.check_graph_mode("build_accumulation")
     _checks.check_loss(loss)
     optimizer = _checks.check_optimizer(optimizer)
-    _checks.check_global_step(global_step)
     graph = loss.graph
+    _checks.check_global_step(global_step, graph)
     options = window_options(
         average,
         weight,

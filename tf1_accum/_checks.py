@@ -126,8 +126,8 @@ def check_var_list(var_list, graph):
     return var_list
 
 
-def check_global_step(global_step):
-    """Checks that ``global_step`` is None or an integer variable."""
+def check_global_step(global_step, graph=None):
+    """Checks that ``global_step`` is None or an integer variable (of ``graph``, if given)."""
     if global_step is None:
         return
     if not isinstance(global_step, tf.Variable):
@@ -140,6 +140,13 @@ def check_global_step(global_step):
         raise TypeError(
             "global_step must be an integer variable, got "
             f"{global_step.op.name} of dtype {global_step.dtype.base_dtype.name}."
+        )
+    if graph is not None and global_step.graph is not graph:
+        raise ValueError(
+            f"global_step must be a variable of the loss's graph, got {global_step.op.name} "
+            "of another graph. Create it in the graph you build in (e.g. "
+            "tf.compat.v1.train.get_or_create_global_step() inside "
+            "graph.as_default())."
         )
 
 

@@ -352,14 +352,15 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ValueError: If no gradient is given for any variable, the
                 gradients come from a ``SyncReplicasOptimizer`` wrapping this
                 one (``SyncReplicasOptimizer(AccumulationOptimizer(...))``,
-                which would hang), a variable's shape is not fully defined, ``weight`` or an op of
+                which would hang), a variable's shape is not fully defined,
+                ``global_step`` (a variable of another graph), ``weight`` or an op of
                 ``update_ops`` is not in the graph of the loss, or the wrapped
                 optimizer creates a variable inside ``apply_gradients`` from a
                 tensor computed there, or creates different state each time
                 its ``apply_gradients`` is built.
         """
         _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
-        _checks.check_global_step(global_step)
+        _checks.check_global_step(global_step, tf.compat.v1.get_default_graph())
         grads_and_vars = list(grads_and_vars)
         _checks.check_not_under_sync_replicas(grads_and_vars)
         pairs = _checks.usable_gradients(grads_and_vars)
@@ -468,14 +469,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 optimizer is given a reference variable.
             ValueError: If ``loss`` is not a scalar, the loss depends on no
                 variable of ``var_list``, one it depends on has a shape that
-                is not fully defined, ``weight`` or an op of ``update_ops``
-                is not in the graph of the loss, or no variable has a
-                gradient.
+                is not fully defined, ``global_step``, ``weight`` or an op of
+                ``update_ops`` is not in the graph of the loss, or no variable
+                has a gradient.
         """
         if not callable(loss):  # a callable loss is for eager execution: TF checks it
             _checks.check_graph_mode("AccumulationOptimizer.minimize")
             _checks.check_loss(loss)
-            _checks.check_global_step(global_step)
+            _checks.check_global_step(global_step, loss.graph)
             if not callable(self._options.weight):
                 _checks.check_weight(self._options.weight, loss.graph)
             _checks.check_update_ops(self._options.update_ops, loss.graph)
