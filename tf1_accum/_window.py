@@ -30,6 +30,9 @@ from tf1_accum._shared_apply import SharedApply
 #: :doc:`distributed`).
 STATE_COLLECTION = "tf1_accum_state"
 
+#: Graph collection holding the mutex of every window (see `new_mutex`).
+MUTEX_COLLECTION = "tf1_accum_mutexes"
+
 
 class WindowOptions(typing.NamedTuple):
     """The options of a window, as every way in takes them, checked by `window_options`.
@@ -905,8 +908,11 @@ def new_mutex():
     Its shared name is its op's name: one mutex per window and session.
     """
     with tf.init_scope():
-        name = tf.compat.v1.get_default_graph().unique_name("mutex", mark_as_used=False)
-        return tf.raw_ops.MutexV2(shared_name=name, name="mutex")
+        graph = tf.compat.v1.get_default_graph()
+        name = graph.unique_name("mutex", mark_as_used=False)
+        mutex = tf.raw_ops.MutexV2(shared_name=name, name="mutex")
+        graph.add_to_collection(MUTEX_COLLECTION, mutex)  # what tf1_accum.Saver locks
+        return mutex
 
 
 def _section(created, finished, lock_op):
