@@ -23,6 +23,7 @@ __all__ = (
     "GraphFinding",
     "RunningAverage",
     "STATE_COLLECTION",
+    "Saver",
     "broadcast_variables",
     "build_accumulation",
     "build_dataset_accumulation",
@@ -44,6 +45,7 @@ _MODULES = {
     "GradientStatistics": "_stats",
     "RunningAverage": "_stats",
     "STATE_COLLECTION": "_window",
+    "Saver": "_saver",
     "broadcast_variables": "_distributed",
     "build_accumulation": "_accumulation",
     "build_dataset_accumulation": "_dataset",
@@ -62,6 +64,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._accumulation import Accumulation as Accumulation
     from tf1_accum._accumulation import build_accumulation as build_accumulation
     from tf1_accum._window import plain_variables as plain_variables
+    from tf1_accum._saver import Saver as Saver
     from tf1_accum._dataset import DatasetAccumulation as DatasetAccumulation
     from tf1_accum._dataset import build_dataset_accumulation as build_dataset_accumulation
     from tf1_accum._distributed import CollectiveAllReduce as CollectiveAllReduce
