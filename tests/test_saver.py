@@ -17,6 +17,10 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 
 import tf1_accum
 
@@ -36,11 +40,11 @@ def _values(count, seed=0):
 class _Graph:
     """The model and one way in, built in a graph of its own."""
 
-    def __init__(self, way):
+    def __init__(self, way, size=SIZE):
         self.graph = tf.Graph()
         with self.graph.as_default():
             self.x = v1.placeholder(tf.float64, [])
-            self.w = v1.get_variable("w", initializer=np.zeros(SIZE))
+            self.w = v1.get_variable("w", initializer=np.zeros(size))
             self.u = v1.get_variable("u", initializer=np.float64(U0))
             loss = tf.reduce_sum(self.w) * self.x + self.u
             optimizer = v1.train.GradientDescentOptimizer(1.0)
@@ -71,7 +75,7 @@ def _fed(values, w, u, counter, w_accumulator, u_accumulator):
     n = int(applied + counter)
     assert applied == int(applied) and 0 <= n < len(values[1])
     held = -w + w_accumulator  # every element: the sum of the first n values
-    np.testing.assert_array_equal(held, np.full(SIZE, values[1][n]), err_msg=f"n = {n}")
+    np.testing.assert_array_equal(held, np.full(held.shape, values[1][n]), err_msg=f"n = {n}")
     return n
 
 
@@ -138,3 +142,72 @@ def test_checkpoints_saved_while_a_thread_accumulates_are_whole(way, tmp_path):
         assert other.sess.run(other.u) == U0 - end
         other.sess.close()
     model.sess.close()
+
+
+ACTIONS = st.one_of(
+    st.tuples(st.just("feed"), st.integers(1, 9)),  # a thread feeds that many, in the background
+    st.tuples(st.just("save"), st.just(0)),  # while it feeds
+    st.tuples(st.just("restore"), st.integers(0, 50)),  # the thread done: a checkpoint saved
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    actions=st.lists(ACTIONS, min_size=1, max_size=10),
+    way=st.sampled_from(["build_accumulation", "AccumulationOptimizer"]),
+)
+def test_threads_checkpoints_and_restores_keep_applied_plus_pending_equal_to_fed(
+    actions, way, tmp_path_factory
+):
+    """Checkpoints mid-feed hold what was fed; after a restore, feeding goes on from there."""
+    directory = tmp_path_factory.mktemp("ckpt")
+    values = _values(200, seed=len(actions))
+    model = _Graph(way, size=2000)
+    fed = started = done = 0  # micro-batches: fed before the current thread; its progress
+    feeder = None
+    saved = []
+
+    def feed(first, count):
+        nonlocal started, done
+        for index in range(first, first + count):
+            started = index + 1
+            model.feed(values[0][index], index)
+            done = index + 1
+
+    def join():
+        nonlocal feeder, fed
+        if feeder is not None:
+            feeder.join()
+            feeder, fed = None, done
+
+    try:
+        for action, argument in actions:
+            if action == "feed":
+                join()
+                started = done = fed
+                feeder = threading.Thread(target=feed, args=(fed, argument))
+                feeder.start()
+            elif action == "save":
+                low = done if feeder is not None else fed
+                path = model.saver.save(model.sess, str(directory / "c"), global_step=len(saved))
+                high = started if feeder is not None else fed
+                n = _fed(values, *_read(path))
+                assert low <= n <= high
+                saved.append((path, n))
+            elif saved:
+                join()
+                path, n = saved[argument % len(saved)]
+                model.saver.restore(model.sess, path)
+                fed = done = started = n
+        join()
+        state = model.sess.run([model.w, model.u, model.counter])
+        accumulators = {
+            v.op.name.split("/")[0]: v
+            for v in model.graph.get_collection(tf1_accum.STATE_COLLECTION)
+            if v.op.name.endswith("accumulator")
+        }
+        held = model.sess.run([accumulators["w"], accumulators["u"]])
+        assert _fed(values, *state, *held) == fed
+    finally:
+        join()
+        model.sess.close()
