@@ -40,7 +40,7 @@ def _values(count, seed=0):
 class _Graph:
     """The model and one way in, built in a graph of its own."""
 
-    def __init__(self, way, size=SIZE):
+    def __init__(self, way, size=SIZE, max_to_keep=None):
         self.graph = tf.Graph()
         with self.graph.as_default():
             self.x = v1.placeholder(tf.float64, [])
@@ -50,13 +50,14 @@ class _Graph:
             optimizer = v1.train.GradientDescentOptimizer(1.0)
             if way == "AccumulationOptimizer":
                 opt = tf1_accum.AccumulationOptimizer(optimizer, STEPS, average=False)
-                self.train_op = opt.minimize(loss)
+                self.optimizer = opt
+                self.train_op = opt.minimize(loss, global_step=v1.train.get_or_create_global_step())
                 self.counter = opt.micro_step
                 self.apply_op = None
             else:
                 acc = tf1_accum.build_accumulation(loss, optimizer, average=False)
                 self.train_op, self.apply_op, self.counter = acc.accum_op, acc.apply_op, acc.counter
-            self.saver = tf1_accum.Saver(max_to_keep=None)
+            self.saver = tf1_accum.Saver(max_to_keep=max_to_keep)
             self.init = v1.global_variables_initializer()
         self.sess = v1.Session(graph=self.graph)
         self.sess.run(self.init)
@@ -211,3 +212,32 @@ def test_threads_checkpoints_and_restores_keep_applied_plus_pending_equal_to_fed
     finally:
         join()
         model.sess.close()
+
+
+def test_monitored_training_session_saves_with_it_from_the_savers_collection(tmp_path):
+    """In SAVERS, it is the saver of MonitoredTrainingSession and of the wrapper's hook."""
+    values = _values(3 * STEPS)
+    partial = 2 * STEPS + 2  # two windows, and two micro-batches of the third
+    model = _Graph("AccumulationOptimizer", size=10, max_to_keep=5)  # the hook saves again
+    model.sess.close()
+    with model.graph.as_default():
+        v1.add_to_collection(v1.GraphKeys.SAVERS, model.saver)
+        with v1.train.MonitoredTrainingSession(
+            checkpoint_dir=str(tmp_path),
+            save_checkpoint_steps=1,
+            save_summaries_steps=None,
+            hooks=[model.optimizer.make_session_run_hook()],
+        ) as sess:
+            for index in range(partial):
+                sess.run(model.train_op, {model.x: values[0][index]})
+    path = tf.train.latest_checkpoint(str(tmp_path))
+    assert _fed(values, *_read(path)) == partial  # the hook saved the partial window
+    resumed = _Graph("AccumulationOptimizer", size=10)
+    resumed.saver.restore(resumed.sess, path)
+    assert resumed.sess.run(resumed.counter) == 2
+    for index in range(partial, 3 * STEPS):
+        resumed.sess.run(resumed.train_op, {resumed.x: values[0][index]})
+    w, u, counter = resumed.sess.run([resumed.w, resumed.u, resumed.counter])
+    resumed.sess.close()
+    assert counter == 0 and u == U0 - 3 * STEPS
+    np.testing.assert_array_equal(w, np.full(10, -values[1][3 * STEPS]))

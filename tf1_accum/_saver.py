@@ -30,11 +30,13 @@ class Saver(tf.compat.v1.train.Saver):
     with threads accumulating while it saves, a checkpoint may be torn.
 
     It takes the arguments of ``tf.compat.v1.train.Saver`` and is used the
-    same way, including where a framework saves: pass it in a
-    ``tf.compat.v1.train.Scaffold(saver=...)`` for ``MonitoredTrainingSession``
-    (its ``CheckpointSaverHook`` then saves with it), or as ``saver=`` of a
-    ``CheckpointSaverHook`` or a ``Supervisor``. Build it after the windows:
-    it locks those in the graph when it is built.
+    same way, including where a framework saves: for
+    ``MonitoredTrainingSession`` and ``Estimator``, add it to the graph's
+    ``tf.compat.v1.GraphKeys.SAVERS`` (their ``CheckpointSaverHook`` and the
+    hook of `AccumulationOptimizer.make_session_run_hook` then save with it);
+    else pass it as ``saver=`` of a ``CheckpointSaverHook`` or a
+    ``Supervisor``. Build it after the windows: it locks those in the graph
+    when it is built.
 
     Example:
 
