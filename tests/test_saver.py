@@ -241,3 +241,16 @@ def test_monitored_training_session_saves_with_it_from_the_savers_collection(tmp
     resumed.sess.close()
     assert counter == 0 and u == U0 - 3 * STEPS
     np.testing.assert_array_equal(w, np.full(10, -values[1][3 * STEPS]))
+
+
+def test_built_again_it_locks_once():
+    """A Scaffold calls build() on its saver again: a second lock made the save hang."""
+    model = _Graph("build_accumulation", size=10)
+    with model.graph.as_default():
+        model.saver.build()
+    locks = [op for op in model.graph.get_operations() if op.type == "MutexLock"]
+    assert sorted(op.name for op in locks if op.name.startswith("save/")) == [
+        "save/restore_lock",
+        "save/save_lock",
+    ]
+    model.sess.close()

@@ -71,8 +71,11 @@ class Saver(tf.compat.v1.train.Saver):
         graph = tf.compat.v1.get_default_graph()
         before = {op.name for op in graph.get_operations()}
         super().build()
-        if tf.executing_eagerly() or self.saver_def is None:
+        # A Scaffold builds its saver again: a second lock of one mutex in
+        # the same run could wait for the first forever.
+        if tf.executing_eagerly() or self.saver_def is None or getattr(self, "_locked", False):
             return
+        self._locked = True
         mutexes = sorted(graph.get_collection(MUTEX_COLLECTION), key=lambda m: m.name)
         if not mutexes:
             return
