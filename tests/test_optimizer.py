@@ -113,7 +113,9 @@ def test_minimize_accumulates_each_gradient_divided_by_steps(how, dtype, divided
                 sess.run(train_op, model.feed(batch))
             got = sess.run(accumulator)
     if how == "weighted":
-        expected = 2.0 * expected
+        # Each weight, times the power of two that brings the window's first
+        # to [1, 2): 2 * 0.5.
+        expected = (2.0 * 0.5) * expected
     if divided:
         expected = expected / steps
     np.testing.assert_allclose(got, expected, rtol=RTOL[dtype])

@@ -41,8 +41,10 @@ class Accumulation(typing.NamedTuple):
             reset.
         accumulators: Accumulator variables, aligned with ``var_list``
             (``accumulators[i]`` serves ``var_list[i]``). Each holds the sum of
-            the micro-batch gradients of the window; float16 and bfloat16
-            variables accumulate in float32.
+            the micro-batch gradients of the window (with ``weight``, of each
+            times its weight; averaging, every weight of a window is first
+            multiplied by one power of two, which the mean does not see);
+            float16 and bfloat16 variables accumulate in float32.
         var_list: The variables trained, in the order of ``accumulators``.
             Variables whose gradient is None are not in it.
         grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
