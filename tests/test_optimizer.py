@@ -366,6 +366,9 @@ def test_two_minimize_calls_flush_op_flushes_both_windows():
     batches = make_batches(dtype, False, 3, 4)
     first, second = batches[:2], batches[2:]
 
+    def of(scope):
+        return v1.trainable_variables(scope)
+
     def models():
         with v1.variable_scope("a"):
             a = Model(dtype, False, seed=0)
@@ -376,7 +379,10 @@ def test_two_minimize_calls_flush_op_flushes_both_windows():
     with tf.Graph().as_default():
         a, b = models()
         opt = v1.train.MomentumOptimizer(0.1, 0.9)
-        train_a, train_b = opt.minimize(a.loss), opt.minimize(b.loss)
+        train_a, train_b = (
+            opt.minimize(a.loss, var_list=of("a")),
+            opt.minimize(b.loss, var_list=of("b")),
+        )
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             sess.run(train_a, a.feed(concat(first)))
@@ -386,7 +392,8 @@ def test_two_minimize_calls_flush_op_flushes_both_windows():
     with tf.Graph().as_default():
         a, b = models()
         opt = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), steps=4)
-        train_a, train_b = opt.minimize(a.loss), opt.minimize(b.loss)
+        train_a = opt.minimize(a.loss, var_list=of("a"))
+        train_b = opt.minimize(b.loss, var_list=of("b"))
         for name in ("micro_step", "applied", "global_norm", "skipped_windows", "statistics"):
             with pytest.raises(ValueError, match=f"{name} is ambiguous: this Accumulation"):
                 getattr(opt, name)
