@@ -179,6 +179,24 @@ def test_new_tf_keras_optimizer_is_refused_with_its_legacy_counterpart():
         tf1_accum.AccumulationOptimizer(tf_keras.optimizers.RMSprop(0.1), 2)
 
 
+def test_tf_keras_loss_scale_optimizer_is_refused_with_the_tf1_one_named():
+    """It crashed with AttributeError ('_name') in both ways in."""
+    message = (
+        r"optimizer is a Keras LossScaleOptimizer \(tf_keras.mixed_precision\), which "
+        r"tf1_accum does not support: it scales no loss in a TF1 graph .* Use the TF1 "
+        r"loss-scale optimizer instead.*MixedPrecisionLossScaleOptimizer\(tf.compat.v1.train."
+        r"<Optimizer>\(\.\.\.\), 'dynamic'\) \(in place of Adam\)\."
+    )
+    with tf.Graph().as_default():
+        model = _resource_model(tf.float32, False)
+        scaled = tf_keras.mixed_precision.LossScaleOptimizer(legacy.Adam(0.1))
+        with pytest.raises(TypeError, match=message):
+            tf1_accum.build_accumulation(model.loss, scaled)
+        with pytest.raises(TypeError, match=message):
+            tf1_accum.AccumulationOptimizer(scaled, 2)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
 # --- model.fit -------------------------------------------------------------
 
 N, B = 3, 4

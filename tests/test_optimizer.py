@@ -113,7 +113,9 @@ def test_minimize_accumulates_each_gradient_divided_by_steps(how, dtype, divided
                 sess.run(train_op, model.feed(batch))
             got = sess.run(accumulator)
     if how == "weighted":
-        expected = 2.0 * expected
+        # Each weight, times the power of two that brings the window's first
+        # to [1, 2): 2 * 0.5.
+        expected = (2.0 * 0.5) * expected
     if divided:
         expected = expected / steps
     np.testing.assert_allclose(got, expected, rtol=RTOL[dtype])
@@ -226,6 +228,26 @@ def test_a_sync_replicas_optimizer_cannot_be_wrapped():
         tf1_accum.AccumulationOptimizer(sync, 2)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_sync_replicas_optimizer_wrapping_the_wrapper_is_refused_at_build(sparse):
+    """The other nesting built, then hung on the second micro-batch."""
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse)
+        step = v1.train.get_or_create_global_step()
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), steps=2)
+        sync = v1.train.SyncReplicasOptimizer(wrapper, replicas_to_aggregate=1)
+        with pytest.raises(
+            ValueError,
+            match=r"SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
+            r"of \S+ comes from its (Sparse|Resource)?AccumulatorTakeGradient .*would wait "
+            r"forever\. Give the SyncReplicasOptimizer to tf1_accum\.build_accumulation",
+        ):
+            sync.minimize(model.loss, global_step=step)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        with pytest.raises(ValueError, match="call minimize"):
+            _ = wrapper.micro_step
+
+
 def test_flush_with_nothing_accumulated_changes_nothing():
     batches = make_batches(tf.float64, True, 4, 3)
     with tf.Graph().as_default():
@@ -336,3 +358,101 @@ def test_variables_are_the_wrapped_optimizers_then_tf1_accums_state():
             assert sess.run(wrapper.micro_step) == 0
     with tf.Graph().as_default():
         assert wrapper.variables() == []  # only the default graph's
+
+
+def test_two_minimize_calls_flush_op_flushes_both_windows():
+    """One wrapper, two models' losses: flush_op applies each partial window, as plain training."""
+    dtype = tf.float64
+    batches = make_batches(dtype, False, 3, 4)
+    first, second = batches[:2], batches[2:]
+
+    def of(scope):
+        return v1.trainable_variables(scope)
+
+    def models():
+        with v1.variable_scope("a"):
+            a = Model(dtype, False, seed=0)
+        with v1.variable_scope("b"):
+            b = Model(dtype, False, seed=1)
+        return a, b
+
+    with tf.Graph().as_default():
+        a, b = models()
+        opt = v1.train.MomentumOptimizer(0.1, 0.9)
+        train_a, train_b = (
+            opt.minimize(a.loss, var_list=of("a")),
+            opt.minimize(b.loss, var_list=of("b")),
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_a, a.feed(concat(first)))
+            sess.run(train_b, b.feed(concat(second)))
+            expected = values_by_name(sess, v1.global_variables())
+
+    with tf.Graph().as_default():
+        a, b = models()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), steps=4)
+        train_a = opt.minimize(a.loss, var_list=of("a"))
+        train_b = opt.minimize(b.loss, var_list=of("b"))
+        for name in ("micro_step", "applied", "global_norm", "skipped_windows", "statistics"):
+            with pytest.raises(ValueError, match=f"{name} is ambiguous: this Accumulation"):
+                getattr(opt, name)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in first:
+                sess.run(train_a, a.feed(batch))
+            for batch in second:
+                sess.run(train_b, b.feed(batch))
+            before = values_by_name(sess, tf1_accum.plain_variables())
+            sess.run(opt.flush_op)
+            got = values_by_name(sess, tf1_accum.plain_variables())
+            counters = sess.run([v for v in opt.variables() if v.op.name.endswith("counter")])
+    assert sorted(int(c) for c in counters) == [0, 0]
+    assert set(got) == set(expected)
+    for name in ("a/w1", "b/w1"):
+        assert not np.allclose(before[name], expected[name]), name
+    assert_same_values(got, expected, RTOL[dtype], "flush_op after two minimize calls")
+
+
+def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
+    """Train ops built in other graphs do not make the properties ambiguous."""
+    opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), steps=2)
+    for _ in range(2):
+        with tf.Graph().as_default() as graph:
+            opt.minimize(Model(tf.float32, False).loss)
+            assert opt.micro_step.graph is graph
+            assert opt.applied.graph is graph
+
+
+@pytest.mark.parametrize("way", ["build_accumulation", "minimize", "apply_gradients"])
+def test_a_global_step_of_another_graph_is_refused_before_anything_is_built(way):
+    """It was refused after about 120 ops, without naming global_step, and slots stayed taken."""
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+
+    def build(step):
+        optimizer = v1.train.AdamOptimizer(0.1)
+        if way == "build_accumulation":
+            return tf1_accum.build_accumulation(model.loss, optimizer, global_step=step)
+        opt = tf1_accum.AccumulationOptimizer(optimizer, 2)
+        if way == "minimize":
+            return opt.minimize(model.loss, global_step=step)
+        pairs = [(tf.ones_like(v), v) for v in v1.trainable_variables()]
+        return opt.apply_gradients(pairs, global_step=step)
+
+    with tf.Graph().as_default() as graph:
+        model = Model(tf.float32, False)
+        ops = len(graph.get_operations())
+        with pytest.raises(
+            ValueError,
+            match=r"global_step must be a variable of the loss's graph, got global_step of "
+            r"another graph\. Create it in the graph you build in",
+        ):
+            build(other_step)
+        if way != "apply_gradients":
+            assert len(graph.get_operations()) == ops
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        build(v1.train.get_or_create_global_step())
+        names = {v.op.name for v in tf1_accum.plain_variables()}
+    assert {"w1/Adam", "w1/Adam_1", "beta1_power", "beta2_power"} <= names
+    assert not any(name.endswith(("Adam_2", "power_1")) for name in names)

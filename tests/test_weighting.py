@@ -510,3 +510,110 @@ def test_a_window_of_padding_only_is_skipped_and_counted_then_training_goes_on(p
     want = _lm_plain("adam", windows[1:])[0]
     got = {k: v for k, v in got.items() if k in want}
     assert_same_values(got, want, 1e-10, f"{path}: the window after the skipped one")
+
+
+@pytest.mark.parametrize(
+    "bad, what",
+    [(np.inf, r"infinite \(inf\)"), (np.nan, r"NaN \(nan\)"), (-2.0, r"negative \(-2\)")],
+    ids=["inf", "nan", "negative"],
+)
+@pytest.mark.parametrize("path", ["helper", "optimizer"])
+def test_a_non_finite_or_negative_weight_fails_naming_it_and_changes_nothing(bad, what, path):
+    """An infinite weight used to skip the window silently; a NaN one was called negative."""
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        weight = v1.placeholder(tf.float64, [])
+        step = v1.train.get_or_create_global_step()
+        optimizer = OPTIMIZERS["momentum"](tf.float64)
+        if path == "helper":
+            acc = tf1_accum.build_accumulation(
+                model.loss, optimizer, global_step=step, weight=weight
+            )
+            counter = acc.counter
+        else:
+            opt = tf1_accum.AccumulationOptimizer(optimizer, 3, weight=weight)
+            train_op = opt.minimize(model.loss, global_step=step)
+            counter = opt.micro_step
+        state = v1.get_collection(tf1_accum.STATE_COLLECTION)
+        batches = make_batches(tf.float64, False, 3, 4)
+        message = f"weight is {what}: a weight must be finite and non-negative"
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            feeds = [{**model.feed(b), weight: w} for b, w in zip(batches, [1.0, 2.0, bad])]
+            if path == "helper":
+                failed = "(?s)micro-batch 2 .*" + message
+                with pytest.raises(tf.errors.InvalidArgumentError, match=failed):
+                    tf1_accum.run_accumulation(sess, acc, feeds)
+                assert sess.run(counter) == 0
+            else:
+                for feed in feeds[:2]:
+                    sess.run(train_op, feed)
+                before = sess.run(state)
+                with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                    sess.run(train_op, feeds[2])
+                for got, want in zip(sess.run(state), before):
+                    np.testing.assert_array_equal(got, want)
+                assert sess.run(counter) == 2
+            assert sess.run(step) == 0
+
+
+def _scaled_weight_training(dtype, weight_dtype, factor, loss_scale, windows, path):
+    """Accumulates with weight = size * factor (in weight_dtype) on loss * loss_scale."""
+    with tf.Graph().as_default():
+        model = Model(dtype, False)
+        loss = model.loss * loss_scale
+        size = tf.cast(tf.shape(model.inputs)[0], weight_dtype)
+        weight = size * tf.constant(factor, weight_dtype)
+        step = v1.train.get_or_create_global_step()
+        optimizer = v1.train.AdamOptimizer(0.05)
+        if path == "optimizer":
+            train_op = tf1_accum.AccumulationOptimizer(
+                optimizer, len(SIZES), weight=weight
+            ).minimize(loss, global_step=step)
+        else:
+            acc = tf1_accum.build_accumulation(
+                loss, optimizer, global_step=step, weight=weight, fused=path == "fused"
+            )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            results = []
+            for window in windows:
+                if path == "optimizer":
+                    for batch in window:
+                        sess.run(train_op, model.feed(batch))
+                else:
+                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
+                results.append(values_by_name(sess, tf1_accum.plain_variables()))
+    return results
+
+
+def _plain_scaled(dtype, loss_scale, windows):
+    with tf.Graph().as_default():
+        model = Model(dtype, False)
+        step = v1.train.get_or_create_global_step()
+        train_op = v1.train.AdamOptimizer(0.05).minimize(model.loss * loss_scale, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            results = []
+            for window in windows:
+                inputs, labels = (np.concatenate(part) for part in zip(*window))
+                sess.run(train_op, model.feed((inputs, labels)))
+                results.append(values_by_name(sess, v1.global_variables()))
+    return results
+
+
+@pytest.mark.parametrize("path", ["helper", "fused", "optimizer"])
+@pytest.mark.parametrize(
+    "weight_dtype, factor, loss_scale",
+    [(tf.float32, 1e-30, 1e-10), (tf.float64, 1e-300, 1.0)],
+    ids=["float32 weights 1e-30, gradients 1e-10", "float64 weights 1e-300"],
+)
+def test_tiny_weights_train_a_float32_model_exactly(weight_dtype, factor, loss_scale, path):
+    """Their products with the gradients used to underflow: an update of 0, or a skipped window."""
+    batches = make_batches(tf.float32, False, 8, SIZES * 2)
+    windows = [batches[:4], batches[4:]]
+    expected = _plain_scaled(tf.float32, loss_scale, windows)
+    actual = _scaled_weight_training(tf.float32, weight_dtype, factor, loss_scale, windows, path)
+    for w, (got, want) in enumerate(zip(actual, expected)):
+        assert_same_values(got, want, RTOL[tf.float32], f"{factor:g} weights, {path}: window {w}")
+    assert got["global_step"] == 2

@@ -25,6 +25,7 @@ __all__ = (
     "MemoryFit",
     "RunningAverage",
     "STATE_COLLECTION",
+    "Saver",
     "SizeChange",
     "broadcast_variables",
     "build_accumulation",
@@ -49,6 +50,7 @@ _MODULES = {
     "MemoryFit": "_split",
     "RunningAverage": "_stats",
     "STATE_COLLECTION": "_window",
+    "Saver": "_saver",
     "SizeChange": "_split",
     "broadcast_variables": "_distributed",
     "build_accumulation": "_accumulation",
@@ -68,6 +70,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._accumulation import Accumulation as Accumulation
     from tf1_accum._accumulation import build_accumulation as build_accumulation
     from tf1_accum._window import plain_variables as plain_variables
+    from tf1_accum._saver import Saver as Saver
     from tf1_accum._dataset import DatasetAccumulation as DatasetAccumulation
     from tf1_accum._dataset import build_dataset_accumulation as build_dataset_accumulation
     from tf1_accum._distributed import CollectiveAllReduce as CollectiveAllReduce

@@ -44,9 +44,11 @@ class Accumulation(typing.NamedTuple):
         accumulators: Accumulator variables, aligned with ``var_list``
             (``accumulators[i]`` serves ``var_list[i]``). While ``counter`` is
             above 0, each holds the sum of the micro-batch gradients of the
-            window; while it is 0, a dense one holds what the last window left
-            (a window's first add assigns; see the concepts page). Float16 and
-            bfloat16 variables accumulate in float32.
+            window (with ``weight``, of each times its weight; averaging, every
+            weight of a window is first multiplied by one power of two, which
+            the mean does not see); while it is 0, a dense one holds what the
+            last window left (a window's first add assigns; see the concepts
+            page). Float16 and bfloat16 variables accumulate in float32.
         var_list: The variables trained, in the order of ``accumulators``.
             Variables whose gradient is None are not in it.
         grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
@@ -167,8 +169,9 @@ def build_accumulation(
         weight: Optional scalar tensor computed from each micro-batch (its
             number of examples, or of non-padding tokens): the apply uses
             sum(weight_i * gradient_i) / sum(weight_i). A micro-batch of
-            weight 0 contributes nothing, even a NaN gradient; a negative
-            weight fails the run (``InvalidArgumentError``). See
+            weight 0 contributes nothing, even a NaN gradient; a negative,
+            NaN or infinite weight fails the run (``InvalidArgumentError``,
+            saying which). See
             :ref:`window-options`.
         clip_norm: Optional positive number: the window's gradient is clipped
             to this global norm just before the apply; ``global_norm`` is its
@@ -212,8 +215,10 @@ def build_accumulation(
         RuntimeError: If eager execution is active.
         TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
             not a ``tf.compat.v1.train.Optimizer`` or a tf_keras legacy
-            optimizer, or is an `AccumulationOptimizer` (which accumulates by
-            itself: give its ``optimizer``), a Keras optimizer is given a reference variable
+            optimizer (or is tf_keras's ``LossScaleOptimizer``: use
+            ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
+            or is an `AccumulationOptimizer` (which accumulates by itself: give
+            its ``optimizer``), a Keras optimizer is given a reference variable
             (it updates resource variables only), ``var_list`` holds
             something other than variables, ``global_step`` is not an integer
             variable, ``average``, ``skip_nonfinite``, ``fused`` or
@@ -229,6 +234,7 @@ def build_accumulation(
             ``update_ops`` is not in the loss's graph, ``clip_norm`` is not
             positive, ``fused=True`` with a ``SyncReplicasOptimizer``,
             ``statistics=True`` without ``micro_batch_size`` or ``weight``,
+            ``global_step`` is a variable of another graph,
             or ``micro_batch_size`` is not positive, or is given without
             ``statistics=True`` or together with ``weight``; or if the
             optimizer creates a variable
@@ -240,8 +246,8 @@ def build_accumulation(
     _checks.check_loss(loss)
     optimizer = _checks.check_optimizer(optimizer)
     _migration.refuse_accumulating_optimizer(optimizer, "build_accumulation")
-    _checks.check_global_step(global_step)
     graph = loss.graph
+    _checks.check_global_step(global_step, graph)
     options = window_options(
         average,
         weight,

@@ -126,8 +126,8 @@ def check_var_list(var_list, graph):
     return var_list
 
 
-def check_global_step(global_step):
-    """Checks that ``global_step`` is None or an integer variable."""
+def check_global_step(global_step, graph=None):
+    """Checks that ``global_step`` is None or an integer variable (of ``graph``, if given)."""
     if global_step is None:
         return
     if not isinstance(global_step, tf.Variable):
@@ -140,6 +140,13 @@ def check_global_step(global_step):
         raise TypeError(
             "global_step must be an integer variable, got "
             f"{global_step.op.name} of dtype {global_step.dtype.base_dtype.name}."
+        )
+    if graph is not None and global_step.graph is not graph:
+        raise ValueError(
+            f"global_step must be a variable of the loss's graph, got {global_step.op.name} "
+            "of another graph. Create it in the graph you build in (e.g. "
+            "tf.compat.v1.train.get_or_create_global_step() inside "
+            "graph.as_default())."
         )
 
 
@@ -254,6 +261,37 @@ def _graph_op(item):
     except (AttributeError, NotImplementedError):  # an eager tensor or variable
         return None
     return op if isinstance(op, tf.Operation) else None
+
+
+# The ops a SyncReplicasOptimizer's gradient accumulators hand their aggregate out by.
+_TAKE_GRADIENT_OPS = (
+    "AccumulatorTakeGradient",
+    "ResourceAccumulatorTakeGradient",
+    "SparseAccumulatorTakeGradient",
+)
+
+
+def check_not_under_sync_replicas(grads_and_vars):
+    """Refuses gradients a ``SyncReplicasOptimizer`` aggregated for an AccumulationOptimizer.
+
+    Raises:
+        ValueError: If a gradient is taken from a ``ConditionalAccumulator``.
+    """
+    for gradient, var in grads_and_vars:
+        values = getattr(gradient, "values", gradient)
+        op = getattr(values, "op", None)
+        if op is not None and op.type in _TAKE_GRADIENT_OPS:
+            raise ValueError(
+                "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
+                f"of {var.op.name} comes from its {op.type} ({op.name}), which waits for "
+                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer "
+                "applies once every steps runs: the second micro-batch would wait "
+                "forever. Give the SyncReplicasOptimizer to "
+                "tf1_accum.build_accumulation(loss, SyncReplicasOptimizer(opt, ...)) and "
+                "run windows with tf1_accum.run_accumulation (its apply_op pushes one "
+                "window per update), or use cross_replica=tf1_accum.CollectiveAllReduce "
+                "(see the guide 'Across several machines')."
+            )
 
 
 def check_steps(steps):

@@ -67,8 +67,29 @@ def adapt(optimizer):
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return optimizer
     if is_legacy_keras_optimizer(optimizer):
+        if _scales_loss(optimizer):
+            inner = getattr(optimizer, "inner_optimizer", None)
+            inner = type(inner).__name__ if inner is not None else "the optimizer"
+            raise TypeError(
+                f"optimizer is a Keras {type(optimizer).__name__} (tf_keras."
+                "mixed_precision), which tf1_accum does not support: it scales no loss "
+                "in a TF1 graph (it has no compute_gradients) and would check each "
+                "micro-batch instead of the window. Use the TF1 loss-scale optimizer "
+                "instead, which tf1_accum hands the window's mean: tf.compat.v1.mixed_"
+                "precision.MixedPrecisionLossScaleOptimizer(tf.compat.v1.train.<Optimizer>"
+                f"(...), 'dynamic') (in place of {inner})."
+            )
         return KerasOptimizerAdapter(optimizer)
     return None
+
+
+def _scales_loss(optimizer):
+    """Whether ``optimizer`` is tf_keras's ``LossScaleOptimizer`` (or a subclass)."""
+    return any(
+        cls.__name__ in ("LossScaleOptimizer", "BaseLossScaleOptimizer")
+        and "mixed_precision" in cls.__module__
+        for cls in type(optimizer).__mro__
+    )
 
 
 def given(optimizer):

@@ -136,8 +136,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is a ``SyncReplicasOptimizer`` or an `AccumulationOptimizer`,
-            ``steps`` is not an int,
+            or is a ``SyncReplicasOptimizer``, an `AccumulationOptimizer` or
+            tf_keras's ``LossScaleOptimizer``, ``steps`` is not an int,
             ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
             or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
@@ -218,15 +218,28 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         once per update, fetch `applied` with the train op.
 
         Raises:
-            ValueError: If no train op was built yet.
+            ValueError: If no train op was built yet, or this optimizer built
+                several in the graph (each has its own window: build one
+                AccumulationOptimizer per train op).
         """
         return self._last_window("micro_step").counter
 
     def _last_window(self, what):
+        """The window of the one train op built in the last graph; raises if none, or several."""
         if not self._windows:
             raise ValueError(
                 f"{what} exists once the train op is built: call minimize() or "
                 "apply_gradients() first."
+            )
+        graph = self._windows[-1].counter.graph
+        built = [w for w in self._windows if w.counter.graph is graph]
+        if len(built) > 1:
+            raise ValueError(
+                f"{what} is ambiguous: this AccumulationOptimizer built {len(built)} train "
+                "ops in this graph (minimize() or apply_gradients() called "
+                f"{len(built)} times), each accumulating its own window. Build one "
+                "AccumulationOptimizer per train op (they may wrap one optimizer); "
+                "flush_op flushes every window of this one."
             )
         return self._windows[-1]
 
@@ -235,7 +248,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """The ``int64`` count of windows skipped as non-finite.
 
         Raises:
-            ValueError: If no train op was built yet.
+            ValueError: If no train op was built yet, or this optimizer built
+                several in the graph (each has its own window: build one
+                AccumulationOptimizer per train op).
         """
         return self._last_window("skipped_windows").skipped
 
@@ -247,7 +262,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         run, or 0 in runs that only accumulate.
 
         Raises:
-            ValueError: If no train op was built yet.
+            ValueError: If no train op was built yet, or this optimizer built
+                several in the graph (each has its own window: build one
+                AccumulationOptimizer per train op).
         """
         self._last_window("global_norm")
         return self._trains[-1].norm
@@ -266,7 +283,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         ``flush_op`` applies outside the train op: it does not set it.
 
         Raises:
-            ValueError: If no train op was built yet.
+            ValueError: If no train op was built yet, or this optimizer built
+                several in the graph (each has its own window: build one
+                AccumulationOptimizer per train op).
         """
         self._last_window("applied")
         return self._trains[-1].applied
@@ -280,7 +299,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         ``micro_batches`` is 0 and ``summary_op`` is an empty summary.
 
         Raises:
-            ValueError: If no train op was built yet.
+            ValueError: If no train op was built yet, or this optimizer built
+                several in the graph (each has its own window: build one
+                AccumulationOptimizer per train op).
         """
         self._last_window("statistics")
         return self._trains[-1].statistics
@@ -294,7 +315,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         is 0 and ``summary_op`` is an empty summary.
 
         Raises:
-            ValueError: If no train op was built yet.
+            ValueError: If no train op was built yet, or this optimizer built
+                several in the graph (each has its own window: build one
+                AccumulationOptimizer per train op).
         """
         self._last_window("flush_statistics")
         return self._flushes[-1].statistics
@@ -308,12 +331,16 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         over the micro-batches accumulated so far (weighted, with ``weight``),
         increments ``global_step`` and resets the window. With nothing
         accumulated it does nothing, so it is safe to run unconditionally.
-        It never runs ``update_ops``.
+        It never runs ``update_ops``. When this optimizer built several train
+        ops in the graph (``minimize`` called more than once), it flushes
+        each one's window, in the order they were built.
 
         Raises:
             ValueError: If no train op was built yet.
         """
-        self._last_window("flush_op")
+        if not self._windows:
+            self._last_window("flush_op")
+        # Each train op's flush runs the flushes built before it in its graph.
         return self._flushes[-1].op
 
     def compute_gradients(
@@ -356,15 +383,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             TypeError: If ``global_step`` is not an integer variable,
                 ``weight`` (or what its callable returns) is not a real tensor,
                 or a Keras optimizer is given a reference variable.
-            ValueError: If no gradient is given for any variable, a variable's
-                shape is not fully defined, ``weight`` or an op of
+            ValueError: If no gradient is given for any variable, the
+                gradients come from a ``SyncReplicasOptimizer`` wrapping this
+                one (``SyncReplicasOptimizer(AccumulationOptimizer(...))``,
+                which would hang), a variable's shape is not fully defined,
+                ``global_step`` (a variable of another graph), ``weight`` or an op of
                 ``update_ops`` is not in the graph of the loss, or the wrapped
                 optimizer creates a variable inside ``apply_gradients`` from a
                 tensor computed there, or creates different state each time
                 its ``apply_gradients`` is built.
         """
         _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
-        _checks.check_global_step(global_step)
+        _checks.check_global_step(global_step, tf.compat.v1.get_default_graph())
+        grads_and_vars = list(grads_and_vars)
+        _checks.check_not_under_sync_replicas(grads_and_vars)
         pairs = _checks.usable_gradients(grads_and_vars)
         _checks.check_shapes([v for _, v in pairs])
         if not self._minimizing:  # minimize() hands over the gradients it computed
@@ -428,8 +460,13 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
             train, _ = window.exclusive(accumulate_and_apply)
             # Built now, not when first asked for: a MonitoredSession
-            # finalizes the graph before the end of training.
-            with tf.control_dependencies(None):
+            # finalizes the graph before the end of training. After the
+            # flushes of the train ops built before in this graph, in turn:
+            # flush_op flushes every window.
+            earlier = [
+                f.op for w, f in zip(self._windows, self._flushes) if w.counter.graph is graph
+            ]
+            with tf.control_dependencies(None), tf.control_dependencies(earlier[-1:]):
                 steps = self._steps
                 rescaled = lambda: window.rescaled_if_short(steps)  # noqa: E731
                 flushed, _ = window.exclusive(
@@ -477,14 +514,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 optimizer is given a reference variable.
             ValueError: If ``loss`` is not a scalar, the loss depends on no
                 variable of ``var_list``, one it depends on has a shape that
-                is not fully defined, ``weight`` or an op of ``update_ops``
-                is not in the graph of the loss, or no variable has a
-                gradient.
+                is not fully defined, ``global_step``, ``weight`` or an op of
+                ``update_ops`` is not in the graph of the loss, or no variable
+                has a gradient.
         """
         if not callable(loss):  # a callable loss is for eager execution: TF checks it
             _checks.check_graph_mode("AccumulationOptimizer.minimize")
             _checks.check_loss(loss)
-            _checks.check_global_step(global_step)
+            _checks.check_global_step(global_step, loss.graph)
             if not callable(self._options.weight):
                 _checks.check_weight(self._options.weight, loss.graph)
             _checks.check_update_ops(self._options.update_ops, loss.graph)

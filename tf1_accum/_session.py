@@ -51,7 +51,8 @@ def run_accumulation(
     continued: the apply averages over ``accumulation.counter``.
 
     If micro-batch k fails (a bad feed, an op error, an exception raised by a
-    feed-dict generator), the window is discarded, including micro-batches
+    feed-dict generator, a ``KeyboardInterrupt``: Ctrl-C follows the same
+    rule), the window is discarded, including micro-batches
     accumulated before this call: the accumulators and the counter are reset,
     no update is applied, and the error is raised again, of the same type
     where possible, with a message naming k. (With ``fused=True``, a failure
@@ -163,7 +164,11 @@ def run_accumulation(
             micro-batches of another size than its statistics'
             ``micro_batch_size``, ``memory_fit`` is given for an accumulation
             built without ``weight=``, or the window already holds
-            micro-batches. Nothing has run then.
+            micro-batches; or if ``fetches`` holds one of the accumulation's
+            ops (``zero_op``, ``accum_op``, ``apply_op``, ``accum_apply_op``)
+            or what an apply computes (``statistics``,
+            ``accum_apply_statistics``, ``global_norm``): fetches are
+            evaluated with each micro-batch's run. Nothing has run then.
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
@@ -187,6 +192,7 @@ def run_accumulation(
             "fused=True needs accum_apply_op, which build_accumulation makes only "
             "when called with fused=True."
         )
+    _check_fetches(accumulation, fetches)
     if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
         # The large batch, split here: see _split.
         split = _split.plan_window(
@@ -260,7 +266,7 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
             failing = index + 1
             last_feed = feed
             feed = following if fused else next(iterator, _END)
-    except Exception as error:
+    except (Exception, KeyboardInterrupt) as error:  # one rule for Ctrl-C and errors
         if last_run and failing > 0 and _counter(sess, accumulation, feed) == 0:
             # The counter held the earlier micro-batches; only the apply resets it.
             what = (
@@ -284,7 +290,7 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
                 _, noise = sess.run(
                     (accumulation.apply_op, _noise(statistics)), feed_dict=apply_feed_dict
                 )
-        except Exception as error:
+        except (Exception, KeyboardInterrupt) as error:
             count = _counter(sess, accumulation, apply_feed_dict or last_feed)
             if count == 0:
                 what = (
@@ -302,6 +308,46 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
         if statistics is not None:
             _stats.log_recommendation(*noise)
     return results
+
+
+def _check_fetches(accumulation, fetches):
+    """Refuses fetches that only the helper may run, or that belong to another run.
+
+    ``fetches`` are evaluated with every micro-batch's run: a window op
+    among them would reset, add or apply in the middle of the window, and
+    the apply's statistics (or ``global_norm``) would read the window
+    without its apply, or run a fused apply with an ``accum_op``.
+
+    Raises:
+        ValueError: Naming the field of the `Accumulation` found.
+    """
+    if fetches is None:
+        return
+    owned = {}
+    for field in ("zero_op", "accum_op", "apply_op", "accum_apply_op"):
+        op = getattr(accumulation, field)
+        if op is not None:
+            owned[op.name] = f"the accumulation's {field}"
+    for field, run in (
+        ("statistics", "apply_op"),
+        ("accum_apply_statistics", "accum_apply_op"),
+        ("global_norm", "apply_op"),
+    ):
+        for item in tf.nest.flatten(getattr(accumulation, field)):
+            if isinstance(item, (tf.Tensor, tf.Operation)):
+                owned.setdefault(item.name, f"the apply's {field}, evaluated with {run}'s run")
+    for item in tf.nest.flatten(fetches):
+        name = item if isinstance(item, str) else getattr(item, "name", None)
+        if not isinstance(name, str) or name not in owned:
+            continue
+        raise ValueError(
+            f"fetches holds {owned[name]} ({name}): run_accumulation evaluates fetches "
+            "with each micro-batch's run, and runs the window's ops itself (zero_op in "
+            "fetches would reset the window mid-way, apply_op apply it). Fetch losses "
+            "and metrics only. The statistics of the window are logged by "
+            "run_accumulation; to read them, run the ops yourself and fetch statistics "
+            "with apply_op, or accum_apply_statistics with accum_apply_op. Nothing was run."
+        )
 
 
 def _noise(statistics):

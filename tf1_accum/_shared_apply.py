@@ -18,6 +18,7 @@ increments it or ignores it.
 """
 
 import contextlib
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -59,7 +60,7 @@ class SharedApply:
             The update op.
         """
         reuse = self._replaying if self._created is not None else self._recording
-        with reuse():
+        with reuse(), _outer_train_ops_only():
             return self._apply(grads_and_vars, global_step)
 
     def _apply(self, grads_and_vars, global_step):
@@ -146,10 +147,45 @@ def _intercepting(create, get):
     name it already holds), so it is intercepted by a custom getter; ``get``
     calls to ``get_variable`` that create a variable reach ``create`` too.
     """
+    # The getter is set on the current scope itself, not by re-entering it:
+    # leaving a re-entered scope object puts back the counts of the variable
+    # scopes opened inside it, and the optimizer's slot scope ("w/Momentum")
+    # would be handed out again to the next optimizer of its class, which
+    # then fails ("Variable w/Momentum/ already exists") instead of getting
+    # "w/Momentum_1" as in plain TensorFlow.
     scope = tf.compat.v1.get_variable_scope()
+    outer = scope.custom_getter
+
+    def getter(getter, *args, **kwargs):  # TensorFlow passes every argument by name
+        if outer is not None:
+            getter = functools.partial(outer, getter)
+        return get(getter, *args, **kwargs)
+
     with tf.variable_creator_scope(create):
-        with tf.compat.v1.variable_scope(scope, custom_getter=get, auxiliary_name_scope=False):
+        scope.set_custom_getter(getter)
+        try:
             yield
+        finally:
+            scope.set_custom_getter(outer)
+
+
+@contextlib.contextmanager
+def _outer_train_ops_only():
+    """Keeps ops of a conditional's branch out of the graph's ``TRAIN_OP`` collection.
+
+    ``Optimizer.apply_gradients`` adds its update op to ``TRAIN_OP``. Built in
+    a version 2 conditional's branch (the non-finite check, the apply every
+    ``steps`` runs), that op lives in the branch's function graph, which
+    shares the graph's collections: a ``SavedModel`` or ``.meta`` exported
+    with it then fails to load (the name refers to no op of the graph).
+    """
+    with tf.init_scope():
+        graph = tf.compat.v1.get_default_graph()
+    try:
+        yield
+    finally:
+        train_ops = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+        train_ops[:] = [op for op in train_ops if getattr(op, "graph", graph) is graph]
 
 
 def _counts_its_own_steps(optimizer):

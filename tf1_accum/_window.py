@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import typing
 
+import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _checks
@@ -28,6 +29,9 @@ from tf1_accum._shared_apply import SharedApply
 #: worker instead, which the chief's ``Saver`` does not save (see
 #: :doc:`distributed`).
 STATE_COLLECTION = "tf1_accum_state"
+
+#: Graph collection holding the mutex of every window (see `new_mutex`).
+MUTEX_COLLECTION = "tf1_accum_mutexes"
 
 
 class WindowOptions(typing.NamedTuple):
@@ -189,11 +193,17 @@ class Window:
         with tf.device(worker) if worker else contextlib.nullcontext():
             self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
             self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
-            self.weight_total = None
+            self.weight_total = self.weight_scale = None
             if weighted:
                 self.weight_total = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "weight_total"
                 )
+                # Only where a common factor of the weights cancels: a mean,
+                # one worker's, without statistics (see _normalized).
+                if options.average and statistics is None and cross_replica is None:
+                    self.weight_scale = state_variable(
+                        lambda: tf.constant(1.0, tf.float64), "weight_scale"
+                    )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
             self.mutex = new_mutex() if mutex is None else mutex
             self.statistics_state = []
@@ -223,7 +233,8 @@ class Window:
         return self.options.skip_nonfinite
 
     def _state(self):
-        state = [self.counter, self.skipped, self.weight_total, self.square_norms]
+        state = [self.counter, self.skipped, self.weight_total, self.weight_scale]
+        state.append(self.square_norms)
         state.append(self.weighted_micro_batches)
         state += self.statistics_state
         for slot in self.slots:
@@ -431,11 +442,10 @@ class Window:
             weight_after = square_after = counted_after = None
             if self.weight_total is not None:
                 weight = tf.cast(weight, tf.float64)
-                check = tf.compat.v1.assert_non_negative(
-                    weight, message="tf1_accum: a micro-batch weight is negative"
-                )
-                with tf.control_dependencies([check]):
+                with tf.control_dependencies([_check_weight(weight)]):
                     weight = tf.identity(weight)
+                    if self.weight_scale is not None:
+                        weight = self._normalized(weight)
                     weight_after = self.weight_total.assign_add(weight, use_locking=True)
                 stateful.append(weight_after)
             if self.square_norms is not None:
@@ -462,6 +472,24 @@ class Window:
                 square_norm=square_after,
                 micro_batches=counted_after,
             )
+
+    def _normalized(self, weight):
+        """``weight`` times the window's power of two, chosen by its first positive weight.
+
+        The weighted mean sum(w_i g_i) / sum(w_i) does not change when every
+        weight is multiplied by one number, and multiplying by a power of two
+        is exact: the first micro-batch of positive weight (the total is still
+        0) sets the factor that brings its weight into [1, 2), and every
+        weight of the window is multiplied by it. Tiny weights (1e-30, or a
+        float64 1e-300 on a float32 model) then neither underflow in the
+        accumulator's dtype nor round to 0 there.
+        """
+        fresh = tf.logical_and(tf.equal(tf.identity(self.weight_total), 0.0), weight > 0)
+        scale = self.weight_scale.assign(
+            tf.where(fresh, _power_of_two_below_inverse(weight), tf.identity(self.weight_scale)),
+            use_locking=True,
+        )
+        return weight * scale
 
     def reset(self, name=None):
         """Empties the window: the counter (and the totals) to 0, sparse touched rows to zero.
@@ -699,6 +727,37 @@ def unfolded_zeros(shape, dtype):
     return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
 
 
+def _check_weight(weight):
+    """An assert that the float64 ``weight`` is finite and non-negative, naming what it is."""
+    what = tf.where(
+        tf.math.is_nan(weight),
+        "NaN",
+        tf.where(tf.math.is_inf(weight), "infinite", "negative"),
+    )
+    message = tf.strings.join(
+        [
+            "tf1_accum: a micro-batch weight is ",
+            what,
+            " (",
+            tf.strings.as_string(weight, shortest=True),
+            "): a weight must be finite and non-negative.",
+        ]
+    )
+    return tf.debugging.Assert(
+        tf.logical_and(tf.math.is_finite(weight), weight >= 0),
+        [message],
+        name="check_weight",
+    )
+
+
+def _power_of_two_below_inverse(weight):
+    """A power of two p with weight * p in [1, 2), built from its exponent bits (exact)."""
+    # Off by one power where log() rounds across one: still a power of two, still exact.
+    exponent = tf.cast(tf.floor(tf.math.log(weight) / np.log(2.0)), tf.int64)
+    biased = tf.clip_by_value(1023 - exponent, 1, 2046)
+    return tf.bitcast(tf.bitwise.left_shift(biased, 52), tf.float64)
+
+
 def state_variable(make_initial_value, name):
     """Creates a non-trainable global variable that tf1_accum owns.
 
@@ -893,8 +952,11 @@ def new_mutex():
     Its shared name is its op's name: one mutex per window and session.
     """
     with tf.init_scope():
-        name = tf.compat.v1.get_default_graph().unique_name("mutex", mark_as_used=False)
-        return tf.raw_ops.MutexV2(shared_name=name, name="mutex")
+        graph = tf.compat.v1.get_default_graph()
+        name = graph.unique_name("mutex", mark_as_used=False)
+        mutex = tf.raw_ops.MutexV2(shared_name=name, name="mutex")
+        graph.add_to_collection(MUTEX_COLLECTION, mutex)  # what tf1_accum.Saver locks
+        return mutex
 
 
 def _section(created, finished, lock_op):

@@ -1,0 +1,152 @@
+"""A Saver whose checkpoints never catch a window in the middle of an op.
+
+A window's ops (add, apply, reset, flush) each hold the window's mutex while
+they run, so threads running them take turns. ``tf.compat.v1.train.Saver``
+reads the variables without it: a checkpoint written while another thread
+runs ``accum_op`` (a ``MonitoredTrainingSession`` saver hook, a
+``Supervisor``'s saver thread) can hold the counter of one moment and an
+accumulator of another. `Saver` takes the mutex of every window of its graph,
+in one order, for the reads of its save and the writes of its restore.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from tf1_accum._window import MUTEX_COLLECTION
+
+
+class Saver(tf.compat.v1.train.Saver):
+    """A ``tf.compat.v1.train.Saver`` that saves and restores whole windows.
+
+    Its save and restore hold the mutex of every accumulation window built in
+    its graph (``build_accumulation``, `AccumulationOptimizer`,
+    ``build_dataset_accumulation``) while they read or write the variables,
+    the mutex each window op holds while it runs. A checkpoint written while
+    other threads run ``accum_op``, ``apply_op`` or the wrapper's train op
+    then holds every window as it was between two of those runs: its counter
+    agrees with its accumulators, and a restore never lands in the middle of
+    an add. Plain ``tf.compat.v1.train.Saver`` reads without the mutexes:
+    with threads accumulating while it saves, a checkpoint may be torn.
+
+    It takes the arguments of ``tf.compat.v1.train.Saver`` and is used the
+    same way, including where a framework saves: for
+    ``MonitoredTrainingSession`` and ``Estimator``, add it to the graph's
+    ``tf.compat.v1.GraphKeys.SAVERS`` (their ``CheckpointSaverHook`` and the
+    hook of `AccumulationOptimizer.make_session_run_hook` then save with it);
+    else pass it as ``saver=`` of a ``CheckpointSaverHook`` or a
+    ``Supervisor``. Build it after the windows: it locks those in the graph
+    when it is built.
+
+    Example:
+
+    >>> import tempfile
+    >>> import numpy as np
+    >>> with tf.Graph().as_default():
+    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
+    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
+    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
+    ...     acc = tf1_accum.build_accumulation(
+    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    ...     saver = tf1_accum.Saver()
+    ...     with tf.compat.v1.Session() as sess:
+    ...         sess.run(tf.compat.v1.global_variables_initializer())
+    ...         _ = sess.run(acc.accum_op, {x: np.array([1.0, 2.0])})
+    ...         path = saver.save(sess, tempfile.mkdtemp() + "/ckpt")
+    ...         sess.run(acc.zero_op)
+    ...         saver.restore(sess, path)
+    ...         print(sess.run(acc.counter))
+    1
+
+    Raises:
+        ValueError, TypeError: As ``tf.compat.v1.train.Saver``.
+    """
+
+    def build(self) -> None:
+        """Builds the save and restore ops, each holding every window's mutex.
+
+        As ``tf.compat.v1.train.Saver.build``; called by the constructor
+        unless ``defer_build=True``.
+        """
+        graph = tf.compat.v1.get_default_graph()
+        before = {op.name for op in graph.get_operations()}
+        super().build()
+        # A Scaffold builds its saver again: a second lock of one mutex in
+        # the same run could wait for the first forever.
+        if tf.executing_eagerly() or self.saver_def is None or getattr(self, "_locked", False):
+            return
+        self._locked = True
+        mutexes = sorted(graph.get_collection(MUTEX_COLLECTION), key=lambda m: m.name)
+        if not mutexes:
+            return
+        created = {op.name: op for op in graph.get_operations() if op.name not in before}
+        save = graph.as_graph_element(self.saver_def.save_tensor_name).op
+        restore = graph.as_graph_element(self.saver_def.restore_op_name)
+        with tf.compat.v1.name_scope(save.name.rsplit("/", 1)[0] + "/"):
+            _locked(save, created, mutexes, "save")
+            _locked(restore, created, mutexes, "restore")
+
+
+def _locked(last, created, mutexes, name):
+    """Makes the ops ``last`` runs among ``created`` run while every mutex is held.
+
+    The locks are taken one after the other, in the order of ``mutexes``
+    (every saver takes them in that order, a window op only its own). Each
+    op of the section that reads what was there before the saver (a
+    variable, its handle) waits for the last lock; a resource variable's
+    cached read (made with the variable, which a save reads) is replaced by
+    a read made after the lock. ``last`` waits for the releases, which wait
+    for everything ``last`` waited for.
+    """
+    section = _ancestors(last, created)
+    with tf.control_dependencies(None):
+        locks = []
+        for mutex in mutexes:
+            on_device = tf.device(mutex.device) if mutex.device else _nothing()
+            with on_device, tf.control_dependencies(locks[-1:]):
+                locks.append(tf.raw_ops.MutexLock(mutex=mutex, name=f"{name}_lock"))
+        lock = locks[-1].op
+        for op in section:
+            if op is last:
+                continue
+            for index, tensor in enumerate(list(op.inputs)):
+                if tensor.op.name in created:
+                    continue
+                if tensor.op.type == "ReadVariableOp":
+                    # A variable's cached read, made with it: read it again, locked.
+                    handle = tensor.op.inputs[0]
+                    with tf.device(tensor.op.device), tf.control_dependencies([lock]):
+                        again = tf.raw_ops.ReadVariableOp(
+                            resource=handle, dtype=tensor.dtype, name=f"{name}_read"
+                        )
+                    op._update_input(index, again)
+                elif lock not in op.control_inputs:
+                    op._add_control_input(lock)
+        finished = [t.op for t in last.inputs] + list(last.control_inputs)
+        releases = []
+        for lock, mutex in zip(locks, mutexes):
+            on_device = tf.device(mutex.device) if mutex.device else _nothing()
+            with on_device, tf.control_dependencies(finished):
+                releases.append(tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name=f"{name}_unlock"))
+    last._add_control_inputs(releases)
+
+
+def _ancestors(last, created):
+    """``last`` and the ops of ``created`` it depends on."""
+    found = {}
+    stack = [last]
+    while stack:
+        op = stack.pop()
+        if op.name in found or op.name not in created:
+            continue
+        found[op.name] = op
+        stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return list(found.values())
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
