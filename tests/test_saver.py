@@ -71,6 +71,10 @@ class _Graph:
 
 def _fed(values, w, u, counter, w_accumulator, u_accumulator):
     """Checks one window state for agreement; returns how many micro-batches it holds."""
+    if counter == 0:
+        # An empty window: a dense accumulator keeps the last window's sums,
+        # which nothing reads (the next add assigns).
+        w_accumulator, u_accumulator = np.zeros_like(w_accumulator), 0.0
     assert u_accumulator == counter, f"counter {counter} but u's accumulator {u_accumulator}"
     applied = U0 - u
     n = int(applied + counter)
