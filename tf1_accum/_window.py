@@ -461,7 +461,7 @@ class Window:
             # The window's first add assigns: no reset pass, no zeros (see _VariableAccumulator).
             first = tf.equal(self.counter.read_value(), 0, name="first")
             totals = [slot.add(g, weight, first) for slot, g in zip(self.slots, gradients)]
-            stateful += [t for total in totals for t in total]
+            stateful += [_write_of(t) for total in totals for t in total]
             with tf.control_dependencies(stateful):
                 count = self.counter.assign_add(1, use_locking=True)
             return Added(
@@ -1063,6 +1063,17 @@ def _scales_loss(optimizer):
             return "Dynamic" in type(scale).__name__
         optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
     return False
+
+
+def _write_of(total):
+    """What an add's ``total`` waits on: the write itself, not a read of what it wrote.
+
+    A resource variable's ``scatter_add`` returns an unread variable whose
+    graph element reads the whole variable; once scattered into, a resource
+    variable copies itself on every read, so waiting on that read would copy
+    an embedding table's accumulator with every micro-batch.
+    """
+    return getattr(total, "_parent_op", total)
 
 
 def _values(gradient):
