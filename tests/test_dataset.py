@@ -489,3 +489,26 @@ def test_a_loss_fn_with_a_conditional_of_its_own_trains_like_large_batches():
     assert names == ["v", "w"]
     for w, (have, want) in enumerate(zip(got, expected)):
         assert_same_values(have, want, RTOL[tf.float64], f"window {w}")
+
+
+def test_a_global_step_of_another_graph_is_refused_before_anything_is_built():
+    batches = make_batches(tf.float64, False, 2, 4)
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+    with tf.Graph().as_default() as graph:
+        dataset = _dataset(batches)
+        ops = len(graph.get_operations())
+        with pytest.raises(
+            ValueError,
+            match=r"global_step must be a variable of the loss's graph, got global_step of "
+            r"another graph",
+        ):
+            tf1_accum.build_dataset_accumulation(
+                _loss_fn(tf.float64, False),
+                v1.train.GradientDescentOptimizer(0.1),
+                dataset,
+                2,
+                global_step=other_step,
+            )
+        assert len(graph.get_operations()) == ops
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []

@@ -227,7 +227,7 @@ def build_dataset_accumulation(
     optimizer = _checks.check_optimizer(optimizer)
     _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
     _checks.check_steps(steps)
-    _checks.check_global_step(global_step)
+    _checks.check_global_step(global_step, tf.compat.v1.get_default_graph())
     options = window_options(
         average,
         weight,
