@@ -268,11 +268,11 @@ def ways_table(args):
                     "-" if bound is None else ("yes" if above <= bound else "NO"),
                 ]
             )
-    mlp = param_bytes[(args.graph_modes[0], PLAIN_B)]
+    mlp = param_bytes.get((args.graph_modes[0], PLAIN_B))
     sparse = param_bytes.get((args.graph_modes[0], SPARSE_PLAIN))
     print(
-        f"# allocator peak bytes, largest of {args.repetitions} runs; MLP "
-        f"P = {mlp / 1e6:.2f} MB"
+        f"# allocator peak bytes, largest of {args.repetitions} runs"
+        + ("" if mlp is None else f"; MLP P = {mlp / 1e6:.2f} MB")
         + ("" if sparse is None else f", embedding model P = {sparse / 1e6:.2f} MB")
         + f", N={args.steps}, B={args.micro_batch}, Adam; 'above' is above plain training "
         "of B (the dataset loop: above plain training on its tf.data pipeline)"
