@@ -9,6 +9,9 @@ the SavedModel ``saved_model/`` and the checkpoint ``mid`` with its
 
 * loads the SavedModel with ``tf.compat.v1.saved_model.loader.load`` and
   predicts the examples (``served`` in ``OUT_DIR/loaded.npz``);
+* with ``TF1_ACCUM_EXPORT_EAGER=1`` instead, stays eager and loads the
+  SavedModel with ``tf.saved_model.load``, as a TensorFlow 2 server would, and
+  predicts the examples (``served`` in ``OUT_DIR/eager.npz``);
 * imports ``mid.meta`` with ``import_meta_graph``, restores ``mid`` (a window
   left partly accumulated), runs the window's remaining micro-batches and its
   apply through the imported ops, by name, and writes every global variable's
@@ -26,7 +29,12 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import numpy as np
 import tensorflow as tf
 
-if os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
+# With TF1_ACCUM_EXPORT_EAGER=1 the process stays eager, as a TensorFlow 2
+# server does, and only loads the SavedModel with tf.saved_model.load.
+EAGER = os.environ.get("TF1_ACCUM_EXPORT_EAGER") == "1"
+if EAGER:
+    pass
+elif os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
     tf.compat.v1.disable_v2_behavior()
 else:
     tf.compat.v1.disable_eager_execution()
@@ -71,5 +79,13 @@ def main(out_dir):
     np.savez(os.path.join(out_dir, "loaded.npz"), **out)
 
 
+def serve_eagerly(out_dir):
+    """Loads the SavedModel with ``tf.saved_model.load`` and predicts (``eager.npz``)."""
+    data = np.load(os.path.join(out_dir, "inputs.npz"))
+    loaded = tf.saved_model.load(os.path.join(out_dir, "saved_model"))
+    outputs = loaded.signatures["serving_default"](x=tf.constant(data["examples"]))
+    np.savez(os.path.join(out_dir, "eager.npz"), served=outputs["y"].numpy())
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    (serve_eagerly if EAGER else main)(sys.argv[1])

@@ -123,6 +123,15 @@ def test_exported_model_serves_and_resumes_mid_window_in_a_fresh_process(way, tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = np.load(tmp_path / "loaded.npz")
+    eager = subprocess.run(
+        [sys.executable, str(HERE / "_export_worker.py"), str(tmp_path)],
+        env=dict(os.environ, PYTHONPATH=path, TF1_ACCUM_EXPORT_EAGER="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    np.testing.assert_array_equal(np.load(tmp_path / "eager.npz")["served"], exported)
 
     assert not np.allclose(exported, initial), "the first window must have moved the model"
     np.testing.assert_array_equal(loaded["served"], exported)
