@@ -11,12 +11,17 @@ migrated run) it restores whole, partial window included.
 
 import tensorflow as tf
 
+from tf1_accum._saver import Saver
 from tf1_accum._window import STATE_COLLECTION
 from tf1_accum._window import plain_variables
 
 
-class _PlainOrFullSaver(tf.compat.v1.train.Saver):
-    """Saves every global variable; restores a checkpoint with or without tf1_accum's state."""
+class _PlainOrFullSaver(Saver):
+    """Saves every global variable; restores a checkpoint with or without tf1_accum's state.
+
+    A `Saver`: its saves and full restores hold every window's mutex, so a
+    checkpoint written while threads accumulate is never torn.
+    """
 
     def __init__(self, max_to_keep):
         super().__init__(
