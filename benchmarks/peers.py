@@ -120,8 +120,8 @@ def build_ways(tf, spec, n, b, names=WAYS):
 
 # Rows built with parts of a way's work left out: {row: (way, parts)}. None
 # of them is a way to use: without the lock, threads may lose micro-batches;
-# without the divide, the sum is applied; without the reset, each window adds
-# to the last one's sums; without the check, a NaN window is applied.
+# without the divide, the sum is applied; without the check, a NaN window is
+# applied.
 # --lock-cost: the lock alone.
 LOCK_COST = {
     way + ", no lock": (way, ("lock",)) for way in ("fused helper", "AccumulationOptimizer")
@@ -441,7 +441,7 @@ def main(argv=None):
         "--pieces",
         action="store_true",
         help="also time the fused helper built without its lock, then also without the "
-        "divide, the reset and the non-finite check, one more at a time, and the helper "
+        "divide and the non-finite check, one more at a time, and the helper "
         "and AccumulationOptimizer without all of them (not ways to use): what each piece "
         "of their exact work costs",
     )
