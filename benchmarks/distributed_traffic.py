@@ -40,6 +40,14 @@ MICRO_BATCHES = (1, 4, 16)
 LAYERS = (64, 256, 256, 10)  # an MLP of about 86k parameters
 
 
+def _traced_nodes(v1, sess, op, feed):
+    """Runs ``op`` traced (FULL_TRACE); returns the name of every node the run executed."""
+    metadata = v1.RunMetadata()
+    options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+    sess.run(op, feed, options=options, run_metadata=metadata)
+    return [node.node_name for d in metadata.step_stats.dev_stats for node in d.node_stats]
+
+
 def _worker(task, ports):
     import numpy as np
     import tensorflow as tf
@@ -113,16 +121,12 @@ def _worker(task, ports):
                             if fed
                             else None
                         )
-                        metadata = v1.RunMetadata()
-                        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
-                        sess.run(op, feed, options=options, run_metadata=metadata)
-                        for device in metadata.step_stats.dev_stats:
-                            for node in device.node_stats:
-                                if node.node_name in collectives:
-                                    counts["all-reduces"] += 1
-                                    counts["elements"] += collectives[node.node_name]
-                                elif node.node_name == "RecvBuf":
-                                    counts["RecvBuf"] += 1
+                        for name in _traced_nodes(v1, sess, op, feed):
+                            if name in collectives:
+                                counts["all-reduces"] += 1
+                                counts["elements"] += collectives[name]
+                            elif name == "RecvBuf":
+                                counts["RecvBuf"] += 1
                 results.append(dict(n=n, way=way, **counts))
     print("RESULTS " + json.dumps(results), flush=True)
     # Keep this server up while the other worker may still read from it.
@@ -177,14 +181,10 @@ def _horovod_worker():
                             if fed
                             else None
                         )
-                        metadata = v1.RunMetadata()
-                        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
-                        sess.run(op, feed, options=options, run_metadata=metadata)
-                        for device in metadata.step_stats.dev_stats:
-                            for node in device.node_stats:
-                                if node.node_name in reduces:
-                                    counts["all-reduces"] += 1
-                                    counts["elements"] += reduces[node.node_name]
+                        for name in _traced_nodes(v1, sess, op, feed):
+                            if name in reduces:
+                                counts["all-reduces"] += 1
+                                counts["elements"] += reduces[name]
                 results.append(dict(n=n, way=way, **counts))
     if hvd.rank() == 0:
         print("RESULTS " + json.dumps(results), flush=True)
