@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-from tf1_accum import _lint
+from tf1_accum.check import _lint
 
 _HEADER = '''"""Generated training code."""
 import numpy as np

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from tf1_accum import _lint, _source
+from tf1_accum.check import _lint, _source
 
 # The checker does not depend on the graph mode: run in the v1 mode only.
 pytestmark = pytest.mark.graph_mode_independent

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 
 import pytest
 
@@ -125,6 +126,12 @@ def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path
     run(sys.executable, "setup.py", "-q", "bdist_wheel", "-d", str(tmp_path), cwd=source, **build)
     (wheel,) = tmp_path.glob("tf1_accum-*.whl")
     assert wheel.name == f"tf1_accum-{tf1_accum.__version__}-py3-none-any.whl"
+    # Every module of the package is in it, the checker's subpackage included.
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.endswith(".py")}
+    modules = {path.relative_to(source).as_posix() for path in (source / "tf1_accum").rglob("*.py")}
+    assert "tf1_accum/check/__main__.py" in modules
+    assert shipped == modules
 
     env = tmp_path / "env"
     run(sys.executable, "-m", "venv", "--without-pip", str(env))

@@ -4,7 +4,7 @@ A trainer often computes its gradients in a base class and applies them in
 a subclass kept in another module (``from ppo_base import Trainer``). When
 that module is among the files being checked, the parent's definition is
 copied into the child's tree, its lines moved past `OFFSET`, so that
-`tf1_accum._flow` follows ``self`` through the parent's methods as it does
+`tf1_accum.check._flow` follows ``self`` through the parent's methods as it does
 for a parent in the same file. Findings on the moved lines belong to the
 other file (which is checked on its own) and are dropped.
 """
@@ -15,7 +15,7 @@ import functools
 import os
 import symtable
 
-from tf1_accum import _source
+from tf1_accum.check import _source
 
 #: Lines of a copied parent start past this: a module longer than it is not real code.
 OFFSET = 10_000_000

@@ -1,4 +1,4 @@
-"""The rules of the migration checker, read from what `tf1_accum._flow` tags.
+"""The rules of the migration checker, read from what `tf1_accum.check._flow` tags.
 
 Each rule looks at one place: TFA001 to TFA005 at the gradients given to
 ``apply_gradients`` (`_apply_findings`), TFA005 also at an accumulator's
@@ -13,10 +13,10 @@ module does to it, so `_Facts` gathers that first.
 import ast
 import functools
 
-from tf1_accum._flow import (
-    _ADDS, _APPLIES, _ASSIGNS, _FUNCTIONS, _GRADIENTS, AFTER, APPLY, CONSTANT, COUNTER_MEAN,
-    DIVIDED, GRADIENT, MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR,
-    ZERO_OP, Module, _argument, added_to, binary, _called, _kinds, operands,
+from tf1_accum.check._flow import (
+    ADDS, AFTER, APPLIES, APPLY, ASSIGNS, CONSTANT, COUNTER_MEAN, DIVIDED, FUNCTIONS,
+    GRADIENT, GRADIENTS, MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR,
+    ZERO_OP, Module, added_to, argument_of, binary, called_name, kinds_of, operands,
 )  # fmt: skip
 
 
@@ -29,14 +29,14 @@ def findings(tree, source, path, tables=()):
     found = _loop_findings(module, facts, blocks)  # TFA008
     found |= _refetch_findings(module, facts, blocks)  # TFA009
     for call in facts.calls:
-        name = _called(call)
+        name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
             found.add((call.lineno, call.col_offset + 1, "TFA007"))
-        elif name in _APPLIES and not module.callees(call):  # TFA001 to TFA005
+        elif name in APPLIES and not module.callees(call):  # TFA001 to TFA005
             found |= _apply_findings(module, facts, call)
         elif name == "cond":  # TFA006
             found |= _cond_findings(module, facts, call)
-        if name in _ADDS | _ASSIGNS:  # TFA005 on a running average
+        if name in ADDS | ASSIGNS:  # TFA005 on a running average
             found |= _running_average_findings(module, facts, call)
     return found
 
@@ -50,7 +50,7 @@ class _Facts:
         self.adds = {}  # vid -> [(tags of what is added, tags of control dependencies)]
         self.divided = {}  # vid -> [tags of the value of an in-place division]
         self.calls = [call for call, _ in module.calls]
-        self.computes_gradients = any(_called(c) in _GRADIENTS for c in self.calls)
+        self.computes_gradients = any(called_name(c) in GRADIENTS for c in self.calls)
         for call in self.calls:
             accumulation = module.accumulation(call)
             if accumulation is not None:
@@ -58,11 +58,11 @@ class _Facts:
                 control = module._lookup(("control", id(call)))
                 for vid in added_to(call, vids):
                     self.adds.setdefault(vid, []).append((value, control))
-            elif _called(call) in _ASSIGNS:
+            elif called_name(call) in ASSIGNS:
                 vids, value = module.assigned(call) or (set(), ())
-                for vid in vids & _kinds(value, DIVIDED):
+                for vid in vids & kinds_of(value, DIVIDED):
                     self.divided.setdefault(vid, []).append(value)
-            elif _called(call) == "cond":
+            elif called_name(call) == "cond":
                 for branch in cond_branches(call):
                     if branch is not None:
                         self.branch_functions[id(branch)] = _branch_functions(module, branch)
@@ -93,7 +93,7 @@ class _Facts:
     def sums_raw(self, vid):
         """Adds gradients as they are (not already divided by the number of micro-batches)."""
         return any(
-            not ({SCALED, MEAN_GRADIENT} & value) and not (_kinds(control, ZERO_OP) & {vid})
+            not ({SCALED, MEAN_GRADIENT} & value) and not (kinds_of(control, ZERO_OP) & {vid})
             for value, control in self.adds.get(vid, ())
         )
 
@@ -103,13 +103,13 @@ class _Facts:
 
 def _apply_findings(module, facts, call):
     """TFA001 to TFA005, at the gradients given to ``apply_gradients``: what they hold."""
-    gradients = _argument(call, 0, "grads_and_vars")
+    gradients = argument_of(call, 0, "grads_and_vars")
     if gradients is None:
         return set()
     tags = frozenset().union(*(module.tags(p) for p in _gradient_parts(module, gradients)))
-    held = {v for v in _kinds(tags, VAR) | _kinds(tags, SUM) if facts.is_accumulator(v)}
+    held = {v for v in kinds_of(tags, VAR) | kinds_of(tags, SUM) if facts.is_accumulator(v)}
     divided = [value for vid in held for value in facts.divided.get(vid, ())]
-    reruns = {v for v in _kinds(tags, RERUN) if facts.adds_again(v)}
+    reruns = {v for v in kinds_of(tags, RERUN) if facts.adds_again(v)}
     in_branch = any(id(outer) in facts.in_branch for outer in _enclosing(module, call))
     rules = {
         # sums of raw gradients, never divided in place, applied apart from the adds
@@ -117,7 +117,7 @@ def _apply_findings(module, facts, call):
         and not _fused(facts, held),
         # divided by a counter variable, here or in place
         "TFA002": any(
-            facts.is_counter(v) for t in [tags, *divided] for v in _kinds(t, COUNTER_MEAN)
+            facts.is_counter(v) for t in [tags, *divided] for v in kinds_of(t, COUNTER_MEAN)
         ),
         # computed from the adds themselves, outside a tf.cond, and run apart from them
         "TFA003": bool(reruns) and not in_branch and not _fused(facts, reruns),
@@ -137,9 +137,9 @@ def _gradient_parts(module, node, depth=0):
         return _gradient_parts(module, node.elt, depth)
     if isinstance(node, ast.Tuple) and len(node.elts) == 2:
         return [node.elts[0]]
-    if isinstance(node, ast.Call) and _called(node) == "zip" and len(node.args) == 2:
+    if isinstance(node, ast.Call) and called_name(node) == "zip" and len(node.args) == 2:
         return [node.args[0]]
-    if isinstance(node, ast.Call) and _called(node) in ("list", "tuple") and node.args:
+    if isinstance(node, ast.Call) and called_name(node) in ("list", "tuple") and node.args:
         return _gradient_parts(module, node.args[0], depth)
     if isinstance(node, (ast.List, ast.Tuple)) and node.elts:
         return [p for e in node.elts for p in _gradient_parts(module, e, depth)]
@@ -156,7 +156,9 @@ _GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call
 def _fused(facts, vids):
     """Every session run that adds to these accumulators applies them too: each
     apply holds the one micro-batch of its own run."""
-    adding = [tags for _, tags in facts.runs if (_kinds(tags, SUM) | _kinds(tags, AFTER)) & vids]
+    adding = [
+        tags for _, tags in facts.runs if (kinds_of(tags, SUM) | kinds_of(tags, AFTER)) & vids
+    ]
     return bool(adding) and all(_applies(tags) for tags in adding)
 
 
@@ -198,7 +200,7 @@ def _cond_findings(module, facts, call):
     for branch in branches:
         functions = facts.branch_functions.get(id(branch), [])
         calls = [n for f in functions for n in ast.walk(f) if isinstance(n, ast.Call)]
-        applies.append([c for c in calls if _called(c) in _APPLIES | {"minimize"}])
+        applies.append([c for c in calls if called_name(c) in APPLIES | {"minimize"}])
         adding = [c for c in calls if _accumulates_in_branch(module, facts, c)]
         accumulates.append(bool(adding))
         added.append({k for c in adding for k in _names(module, operands(c)[1], depth=2)})
@@ -213,7 +215,7 @@ def _cond_findings(module, facts, call):
 
 def cond_branches(call):
     """The true and false branches of ``tf.cond(pred, true_fn, false_fn)`` (None: missing)."""
-    return [_argument(call, 1, "true_fn", "fn1"), _argument(call, 2, "false_fn", "fn2")]
+    return [argument_of(call, 1, "true_fn", "fn1"), argument_of(call, 2, "false_fn", "fn2")]
 
 
 def _branch_functions(module, branch):
@@ -247,9 +249,9 @@ def _accumulates_in_branch(module, facts, call):
 def _applies_current(module, call, added):
     """``apply_gradients([((acc + g) / n, v)])``: the applying run's own
     micro-batch (a gradient, or what the other branch adds) is in what it applies."""
-    if _called(call) == "minimize":
+    if called_name(call) == "minimize":
         return True
-    gradients = _argument(call, 0, "grads_and_vars")
+    gradients = argument_of(call, 0, "grads_and_vars")
     parts = _gradient_parts(module, gradients) if gradients is not None else []
     return any(GRADIENT in module.tags(p) or _names(module, p) & added for p in parts)
 
@@ -321,7 +323,7 @@ def _blocks(tree):
 
 def _short_range(node):
     """``range(n - 1)`` or ``range(1, n)``: one micro-batch short of a window."""
-    if not (isinstance(node, ast.Call) and _called(node) in ("range", "xrange")):
+    if not (isinstance(node, ast.Call) and called_name(node) in ("range", "xrange")):
         return False
     if len(node.args) == 1:
         bound = node.args[0]
@@ -340,7 +342,7 @@ def _runs(module, nodes):
     stack = list(nodes)
     while stack:
         node = stack.pop()
-        if isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+        if isinstance(node, (*FUNCTIONS, ast.ClassDef)):
             continue
         if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run":
             found.append((node, _fetches(module, node)))
@@ -350,13 +352,13 @@ def _runs(module, nodes):
 
 def _fetches(module, run):
     """The tags of what ``session.run(fetches)`` (or ``op.run()``) runs."""
-    fetched = _argument(run, 0, "fetches")
+    fetched = argument_of(run, 0, "fetches")
     return module.tags(run.func.value if fetched is None else fetched)
 
 
 def _accumulates(facts, tags):
     """What a run fetches adds to an accumulator."""
-    return any(facts.is_accumulator(v) for v in _kinds(tags, SUM) | _kinds(tags, AFTER))
+    return any(facts.is_accumulator(v) for v in kinds_of(tags, SUM) | kinds_of(tags, AFTER))
 
 
 def _applies(tags):
@@ -383,7 +385,7 @@ def _refetch_findings(module, facts, blocks):
                 continue  # after range(n - 1), the run that adds again completes the window
             added = {
                 vid for _, tags in _runs(module, loop.body)
-                for vid in _kinds(tags, SUM) | _kinds(tags, RERUN) | _kinds(tags, AFTER)
+                for vid in kinds_of(tags, SUM) | kinds_of(tags, RERUN) | kinds_of(tags, AFTER)
                 if facts.adds_again(vid)
             }  # fmt: skip
             for run, _ in _runs(module, block[index + 1 :]) if added else ():
@@ -391,7 +393,7 @@ def _refetch_findings(module, facts, blocks):
                 if any(_rereads(tags, added) for tags in parts):
                     found.add((run.lineno, run.col_offset + 1, "TFA009"))
                 for tags in parts:  # a new window: the next add is its first
-                    added -= _kinds(tags, ZERO_OP)
+                    added -= kinds_of(tags, ZERO_OP)
     return found
 
 
@@ -401,7 +403,7 @@ _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 def _rereads(tags, added):
     """A fetch computed from an add to ``added`` (``acum / n``), not the add itself
     (fetched again, that is one more micro-batch) nor an apply (TFA003's)."""
-    return bool((_kinds(tags, RERUN) - _kinds(tags, SUM)) & added) and not _applies(tags)
+    return bool((kinds_of(tags, RERUN) - kinds_of(tags, SUM)) & added) and not _applies(tags)
 
 
 def _fetched_parts(module, run, node=None, depth=0):
@@ -409,7 +411,7 @@ def _fetched_parts(module, run, node=None, depth=0):
     list, tuple or dict of fetches, through the names, items and module
     functions that hold or return them."""
     if node is None:
-        node = _argument(run, 0, "fetches")
+        node = argument_of(run, 0, "fetches")
         node = run.func.value if node is None else node
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [p for e in node.elts for p in _fetched_parts(module, run, e, depth)]

@@ -1,11 +1,10 @@
 """Finds the forum-style accumulation patterns in Python source, without running it.
 
-`tf1_accum._source` reads the file (Python 2 too), `tf1_accum._parents` copies
-in the parent classes it imports from the other files checked,
-`tf1_accum._flow` tags each value with what it is made from, `tf1_accum._rules`
-looks at what reaches ``apply_gradients``, ``tf.cond`` and ``session.run``. A
-heuristic: it finds the patterns as they are usually written, and says nothing
-of code it cannot follow.
+`_source` reads the file (Python 2 too), `_parents` copies in the parent
+classes it imports from the other files checked, `_flow` tags each value with
+what it is made from, `_rules` looks at what reaches ``apply_gradients``,
+``tf.cond`` and ``session.run``. A heuristic: it finds the patterns as they
+are usually written, and says nothing of code it cannot follow.
 """
 
 import ast
@@ -15,7 +14,7 @@ import os
 import re
 import typing
 
-from tf1_accum import _parents, _rules, _source
+from tf1_accum.check import _parents, _rules, _source
 
 
 class Finding(typing.NamedTuple):
@@ -118,7 +117,7 @@ def check_source(source, path="<string>", modules=None):
         source: Python source code, as text (Python 2 is accepted).
         path: The name to report the findings under.
         modules: The other files of the check by module name (from
-            `tf1_accum._parents.index`): a class whose parent is imported from
+            `tf1_accum.check._parents.index`): a class whose parent is imported from
             one of them (``from trainer_base import Trainer``) is read with
             the parent's methods. None: this file alone.
 

@@ -1,4 +1,4 @@
-"""What each value in a module is made from (`tf1_accum._rules` reads it).
+"""What each value in a module is made from (`tf1_accum.check._rules` reads it).
 
 One pass records the expressions stored at each place a value is kept (a name
 in its scope, a ``self`` attribute of a class, a function's parameters and
@@ -32,8 +32,8 @@ DIVIDED = "divided"  # (DIVIDED, vid): vid divided in place (assign(v / n))
 COUNTER_MEAN = "counter_mean"  # (COUNTER_MEAN, vid): divided by a variable vid
 STEP_MEAN = ("step_mean",)  # divided by the global step
 
-_ADDS = {"assign_add", "update_add"}
-_ASSIGNS = {"assign", "update"}
+ADDS = {"assign_add", "update_add"}
+ASSIGNS = {"assign", "update"}
 _VARIABLES = {
     "Variable", "VariableV1", "get_variable", "get_local_variable", "variable", "add_weight",
 }  # fmt: skip
@@ -41,8 +41,8 @@ _SLOTS = {"_zeros_slot", "create_zeros_slot", "get_slot", "add_slot", "_get_or_m
 _ZEROS = {"zeros", "zeros_like", "zeros_initializer", "Zeros"}
 _KERAS = {"K", "backend"}
 _STEP_FUNCTIONS = {"get_or_create_global_step", "get_global_step", "create_global_step"}
-_GRADIENTS = {"compute_gradients", "gradients", "gradient"}
-_APPLIES = {"apply_gradients"}
+GRADIENTS = {"compute_gradients", "gradients", "gradient"}
+APPLIES = {"apply_gradients"}
 _FRESH = {
     "zeros_like", "ones_like", "ones", "shape", "size", "rank", "int_shape", "get_shape",
     "len", "range", "xrange", "no_op", "initialized_value", "Session", "InteractiveSession",
@@ -54,7 +54,7 @@ _PASS_FEED = {
     "clip_by_value", "clip_by_norm", "clip_by_global_norm", "IndexedSlices", "stop_gradient",
 }  # fmt: skip
 _MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault"}
-_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _UNSCOPED = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
 _COMPREHENSIONS = {  # their symbol tables' names
     ast.ListComp: "listcomp", ast.SetComp: "setcomp", ast.GeneratorExp: "genexpr",
@@ -69,13 +69,13 @@ _PARTS = {
 }  # fmt: skip
 
 
-def _called(call):
+def called_name(call):
     """The last name of what a call calls: ``tf.train.Foo(...)`` -> ``"Foo"``."""
     func = call.func
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
 
 
-def _argument(call, index, *keywords):
+def argument_of(call, index, *keywords):
     """The argument given by one of ``keywords``, or else at position ``index`` (None: absent)."""
     for keyword in call.keywords:
         if keyword.arg in keywords:
@@ -85,8 +85,8 @@ def _argument(call, index, *keywords):
     return None
 
 
-def _kinds(tags, kind):
-    """The second items of the tags of one kind: ``_kinds(tags, VAR)``, the variables."""
+def kinds_of(tags, kind):
+    """The second items of the tags of one kind: ``kinds_of(tags, VAR)``, the variables."""
     return {t[1] for t in tags if t[0] == kind}
 
 
@@ -118,7 +118,7 @@ class Module(ast.NodeVisitor):
     parameter also receives each argument the module passes to it, and a
     function's return value is kept under the function. ``tables`` holds the
     (symbol table, line offset) of each parent class copied in from another
-    file (`tf1_accum._parents`).
+    file (`tf1_accum.check._parents`).
     """
 
     def __init__(self, tree, source, path, tables=()):
@@ -254,14 +254,14 @@ class Module(ast.NodeVisitor):
             if item.optional_vars is not None:
                 self._bind(item.optional_vars, item.context_expr, self._scope, control)
             call = item.context_expr
-            if isinstance(call, ast.Call) and _called(call) == "control_dependencies":
-                control += tuple(d for d in [_argument(call, 0, "control_inputs")] if d)
+            if isinstance(call, ast.Call) and called_name(call) == "control_dependencies":
+                control += tuple(d for d in [argument_of(call, 0, "control_inputs")] if d)
         self._visit_in(node.body, control=control)
 
     visit_AsyncWith = visit_With
 
     def visit_Return(self, node):
-        if node.value is not None and isinstance(self._scope.node, _FUNCTIONS[:2]):
+        if node.value is not None and isinstance(self._scope.node, FUNCTIONS[:2]):
             self._store(("return", id(self._scope.node)), node.value, self._control)
         self.generic_visit(node)
 
@@ -300,7 +300,7 @@ class Module(ast.NodeVisitor):
         """The (item, part) pairs of ``a, b = x, y``, ``zip(x, y)``, ``enumerate(x)``
         or a call to a module function that returns a tuple; else each item
         may hold any part. None for a call before every function is known."""
-        called = _called(value) if isinstance(value, ast.Call) else None
+        called = called_name(value) if isinstance(value, ast.Call) else None
         if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(elements):
             return list(zip(elements, value.elts))
         if called == "zip" and len(value.args) == len(elements):
@@ -377,7 +377,7 @@ class Module(ast.NodeVisitor):
         of its bases defined in the module (by name)."""
         queue = [cls]
         for current in queue:  # breadth first: the queue grows as it is read
-            found = [n for n in current.body if isinstance(n, _FUNCTIONS[:2]) and n.name == name]
+            found = [n for n in current.body if isinstance(n, FUNCTIONS[:2]) and n.name == name]
             if found:
                 return found
             for base in current.bases:
@@ -434,7 +434,7 @@ class Module(ast.NodeVisitor):
         if isinstance(node, ast.Attribute):
             keys = self.keys(node)
             extra = {STEP} if "global_step" in node.attr else set()
-            extra |= {ADD_FUNCTION} if node.attr in _ADDS else set()
+            extra |= {ADD_FUNCTION} if node.attr in ADDS else set()
             extra |= {ZEROS} if node.attr in _ZEROS else set()  # tf.zeros_initializer, uncalled
             held = self._union_keys(keys) if keys else self.tags(node.value)
             return frozenset(held) | extra
@@ -505,7 +505,7 @@ class Module(ast.NodeVisitor):
 
     def _call_tags(self, call):
         """The tags of a call's result, by what it calls (the first match wins)."""
-        name = _called(call)
+        name = called_name(call)
         if name in _ARITHMETIC and len(call.args) == 2:  # tf.div(a, n), tf.multiply(s, a)
             left, right = self.tags(call.args[0]), self.tags(call.args[1])
             return _arithmetic(left, right, _ARITHMETIC[name])
@@ -520,7 +520,7 @@ class Module(ast.NodeVisitor):
         if name in _ZEROS:
             return {ZEROS}
         if name == "constant_initializer":
-            value = _argument(call, 0, "value")
+            value = argument_of(call, 0, "value")
             return {ZEROS} if isinstance(value, ast.Constant) and value.value == 0 else set()
         if name in _FRESH:
             return set()
@@ -531,21 +531,21 @@ class Module(ast.NodeVisitor):
         callees = self.callees(call)
         if callees:
             return self._union_keys([("return", id(f)) for f, _ in callees])
-        if name in _GRADIENTS:
-            loss = _argument(call, 0, "loss", "ys", "target")
+        if name in GRADIENTS:
+            loss = argument_of(call, 0, "loss", "ys", "target")
             mean = loss is not None and self.holds(loss, _quotient)
             return {GRADIENT, MEAN_GRADIENT} if mean else {GRADIENT}
         accumulation = self.accumulation(call)
         if accumulation is not None:
             return {(kind, v) for v in added_to(call, accumulation[0]) for kind in (SUM, RERUN)}
-        if name in _ASSIGNS:
+        if name in ASSIGNS:
             vids, value = self.assigned(call) or ((), ())
             zero = ZEROS in value or _is_zero(operands(call)[1])
             return {(ZERO_OP if zero else VAR, v) for v in vids}
-        if name in _APPLIES:
-            gradients = _argument(call, 0, "grads_and_vars")
+        if name in APPLIES:
+            gradients = argument_of(call, 0, "grads_and_vars")
             tags = self.tags(gradients) if gradients is not None else frozenset()
-            vids = tuple(sorted(_kinds(tags, VAR) | _kinds(tags, SUM), key=repr))
+            vids = tuple(sorted(kinds_of(tags, VAR) | kinds_of(tags, SUM), key=repr))
             return {(APPLY,) + vids} | {t for t in tags if t[0] in (SUM, RERUN, AFTER)}
         result = self._union(list(call.args) + [k.value for k in call.keywords])
         if receiver is not None:
@@ -565,34 +565,34 @@ class Module(ast.NodeVisitor):
     def _variable_tags(self, call, name):
         """A new variable (or slot: one per slot name), or the global step."""
         keywords = {k.arg: k.value for k in call.keywords}
-        label = keywords.get("name", _argument(call, 0, "name") if name != "Variable" else None)
+        label = keywords.get("name", argument_of(call, 0, "name") if name != "Variable" else None)
         if isinstance(label, ast.Constant) and label.value == "global_step":
             return {STEP}
         if name not in _SLOTS:
             return {(VAR, (call.lineno, call.col_offset))}
-        slot = _argument(call, 1, "slot_name", "name")  # one variable per slot name
+        slot = argument_of(call, 1, "slot_name", "name")  # one variable per slot name
         where = (slot.value,) if isinstance(slot, ast.Constant) else (call.lineno, call.col_offset)
         return {(VAR, ("slot", *where))}
 
     def variable(self, vid):
         """(zero-initialised, scalar) for the variable made at vid."""
         call = self._made.get(vid)
-        if vid[0] == "slot" or call is not None and _called(call) in ("zeros", "zeros_like"):
+        if vid[0] == "slot" or call is not None and called_name(call) in ("zeros", "zeros_like"):
             return True, False
         if call is None:
             return False, False
-        name = _called(call)
-        initial = _argument(call, 0, "initial_value", "value")
+        name = called_name(call)
+        initial = argument_of(call, 0, "initial_value", "value")
         if name in ("get_variable", "get_local_variable", "add_weight"):
-            initial = _argument(call, 3, "initializer")
+            initial = argument_of(call, 3, "initializer")
         if initial is None:
             return False, False
         if isinstance(initial, ast.Constant):
             if initial.value == "zeros":  # Keras add_weight(initializer="zeros")
                 return True, False
             return initial.value == 0, True
-        zeros = isinstance(initial, ast.Call) and _called(initial) == "zeros"
-        shape = _argument(initial, 0, "shape") if zeros else None  # tf.zeros([]): a scalar
+        zeros = isinstance(initial, ast.Call) and called_name(initial) == "zeros"
+        shape = argument_of(initial, 0, "shape") if zeros else None  # tf.zeros([]): a scalar
         return ZEROS in self.tags(initial), isinstance(
             shape, (ast.List, ast.Tuple)
         ) and not shape.elts
@@ -606,18 +606,18 @@ class Module(ast.NodeVisitor):
         """(variables added to, tags of what is added) for an accumulating call:
         ``v.assign_add(g)``, ``tf.assign_add(v, g)``, ``add_fn(v, g)``,
         ``v.assign(v + g)``; None for any other call."""
-        name = _called(call)
+        name = called_name(call)
         func = call.func
         target, value = operands(call)
         if target is None or value is None:
             return None
-        if name in _ADDS or (
+        if name in ADDS or (
             isinstance(func, ast.Name) and ADD_FUNCTION in self.tags(func) and len(call.args) > 1
         ):
-            return _kinds(self.tags(target), VAR), self.tags(value)
-        if name in _ASSIGNS and self.holds(value, _addition):
-            vids, tags = _kinds(self.tags(target), VAR), self.tags(value)
-            added = vids & (_kinds(tags, VAR) | _kinds(tags, SUM))
+            return kinds_of(self.tags(target), VAR), self.tags(value)
+        if name in ASSIGNS and self.holds(value, _addition):
+            vids, tags = kinds_of(self.tags(target), VAR), self.tags(value)
+            added = vids & (kinds_of(tags, VAR) | kinds_of(tags, SUM))
             if added:
                 return added, tags
         return None
@@ -627,7 +627,7 @@ class Module(ast.NodeVisitor):
         target, value = operands(call)
         if target is None or value is None:
             return None
-        return _kinds(self.tags(target), VAR), self.tags(value)
+        return kinds_of(self.tags(target), VAR), self.tags(value)
 
 
 _ARITHMETIC = {
@@ -647,13 +647,13 @@ def _arithmetic(left, right, op):
         if op is ast.Mult:  # avg * step: scaled, but not a mean
             return {t for t in left | right if t[0] not in (VAR, SUM)}
         return left | right
-    numerators = _kinds(left, VAR) | _kinds(left, SUM)
+    numerators = kinds_of(left, VAR) | kinds_of(left, SUM)
     if op is ast.Mult:
-        numerators |= _kinds(right, VAR) | _kinds(right, SUM)
+        numerators |= kinds_of(right, VAR) | kinds_of(right, SUM)
     result = {t for t in left | right if t[0] not in (VAR, SUM)} | {SCALED}
     result |= {(DIVIDED, vid) for vid in numerators}
     if op is ast.Div:
-        result |= {(COUNTER_MEAN, vid) for vid in _kinds(right, VAR) if numerators}
+        result |= {(COUNTER_MEAN, vid) for vid in kinds_of(right, VAR) if numerators}
         if STEP in right and (numerators or GRADIENT in left):
             result.add(STEP_MEAN)
     return result
@@ -666,8 +666,8 @@ def operands(call):
     modules = ("tf", "K", "backend", "state_ops", "v1")  # tf.assign(v, x) is not a method
     method = isinstance(func, ast.Attribute) and len(call.args) < 2
     method = method and _receiver_name(func.value) not in modules
-    target = func.value if method else _argument(call, 0, "ref", "x", "variable")
-    value = _argument(call, 0 if method else 1, "value", "new_value", "increment", "delta")
+    target = func.value if method else argument_of(call, 0, "ref", "x", "variable")
+    value = argument_of(call, 0 if method else 1, "value", "new_value", "increment", "delta")
     return target, value
 
 
@@ -691,7 +691,7 @@ def binary(node, op):
 def _quotient(node):
     """``loss / n`` or ``loss * (1 / n)``: already divided by the number of micro-batches."""
     if isinstance(node, ast.Call):
-        return _called(node) in ("divide", "truediv", "div")
+        return called_name(node) in ("divide", "truediv", "div")
     halves = binary(node, ast.Mult) and (binary(node.left, ast.Div) or binary(node.right, ast.Div))
     return binary(node, ast.Div) or halves
 
@@ -700,7 +700,7 @@ def _addition(node):
     """``v + g`` or ``tf.add(v, g)``: what ``v.assign(...)`` accumulates with; a
     tensor merely computed from ``v`` (a model's new state) is not an add to it."""
     if isinstance(node, ast.Call):
-        return _called(node) in ("add", "add_n", "accumulate_n", "scatter_nd_add")
+        return called_name(node) in ("add", "add_n", "accumulate_n", "scatter_nd_add")
     return binary(node, ast.Add)
 
 

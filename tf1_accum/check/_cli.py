@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 
-from tf1_accum import _lint
+from tf1_accum.check import _lint
 
 
 def _codes(text):
@@ -89,7 +89,3 @@ def main(argv=None):
     elif findings:
         print(*findings, sep="\n")
     return 2 if unreadable else 1 if findings else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,18 @@
+"""The migration checker: ``tf1-accum-check PATH...`` (or ``python -m tf1_accum.check``).
+
+Reads Python source, without running it or importing TensorFlow (or anything
+else of tf1_accum), and reports the forum-style accumulation bugs in it; see
+docs/cli.rst. Its one public function is `main`, the command itself; the
+modules beside it are its parts:
+
+- ``_cli``: the command line (`main`);
+- ``_lint``: the rule table, one file or many checked, the findings;
+- ``_source``: reading a file (Python 2 and encoded source too);
+- ``_parents``: parent classes copied in from the other files checked;
+- ``_flow``: what each value of a module is made from;
+- ``_rules``: the rules, read from what ``_flow`` tags.
+"""
+
+from tf1_accum.check._cli import main
+
+__all__ = ("main",)
