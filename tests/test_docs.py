@@ -214,7 +214,7 @@ def test_quickstart_shows_its_printed_table_as_text():
 
 
 def test_readme_use_it_says_what_the_keras_3_note_says():
-    from tf1_accum import _checks
+    from tf1_accum import _validate
 
     text = (ROOT / "README.rst").read_text(encoding="utf-8")
     use_it = " ".join(
@@ -222,5 +222,5 @@ def test_readme_use_it_says_what_the_keras_3_note_says():
     )
     assert "AttributeError: `dense` is not available with Keras 3." in use_it
     assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in use_it
-    assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in _checks.KERAS_3_HINT
-    assert "tf_keras" in use_it and "tf_keras" in _checks.KERAS_3_HINT
+    assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in _validate.KERAS_3_HINT
+    assert "tf_keras" in use_it and "tf_keras" in _validate.KERAS_3_HINT

@@ -19,7 +19,7 @@ import tf1_accum
 from _helpers import Model
 from _helpers import dataset_of
 from _helpers import make_batches
-from tf1_accum import _checks
+from tf1_accum import _validate
 
 HINT = (
     "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: install "
@@ -50,7 +50,7 @@ def _build_with(error):
 def test_a_keras_3_layers_error_from_loss_fn_says_how_to_use_tf_keras():
     error = _build_with(AttributeError("`dense` is not available with Keras 3."))
     assert str(error).splitlines()[0] == "`dense` is not available with Keras 3."
-    assert _checks.KERAS_3_HINT == HINT
+    assert _validate.KERAS_3_HINT == HINT
     notes = getattr(error, "__notes__", str(error).splitlines()[1:])
     assert notes[-1] == HINT
     assert notes[0].startswith("tf1_accum: build_dataset_accumulation failed after building")

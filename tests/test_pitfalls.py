@@ -234,7 +234,7 @@ def test_importing_the_library_prints_nothing():
         "for name in tf1_accum.__all__:\n"
         "    getattr(tf1_accum, name)\n"
         "import tf1_accum.check\n"
-        "from tf1_accum import _checks, _graph_check, _hooks, _keras, _migration\n"
+        "from tf1_accum import _graph_check, _hooks, _keras, _migration, _validate\n"
     )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)

@@ -6,7 +6,7 @@ import typing
 
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _distributed
 from tf1_accum import _keras
 from tf1_accum import _migration
@@ -242,12 +242,12 @@ def build_accumulation(
             ``fused=True``) creates different state each time its
             ``apply_gradients`` is built.
     """
-    _checks.check_graph_mode("build_accumulation")
-    _checks.check_loss(loss)
-    optimizer = _checks.check_optimizer(optimizer)
+    _validate.check_graph_mode("build_accumulation")
+    _validate.check_loss(loss)
+    optimizer = _validate.check_optimizer(optimizer)
     _migration.refuse_accumulating_optimizer(optimizer, "build_accumulation")
     graph = loss.graph
-    _checks.check_global_step(global_step, graph)
+    _validate.check_global_step(global_step, graph)
     options = window_options(
         average,
         weight,
@@ -259,7 +259,7 @@ def build_accumulation(
         weight_kind="tensor",
         graph=graph,
     )
-    _checks.check_bool("fused", fused)
+    _validate.check_bool("fused", fused)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
@@ -269,13 +269,13 @@ def build_accumulation(
     update_ops = options.update_ops
     if update_ops is None:
         update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-    var_list = _checks.check_var_list(var_list, graph)
-    _checks.check_trainable(loss, var_list)
+    var_list = _validate.check_var_list(var_list, graph)
+    _validate.check_trainable(loss, var_list)
     _keras.check_variables(optimizer, var_list)
     # Checked: from here on the graph grows. A failure now (a gradient None
     # everywhere, an optimizer that cannot build its apply) puts the
     # graph's collections back and says which ops remain.
-    with graph.as_default(), _checks.restored_on_failure(graph, "build_accumulation"):
+    with graph.as_default(), _validate.restored_on_failure(graph, "build_accumulation"):
         if loss.shape.ndims is None:
             # Unknown statically: fails at run time unless it holds one value.
             loss = tf.reshape(loss, [], name="scalar_loss")

@@ -7,7 +7,7 @@ import typing
 
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _distributed
 from tf1_accum import _migration
 from tf1_accum import _stats
@@ -216,18 +216,18 @@ def build_dataset_accumulation(
             computed there, or ``loss_fn`` creates a variable from a tensor
             that reads a value of the loop (the micro-batch, a variable).
     """
-    _checks.check_graph_mode("build_dataset_accumulation")
+    _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
         raise TypeError(
             "loss_fn must be a callable taking one dataset element and returning a "
-            f"scalar loss, got {_checks.describe(loss_fn)}."
+            f"scalar loss, got {_validate.describe(loss_fn)}."
         )
     if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(f"dataset must be a tf.data.Dataset, got {_checks.describe(dataset)}.")
-    optimizer = _checks.check_optimizer(optimizer)
+        raise TypeError(f"dataset must be a tf.data.Dataset, got {_validate.describe(dataset)}.")
+    optimizer = _validate.check_optimizer(optimizer)
     _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
-    _checks.check_steps(steps)
-    _checks.check_global_step(global_step, tf.compat.v1.get_default_graph())
+    _validate.check_steps(steps)
+    _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
     options = window_options(
         average,
         weight,
@@ -249,10 +249,10 @@ def build_dataset_accumulation(
         )
     graph = tf.compat.v1.get_default_graph()
     if var_list is not None:
-        var_list = _checks.check_var_list(var_list, graph)
+        var_list = _validate.check_var_list(var_list, graph)
     # Checked: what follows calls loss_fn and builds. If it fails, the
     # graph's collections are put back and the error says which ops remain.
-    with _checks.restored_on_failure(graph, "build_dataset_accumulation"):
+    with _validate.restored_on_failure(graph, "build_dataset_accumulation"):
         return _build(
             loss_fn, optimizer, dataset, steps, var_list, global_step, options, name, cross_replica
         )
@@ -304,10 +304,10 @@ def _build(
         ]
         for g in {graph, branch_graph}:
             _restore_collections(g, kept)
-        _checks.check_loss(loss)
-        _checks.check_weight(w, loss.graph)
-        trainable = _checks.check_var_list(var_list, graph)
-        read = _checks.check_trainable(loss, trainable)
+        _validate.check_loss(loss)
+        _validate.check_weight(w, loss.graph)
+        trainable = _validate.check_var_list(var_list, graph)
+        read = _validate.check_trainable(loss, trainable)
         # The gradients are not built yet: the dtypes looked at are those of
         # the variables the loss reads.
         # Across workers the window's sums are all-reduced, then divided by
@@ -316,7 +316,7 @@ def _build(
             per_step_loss(loss, options, steps, read) if cross_replica is None else (loss, False)
         )
         pairs = optimizer.compute_gradients(scaled, var_list=trainable)
-        pairs = _checks.usable_gradients(pairs, loss)  # named as loss_fn returned it
+        pairs = _validate.usable_gradients(pairs, loss)  # named as loss_fn returned it
         with tf.compat.v1.name_scope(scope):
             window = Window(
                 pairs,

@@ -14,7 +14,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum._window import plain_variables
 
 
@@ -58,7 +58,7 @@ def check_cross_replica(cross_replica):
         raise TypeError(
             "cross_replica must be a tf1_accum.CollectiveAllReduce, a "
             "tf1_accum.HorovodAllReduce or None, got "
-            f"{_checks.describe(cross_replica)}."
+            f"{_validate.describe(cross_replica)}."
         )
 
 
@@ -155,7 +155,7 @@ class CollectiveAllReduce(Engine):
             ("instance_key", instance_key),
         ):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{label} must be an int, got {_checks.describe(value)}.")
+                raise TypeError(f"{label} must be an int, got {_validate.describe(value)}.")
         if num_workers < 1:
             raise ValueError(f"num_workers must be at least 1, got {num_workers}.")
         if not 0 <= task_index < num_workers:
@@ -163,12 +163,12 @@ class CollectiveAllReduce(Engine):
                 f"task_index must be in [0, num_workers) = [0, {num_workers}), got {task_index}."
             )
         if not isinstance(job_name, str):
-            raise TypeError(f"job_name must be a string, got {_checks.describe(job_name)}.")
+            raise TypeError(f"job_name must be a string, got {_validate.describe(job_name)}.")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
                 raise TypeError(
                     f"timeout must be a positive number of seconds or None, got "
-                    f"{_checks.describe(timeout)}."
+                    f"{_validate.describe(timeout)}."
                 )
             if not timeout > 0:
                 raise ValueError(f"timeout must be positive (seconds), got {timeout}.")
@@ -397,12 +397,12 @@ def broadcast_variables(
             bool, float16, float32, float64, int32, int64; Horovod's also
             int8, int16, uint8, uint16).
     """
-    _checks.check_graph_mode("broadcast_variables")
+    _validate.check_graph_mode("broadcast_variables")
     if not isinstance(collective, Engine):
         raise TypeError(
             "collective must be a tf1_accum.CollectiveAllReduce or a "
             "tf1_accum.HorovodAllReduce, got "
-            f"{_checks.describe(collective)}."
+            f"{_validate.describe(collective)}."
         )
     graph = tf.compat.v1.get_default_graph()
     if var_list is None:
@@ -410,7 +410,7 @@ def broadcast_variables(
         if not var_list:
             raise ValueError("var_list is empty: the graph has no variables to broadcast.")
     else:
-        var_list = _checks.check_var_list(var_list, graph)
+        var_list = _validate.check_var_list(var_list, graph)
     by_dtype = {}
     for var in var_list:
         dtype = var.dtype.base_dtype

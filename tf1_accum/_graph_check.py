@@ -33,7 +33,7 @@ import typing
 
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum._window import STATE_COLLECTION
 
 APPLY_NEEDS_FEED = "apply_needs_feed"
@@ -248,9 +248,9 @@ def check_graph(
     """
     apply_fetches = _fetch_ops("apply_op", apply_op)
     if not apply_fetches:
-        raise TypeError(f"apply_op must not be empty, got {_checks.describe(apply_op)}.")
+        raise TypeError(f"apply_op must not be empty, got {_validate.describe(apply_op)}.")
     accum_fetches = [] if accum_ops is None else _fetch_ops("accum_ops", accum_ops)
-    _checks.check_bool("raise_on_findings", raise_on_findings)
+    _validate.check_bool("raise_on_findings", raise_on_findings)
     graph = apply_fetches[0].graph
     for op in apply_fetches + accum_fetches:
         if op.graph is not graph:
@@ -284,7 +284,7 @@ def _fetch_ops(label, fetches):
         else:
             raise TypeError(
                 f"{label} must be a tf.Operation, tf.Tensor or tf.Variable of a graph, "
-                f"or a list of them, got {_checks.describe(item)}."
+                f"or a list of them, got {_validate.describe(item)}."
             )
     return ops
 

@@ -15,7 +15,7 @@ import typing
 
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _distributed
 
 _NO_HOROVOD = (
@@ -113,7 +113,7 @@ class HorovodAllReduce(_distributed.Engine):
     def __init__(self, *, name: str | None = None) -> None:
         if name is not None:
             if not isinstance(name, str):
-                raise TypeError(f"name must be a string or None, got {_checks.describe(name)}.")
+                raise TypeError(f"name must be a string or None, got {_validate.describe(name)}.")
             if not name or not all(c.isascii() and (c.isalnum() or c == "_") for c in name):
                 raise ValueError(
                     f"name must be a non-empty string of letters, digits and '_' (it "

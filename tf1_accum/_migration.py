@@ -19,7 +19,7 @@ import warnings
 
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum._window import STATE_COLLECTION
 from tf1_accum._window import state_variable
 
@@ -117,7 +117,7 @@ def warn_if_clipped(pairs, clip_norm):
         f"before it is accumulated; training on the large batch clipped its gradient "
         f"once. {fix}",
         UserWarning,
-        stacklevel=_checks._caller_stacklevel(),
+        stacklevel=_validate._caller_stacklevel(),
     )
 
 

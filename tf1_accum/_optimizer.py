@@ -7,7 +7,7 @@ import typing
 
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _distributed
 from tf1_accum import _hooks
 from tf1_accum import _keras
@@ -165,7 +165,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         cross_replica: _distributed.Engine | None = None,
         name: str = "Accumulation",
     ) -> None:
-        optimizer = _checks.check_optimizer(optimizer)
+        optimizer = _validate.check_optimizer(optimizer)
         _migration.refuse_accumulating_optimizer(optimizer, "AccumulationOptimizer")
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             raise TypeError(
@@ -175,7 +175,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 "tf1_accum.build_accumulation(loss, sync_optimizer) with "
                 "run_accumulation, whose apply_op pushes one window per update."
             )
-        _checks.check_steps(steps)
+        _validate.check_steps(steps)
         self._options = window_options(
             average,
             weight,
@@ -393,24 +393,24 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 tensor computed there, or creates different state each time
                 its ``apply_gradients`` is built.
         """
-        _checks.check_graph_mode("AccumulationOptimizer.apply_gradients")
-        _checks.check_global_step(global_step, tf.compat.v1.get_default_graph())
+        _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
+        _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
         grads_and_vars = list(grads_and_vars)
-        _checks.check_not_under_sync_replicas(grads_and_vars)
-        pairs = _checks.usable_gradients(grads_and_vars)
-        _checks.check_shapes([v for _, v in pairs])
+        _validate.check_not_under_sync_replicas(grads_and_vars)
+        pairs = _validate.usable_gradients(grads_and_vars)
+        _validate.check_shapes([v for _, v in pairs])
         if not self._minimizing:  # minimize() hands over the gradients it computed
             _migration.warn_if_clipped(pairs, self._options.clip_norm)
         _keras.check_variables(self._optimizer, [v for _, v in pairs])
         graph = tf.compat.v1.get_default_graph()
         options = self._options
-        update_ops = _checks.check_update_ops(options.update_ops, graph)
+        update_ops = _validate.check_update_ops(options.update_ops, graph)
         if not callable(options.weight):
-            _checks.check_weight(options.weight, graph)
+            _validate.check_weight(options.weight, graph)
         guard = (
             contextlib.nullcontext()
             if self._minimizing
-            else _checks.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients")
+            else _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients")
         )
         with guard:
             return self._build(pairs, global_step, name, graph, update_ops)
@@ -424,7 +424,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         weight = options.weight
         if callable(weight):
             weight = weight()
-            _checks.check_weight(weight, graph)
+            _validate.check_weight(weight, graph)
         if update_ops is None:
             update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
         caller_scope = graph.get_name_scope()
@@ -519,19 +519,19 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 has a gradient.
         """
         if not callable(loss):  # a callable loss is for eager execution: TF checks it
-            _checks.check_graph_mode("AccumulationOptimizer.minimize")
-            _checks.check_loss(loss)
-            _checks.check_global_step(global_step, loss.graph)
+            _validate.check_graph_mode("AccumulationOptimizer.minimize")
+            _validate.check_loss(loss)
+            _validate.check_global_step(global_step, loss.graph)
             if not callable(self._options.weight):
-                _checks.check_weight(self._options.weight, loss.graph)
-            _checks.check_update_ops(self._options.update_ops, loss.graph)
-            variables = _checks.check_var_list(var_list, loss.graph)
-            _checks.check_trainable(loss, variables)
+                _validate.check_weight(self._options.weight, loss.graph)
+            _validate.check_update_ops(self._options.update_ops, loss.graph)
+            variables = _validate.check_var_list(var_list, loss.graph)
+            _validate.check_trainable(loss, variables)
             _keras.check_variables(self._optimizer, variables)
             # Checked: the gradients are built next. A failure from here on
             # (no gradient after all, the wrapped optimizer's apply) puts the
             # graph's collections back and says which ops remain.
-            guard = _checks.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize")
+            guard = _validate.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize")
             with guard:
                 # Across workers the window's sums are all-reduced, then divided
                 # by the summed count: each micro-batch's gradient as it is.
@@ -625,7 +625,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         Raises:
             TypeError: If ``flush_at_end`` is not a bool.
         """
-        _checks.check_bool("flush_at_end", flush_at_end)
+        _validate.check_bool("flush_at_end", flush_at_end)
         return _hooks.AccumulationHook(self._built_windows, flush_at_end)
 
     def make_scaffold(

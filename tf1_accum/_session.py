@@ -12,7 +12,7 @@ import weakref
 import tensorflow as tf
 
 from tf1_accum import _accumulation
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _migration
 from tf1_accum import _split
 from tf1_accum import _stats
@@ -181,12 +181,12 @@ def run_accumulation(
     if not isinstance(accumulation, _accumulation.Accumulation):
         raise TypeError(
             "accumulation must be a tf1_accum.Accumulation from "
-            f"build_accumulation, got {_checks.describe(accumulation)}."
+            f"build_accumulation, got {_validate.describe(accumulation)}."
         )
-    _checks.check_feed_dict("apply_feed_dict", apply_feed_dict)
+    _validate.check_feed_dict("apply_feed_dict", apply_feed_dict)
     if fused is None:
         fused = accumulation.accum_apply_op is not None
-    _checks.check_bool("fused", fused)
+    _validate.check_bool("fused", fused)
     if fused and accumulation.accum_apply_op is None:
         raise ValueError(
             "fused=True needs accum_apply_op, which build_accumulation makes only "
@@ -215,14 +215,14 @@ def run_accumulation(
     if not isinstance(feed_dicts, collections.abc.Iterable):
         raise TypeError(
             "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
-            f"got {_checks.describe(feed_dicts)}."
+            f"got {_validate.describe(feed_dicts)}."
         )
     if isinstance(feed_dicts, collections.abc.Sequence):
         # Known up front: reject bad input before anything runs.
         if not feed_dicts:
             raise ValueError(_EMPTY_WINDOW)
         for index, feed in enumerate(feed_dicts):
-            _checks.check_feed_dict(f"feed_dicts[{index}]", feed)
+            _validate.check_feed_dict(f"feed_dicts[{index}]", feed)
 
     with _one_window_at_a_time(accumulation):
         return _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict)
@@ -245,7 +245,7 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
         while feed is not _END:
             index = failing
             if feed is not None and type(feed) is not dict:  # a dict needs no check
-                _checks.check_feed_dict(f"feed_dicts[{index}]", feed)
+                _validate.check_feed_dict(f"feed_dicts[{index}]", feed)
             failing = index + 1
             following = next(iterator, _END) if fused else None
             failing = index

@@ -20,7 +20,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _window
 
 
@@ -104,7 +104,7 @@ class MemoryFit:
             if isinstance(probe_every, bool) or not isinstance(probe_every, int):
                 raise TypeError(
                     "probe_every must be a positive integer (windows) or None, got "
-                    f"{_checks.describe(probe_every)}."
+                    f"{_validate.describe(probe_every)}."
                 )
             if probe_every < 1:
                 raise ValueError(
@@ -265,7 +265,7 @@ def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memor
             continue
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(
-                f"{name} must be a positive integer or None, got {_checks.describe(value)}."
+                f"{name} must be a positive integer or None, got {_validate.describe(value)}."
             )
         if value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value}.")
@@ -276,7 +276,8 @@ def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memor
         )
     if memory_fit is not None and not isinstance(memory_fit, MemoryFit):
         raise TypeError(
-            f"memory_fit must be a tf1_accum.MemoryFit or None, got {_checks.describe(memory_fit)}."
+            "memory_fit must be a tf1_accum.MemoryFit or None, got "
+            f"{_validate.describe(memory_fit)}."
         )
     if isinstance(feed_dicts, collections.abc.Mapping):
         feeds = [feed_dicts]
@@ -290,7 +291,7 @@ def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memor
     else:
         raise TypeError(
             "feed_dicts must be the large batch to split, a feed dict (or a list of them), "
-            f"got {_checks.describe(feed_dicts)}."
+            f"got {_validate.describe(feed_dicts)}."
         )
     graph = accumulation.counter.graph
     batches = []
@@ -299,7 +300,7 @@ def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memor
         if not isinstance(feed, collections.abc.Mapping):
             raise TypeError(
                 f"{label} must be a feed dict holding a large batch to split, got "
-                f"{_checks.describe(feed)}."
+                f"{_validate.describe(feed)}."
             )
         batches.append(_batch(graph, dict(feed), label))
     weighted = _weighted(accumulation)

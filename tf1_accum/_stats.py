@@ -17,7 +17,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum._window import state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
@@ -291,7 +291,7 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
     """
     for name, value in (("noise_scale", noise_scale), ("micro_batch_size", micro_batch_size)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a number, got {_checks.describe(value)}.")
+            raise TypeError(f"{name} must be a number, got {_validate.describe(value)}.")
     if not (math.isfinite(noise_scale) and noise_scale >= 0):
         raise ValueError(
             f"noise_scale must be a finite number of at least 0, got {noise_scale}: there "
@@ -388,12 +388,12 @@ def build_running_average(
         ValueError: If ``values`` is empty, a value's shape is not fully
             defined, or ``horizon`` is less than 1.
     """
-    _checks.check_graph_mode("build_running_average")
+    _validate.check_graph_mode("build_running_average")
     single = isinstance(values, (tf.Tensor, tf.IndexedSlices))
     values = [values] if single else values
     if not isinstance(values, (list, tuple)):
         raise TypeError(
-            f"values must be a tensor or a list of tensors, got {_checks.describe(values)}."
+            f"values must be a tensor or a list of tensors, got {_validate.describe(values)}."
         )
     if not values:
         raise ValueError("values is empty: expected at least one floating-point tensor.")
@@ -401,7 +401,7 @@ def build_running_average(
         if not isinstance(value, (tf.Tensor, tf.IndexedSlices)) or not hasattr(value, "graph"):
             raise TypeError(
                 f"values[{i}] must be a floating-point tensor of a graph, got "
-                f"{_checks.describe(value)}."
+                f"{_validate.describe(value)}."
             )
         if not value.dtype.base_dtype.is_floating:
             raise TypeError(
@@ -421,7 +421,7 @@ def build_running_average(
         if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
             raise TypeError(
                 f"horizon must be an int (updates per average) or None, got "
-                f"{_checks.describe(horizon)}."
+                f"{_validate.describe(horizon)}."
             )
         if horizon < 1:
             raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")

@@ -19,7 +19,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum._shared_apply import SharedApply
 
 #: Graph collection holding every variable tf1_accum creates (accumulators,
@@ -83,25 +83,25 @@ def window_options(
         A `WindowOptions`; ``update_ops`` as a list of ops (or None).
 
     Raises:
-        TypeError, ValueError: From the checks in `_checks`, with their texts.
+        TypeError, ValueError: From the checks in `_validate`, with their texts.
     """
-    _checks.check_bool("average", average)
-    _checks.check_clip_norm(clip_norm)
-    _checks.check_bool("skip_nonfinite", skip_nonfinite)
-    _checks.check_statistics_options(statistics, micro_batch_size, weight)
+    _validate.check_bool("average", average)
+    _validate.check_clip_norm(clip_norm)
+    _validate.check_bool("skip_nonfinite", skip_nonfinite)
+    _validate.check_statistics_options(statistics, micro_batch_size, weight)
     if weight_kind == "callable of the element":
         if weight is not None and not callable(weight):
             raise TypeError(
                 "weight must be a callable taking one dataset element and returning its "
-                f"scalar weight, got {_checks.describe(weight)}."
+                f"scalar weight, got {_validate.describe(weight)}."
             )
     elif weight_kind == "tensor or callable" and callable(weight):
         pass  # called, and what it returns checked, when the train op is built
     elif weight is not None:
         # Before the loss is known, a weight tensor is checked in its own graph.
         own = getattr(weight, "graph", None) if isinstance(weight, tf.Tensor) else None
-        _checks.check_weight(weight, graph or own)
-    update_ops = _checks.check_update_ops(update_ops, graph)
+        _validate.check_weight(weight, graph or own)
+    update_ops = _validate.check_update_ops(update_ops, graph)
     return WindowOptions(
         average=bool(average),
         weight=weight,
@@ -840,12 +840,12 @@ def gradients(loss, optimizer, var_list):
 
     The ways in that compute the gradients themselves take them here; all of
     them, and `AccumulationOptimizer` for the pairs it is given, filter them
-    with ``_checks.usable_gradients`` (one warning names the variables left
-    out). Check the variables first (``_checks.check_trainable``): computing
+    with ``_validate.usable_gradients`` (one warning names the variables left
+    out). Check the variables first (``_validate.check_trainable``): computing
     the gradients builds ops.
     """
     pairs = optimizer.compute_gradients(loss, var_list=var_list)
-    return _checks.usable_gradients(pairs, loss)
+    return _validate.usable_gradients(pairs, loss)
 
 
 def exclusive(mutex, scope, build, state, name=None):
