@@ -49,7 +49,7 @@ _MODULES = {
     "HorovodAllReduce": "_horovod",
     "MemoryFit": "_split",
     "RunningAverage": "_stats",
-    "STATE_COLLECTION": "_window",
+    "STATE_COLLECTION": "_state",
     "Saver": "_saver",
     "SizeChange": "_split",
     "broadcast_variables": "_distributed",
@@ -57,7 +57,7 @@ _MODULES = {
     "build_dataset_accumulation": "_dataset",
     "build_running_average": "_stats",
     "check_graph": "_graph_check",
-    "plain_variables": "_window",
+    "plain_variables": "_state",
     "recommend_micro_batches": "_stats",
     "run_accumulation": "_session",
 }
@@ -66,10 +66,10 @@ if _typing.TYPE_CHECKING:
     # What type checkers and editors see; at run time __getattr__ below
     # imports each name on first use. tests/test_public_api.py checks that
     # these lines and _MODULES agree.
-    from tf1_accum._window import STATE_COLLECTION as STATE_COLLECTION
+    from tf1_accum._state import STATE_COLLECTION as STATE_COLLECTION
     from tf1_accum._accumulation import Accumulation as Accumulation
     from tf1_accum._accumulation import build_accumulation as build_accumulation
-    from tf1_accum._window import plain_variables as plain_variables
+    from tf1_accum._state import plain_variables as plain_variables
     from tf1_accum._saver import Saver as Saver
     from tf1_accum._dataset import DatasetAccumulation as DatasetAccumulation
     from tf1_accum._dataset import build_dataset_accumulation as build_dataset_accumulation

@@ -13,7 +13,7 @@ from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
 from tf1_accum._window import exclusive
-from tf1_accum._window import new_mutex
+from tf1_accum._state import new_mutex
 from tf1_accum._window import per_step_loss
 from tf1_accum._window import reference_control_flow
 from tf1_accum._window import window_options

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum._window import plain_variables
+from tf1_accum._state import plain_variables
 
 
 class Engine:

@@ -34,7 +34,7 @@ import typing
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum._window import STATE_COLLECTION
+from tf1_accum._state import STATE_COLLECTION
 
 APPLY_NEEDS_FEED = "apply_needs_feed"
 APPLY_ACCUMULATES = "apply_accumulates"

@@ -20,7 +20,7 @@ import warnings
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum._window import STATE_COLLECTION
+from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._window import state_variable
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from tf1_accum._window import MUTEX_COLLECTION
+from tf1_accum._state import MUTEX_COLLECTION
 
 
 class Saver(tf.compat.v1.train.Saver):

@@ -12,8 +12,8 @@ migrated run) it restores whole, partial window included.
 import tensorflow as tf
 
 from tf1_accum._saver import Saver
-from tf1_accum._window import STATE_COLLECTION
-from tf1_accum._window import plain_variables
+from tf1_accum._state import STATE_COLLECTION
+from tf1_accum._state import plain_variables
 
 
 class _PlainOrFullSaver(Saver):

@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum import _window
+from tf1_accum import _state
 
 
 class SizeChange(typing.NamedTuple):
@@ -504,7 +504,7 @@ def _weighted(accumulation):
     scope = accumulation.counter.op.name[: -len("counter")]
     graph = accumulation.counter.graph
     return any(
-        v.op.name == scope + "weight_total" for v in graph.get_collection(_window.STATE_COLLECTION)
+        v.op.name == scope + "weight_total" for v in graph.get_collection(_state.STATE_COLLECTION)
     )
 
 

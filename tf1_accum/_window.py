@@ -21,17 +21,8 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum._shared_apply import SharedApply
-
-#: Graph collection holding every variable tf1_accum creates (accumulators,
-#: touched-row masks, counters, the statistics' moving averages). They are
-#: also global variables, so a default ``tf.compat.v1.train.Saver()`` saves
-#: them; under ``replica_device_setter`` they are local variables on the
-#: worker instead, which the chief's ``Saver`` does not save (see
-#: :doc:`distributed`).
-STATE_COLLECTION = "tf1_accum_state"
-
-#: Graph collection holding the mutex of every window (see `new_mutex`).
-MUTEX_COLLECTION = "tf1_accum_mutexes"
+from tf1_accum._state import STATE_COLLECTION
+from tf1_accum._state import new_mutex
 
 
 class WindowOptions(typing.NamedTuple):
@@ -778,33 +769,6 @@ def state_variable(make_initial_value, name):
         )
 
 
-def plain_variables(graph: tf.Graph | None = None) -> list[tf.Variable]:
-    """Returns the global variables that tf1_accum did not create.
-
-    A checkpoint written by plain training (no accumulation) holds no
-    accumulators. To restore it into an accumulating graph, initialize all
-    variables, then restore only these::
-
-        tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)
-
-    The reverse needs nothing: a plain graph's default ``Saver`` restores from
-    an accumulating checkpoint and ignores the accumulators.
-
-    Args:
-        graph: The graph to look in; defaults to the default graph.
-
-    Returns:
-        A list of variables, in ``tf.compat.v1.global_variables()`` order.
-    """
-    graph = graph or tf.compat.v1.get_default_graph()
-    owned = {id(v) for v in graph.get_collection(STATE_COLLECTION)}
-    return [
-        v
-        for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-        if id(v) not in owned
-    ]
-
-
 def per_step_loss(loss, options, steps, variables):
     """``(loss, prescaled)``: ``loss`` divided by ``steps`` where that pays, else as it is.
 
@@ -944,19 +908,6 @@ def reference_control_flow(variables, references=False):
         yield
     finally:
         tf.compat.v1.enable_control_flow_v2()
-
-
-def new_mutex():
-    """A window's mutex (a resource, as ``tf.CriticalSection`` uses), made in ``init_scope``.
-
-    Its shared name is its op's name: one mutex per window and session.
-    """
-    with tf.init_scope():
-        graph = tf.compat.v1.get_default_graph()
-        name = graph.unique_name("mutex", mark_as_used=False)
-        mutex = tf.raw_ops.MutexV2(shared_name=name, name="mutex")
-        graph.add_to_collection(MUTEX_COLLECTION, mutex)  # what tf1_accum.Saver locks
-        return mutex
 
 
 def _section(created, finished, lock_op):
