@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-from tf1_accum.check import _lint, _source
+import tf1_accum.check
+from _imports import package_imports
+from tf1_accum.check import _cli, _lint, _source
 
 # The checker does not depend on the graph mode: run in the v1 mode only.
 pytestmark = pytest.mark.graph_mode_independent
@@ -631,6 +633,18 @@ def test_the_checker_does_not_import_tensorflow():
         *findings, summary = result.stdout.splitlines()
         assert json.loads(summary) == {"status": 1, "tensorflow": []}, mode
         assert len(findings) == 1 and ": TFA003 " in findings[0]
+
+
+def test_the_checker_and_the_library_do_not_import_each_other():
+    graph = package_imports()
+    checker = {name for name in graph if name.startswith("tf1_accum.check")}
+    assert {"tf1_accum.check", "tf1_accum.check._lint", "tf1_accum.check._flow"} <= checker
+    for name in checker:
+        assert graph[name] <= checker, name
+    for name in set(graph) - checker:
+        assert not graph[name] & checker, name
+    assert tf1_accum.check.__all__ == ("main",)
+    assert tf1_accum.check.main is _cli.main
 
 
 def test_console_script_and_pre_commit_hook_run_the_checker():

@@ -15,10 +15,23 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_all_lists_exactly_the_public_names():
-    public = {n for n in dir(tf1_accum) if not n.startswith("_")}
-    modules = {n for n in public if inspect.ismodule(getattr(tf1_accum, n))}
-    assert set(tf1_accum.__all__) == public - modules
     assert len(tf1_accum.__all__) == len(set(tf1_accum.__all__))
+    # Each name of __all__ imports, from the module that defines it (the
+    # names load lazily: after this, the module's namespace holds them all).
+    for name in tf1_accum.__all__:
+        exec(f"from tf1_accum import {name}", {})
+    # The namespace itself, not __dir__ (which is built from __all__): a
+    # public name defined or imported in __init__.py is in __all__, and no
+    # name of __all__ is missing from it.
+    namespace = {n: v for n, v in vars(tf1_accum).items() if not n.startswith("_")}
+    public = {n for n, v in namespace.items() if not inspect.ismodule(v)}
+    assert public == set(tf1_accum.__all__)
+    # The subpackage and the private modules are the only modules in it.
+    modules = {n for n, v in vars(tf1_accum).items() if inspect.ismodule(v)}
+    assert {n for n in modules if not n.startswith("_")} <= {"check"}
+    # dir() shows the same public names.
+    shown = {n for n in dir(tf1_accum) if not n.startswith("_")}
+    assert shown - {"check"} == set(tf1_accum.__all__)
 
 
 def test_private_modules_are_not_exported():
@@ -43,6 +56,8 @@ def test_api_reference_lists_every_public_name():
     documented |= set(re.findall(r"^\.\. data:: (\w+)", api, re.M))
     missing = sorted(set(tf1_accum.__all__) - documented)
     assert not missing, f"docs/api.rst does not document: {missing}"
+    extra = sorted(documented - set(tf1_accum.__all__))
+    assert not extra, f"docs/api.rst documents names that are not public: {extra}"
 
 
 def test_api_reference_lists_every_public_member_of_each_class():
@@ -90,7 +105,7 @@ def test_without_tensorflow_import_works_and_first_use_says_what_is_missing():
         "import sys\n"
         "sys.modules['tensorflow'] = None\n"
         "import tf1_accum\n"
-        "print(tf1_accum.__version__, set(tf1_accum.__all__) <= set(dir(tf1_accum)))\n"
+        "print(tf1_accum.__version__, sorted(m for m in sys.modules if m.startswith('tf1_')))\n"
         "try:\n"
         "    tf1_accum.build_accumulation\n"
         "except ImportError as error:\n"
@@ -106,6 +121,7 @@ def test_without_tensorflow_import_works_and_first_use_says_what_is_missing():
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0] == f"{tf1_accum.__version__} True"
+    # Only the package itself: its modules load on first use.
+    assert lines[0] == f"{tf1_accum.__version__} ['tf1_accum']"
     assert lines[1].startswith("ImportError: tf1_accum needs TensorFlow (2.15 to 2.21)")
     assert "pip install 'tf1_accum[cpu]'" in lines[1]

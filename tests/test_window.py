@@ -6,6 +6,8 @@ import pytest
 import tensorflow as tf
 
 import tf1_accum
+from _imports import find_cycle
+from _imports import package_imports
 
 v1 = tf.compat.v1
 
@@ -120,44 +122,46 @@ def test_reference_and_resource_variables_in_one_graph_train_as_plain_training(w
                     )
 
 
-def _package_imports():
-    """Each tf1_accum module -> the tf1_accum modules it imports at module level."""
-    import ast
-    import pathlib
-
-    package = pathlib.Path(tf1_accum.__file__).parent
-    graph = {}
-    for path in package.glob("*.py"):
-        tree = ast.parse(path.read_text())
-        imported = set()
-        for node in tree.body:  # module level only
-            if isinstance(node, ast.ImportFrom) and node.module == "tf1_accum":
-                imported |= {alias.name for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tf1_accum."):
-                imported.add(node.module.split(".", 1)[1])
-        graph[path.stem] = imported & {p.stem for p in package.glob("*.py")}
-    return graph
-
-
 def test_the_package_has_no_import_cycle():
-    graph = _package_imports()
+    graph = package_imports()
+    # Read from every form of import: "import tf1_accum._x", "from tf1_accum
+    # import _x", "from tf1_accum._x import name" and relative ones.
+    assert graph["tf1_accum._accumulation"] >= {"tf1_accum._validate", "tf1_accum._window"}
+    assert "tf1_accum.check._lint" in graph["tf1_accum.check._cli"]
     # The window is the spine: every way in imports it, it imports none of them.
-    assert "_window" in graph["_accumulation"] and "_window" in graph["_optimizer"]
-    assert not graph["_window"] & {"_accumulation", "_optimizer", "_dataset", "_distributed"}
-    done, path = set(), []
+    for way_in in ("_accumulation", "_optimizer", "_dataset"):
+        assert "tf1_accum._window" in graph[f"tf1_accum.{way_in}"], way_in
+    above = {"_accumulation", "_optimizer", "_dataset", "_distributed"}
+    assert not graph["tf1_accum._window"] & {f"tf1_accum.{m}" for m in above}
+    cycle = find_cycle(graph)
+    assert cycle is None, f"import cycle: {' -> '.join(cycle)}"
 
-    def visit(module):
-        assert module not in path, f"import cycle: {' -> '.join(path + [module])}"
-        if module in done:
-            return
-        path.append(module)
-        for other in sorted(graph[module]):
-            visit(other)
-        path.pop()
-        done.add(module)
 
-    for module in sorted(graph):
-        visit(module)
+def test_the_import_graph_sees_every_form_of_import(tmp_path):
+    # A package whose modules import each other in a ring, each link written
+    # in another form: the ring is found.
+    package = tmp_path / "ring"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("import ring.b\n")
+    (package / "b.py").write_text("import ring.c as c\n")
+    (package / "c.py").write_text("from ring import d\n")
+    (package / "d.py").write_text("try:\n    from .e import name\nexcept ImportError:\n    pass\n")
+    (package / "e.py").write_text(
+        "import typing\nif typing.TYPE_CHECKING:\n    import ring.d\n"
+        "def later():\n    import ring.c\nclass Late:\n    from ring.a import x\n"
+    )
+    graph = package_imports(package)
+    assert graph == {
+        "ring": set(),
+        "ring.a": {"ring.b"},
+        "ring.b": {"ring.c"},
+        "ring.c": {"ring.d"},
+        "ring.d": {"ring.e"},
+        "ring.e": {"ring.a"},
+    }
+    assert find_cycle(graph) == ["ring.a", "ring.b", "ring.c", "ring.d", "ring.e", "ring.a"]
+    assert find_cycle({**graph, "ring.e": set()}) is None
 
 
 def _linear_model():
