@@ -77,7 +77,7 @@ def test_ci_builds_the_docs_as_the_readme_says():
     ci = _ci_commands()
     assert builds.pop() in ci
     assert "ruff check ." in ci and "ruff format --check ." in ci
-    assert ci.index("ruff format --check .") < ci.index("scripts/test")
+    assert ci.index("ruff format --check .") < ci.index("mypy") < ci.index("scripts/test")
 
 
 def test_the_test_script_runs_every_graph_mode_of_conftest():

@@ -16,14 +16,17 @@ waited on) or for a usage error (no path, a path that does not exist, an
 unknown rule code).
 """
 
+from __future__ import annotations
+
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 
 from tf1_accum.check import _lint
 
 
-def _codes(text):
+def _codes(text: str) -> set[str]:
     """The rule codes of a ``--select``/``--ignore`` value (``TFA001,TFA003``)."""
     codes = {code.strip().upper() for code in text.split(",") if code.strip()}
     unknown = sorted(codes - set(_lint.RULES) - {"TFA000"})
@@ -34,7 +37,7 @@ def _codes(text):
     return codes
 
 
-def main(argv=None):
+def main(argv: Sequence[str] | None = None) -> int:
     """Checks the paths in ``argv`` (default: the command line); returns the exit status.
 
     >>> import pathlib, tempfile
@@ -68,7 +71,8 @@ def main(argv=None):
         args = parser.parse_args(argv)
     except SystemExit as stop:  # argparse has printed the usage error (or --help)
         return stop.code if isinstance(stop.code, int) else 2
-    findings, unreadable = [], False
+    findings: list[_lint.Finding] = []
+    unreadable = False
     try:
         jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
         for result in _lint.check_files(_lint.python_files(args.paths), jobs):

@@ -8,9 +8,39 @@ what is done to them (zero-initialised, then added to), not by how they were
 made, so ``tf.Variable``, ``get_variable``, slots and Keras variables all count.
 """
 
+from __future__ import annotations
+
 import ast
 import functools
 import symtable
+from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
+from typing import Any, TypeGuard
+
+#: A tag: a tuple whose first item is its kind (below).
+Tag = tuple[Any, ...]
+#: Where a value is kept: ("name", scope id, name), ("attribute", class
+#: name or None, attribute), ("return", function id), ("control", call id).
+Key = tuple[Any, ...]
+#: A variable's id: where it was made, (line, col) or ("slot", ...), or an
+#: (ADDED_AT, line, col) for one made in another module.
+Vid = tuple[Any, ...]
+#: The control dependencies in force where a value is built.
+Control = tuple[ast.expr, ...]
+#: A function or method definition.
+Definition = ast.FunctionDef | ast.AsyncFunctionDef
+#: A node that opens a scope.
+Scoped = (
+    Definition
+    | ast.Lambda
+    | ast.ClassDef
+    | ast.ListComp
+    | ast.SetComp
+    | ast.GeneratorExp
+    | ast.DictComp
+)
+#: A parent class's symbol table, copied from another file, and its line offset.
+Table = tuple[symtable.SymbolTable, int]
 
 # Tag kinds. A tag is a tuple whose first item is its kind.
 VAR = "var"  # (VAR, vid): a variable made at vid
@@ -69,13 +99,13 @@ _PARTS = {
 }  # fmt: skip
 
 
-def called_name(call):
+def called_name(call: ast.Call) -> str | None:
     """The last name of what a call calls: ``tf.train.Foo(...)`` -> ``"Foo"``."""
     func = call.func
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
 
 
-def argument_of(call, index, *keywords):
+def argument_of(call: ast.Call, index: int, *keywords: str) -> ast.expr | None:
     """The argument given by one of ``keywords``, or else at position ``index`` (None: absent)."""
     for keyword in call.keywords:
         if keyword.arg in keywords:
@@ -85,7 +115,7 @@ def argument_of(call, index, *keywords):
     return None
 
 
-def kinds_of(tags, kind):
+def kinds_of(tags: Iterable[Tag], kind: str) -> set[Any]:
     """The second items of the tags of one kind: ``kinds_of(tags, VAR)``, the variables."""
     return {t[1] for t in tags if t[0] == kind}
 
@@ -95,16 +125,25 @@ class _Scope:
     (None where the compiler rejects the module), the functions and classes
     it defines by name, and, for a method, its class."""
 
-    def __init__(self, parent, table, node, cls=None):
+    def __init__(
+        self,
+        parent: _Scope | None,
+        table: symtable.SymbolTable | None,
+        node: ast.AST,
+        cls: ast.ClassDef | None = None,
+    ) -> None:
         self.parent, self.table, self.node, self.cls = parent, table, node, cls
-        self.functions, self.classes = {}, {}  # name -> [FunctionDef], name -> ClassDef
+        self.functions: dict[str, list[Definition]] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
 
 
-def _symbol(table, name):
+def _symbol(table: symtable.SymbolTable | None, name: str) -> symtable.Symbol | None:
     """The symbol table's entry for ``name`` (None: the name is not used there)."""
+    if table is None:  # the compiler rejected the module
+        return None
     try:
         return table.lookup(name)
-    except (KeyError, AttributeError):  # not used there, or no table
+    except KeyError:  # not used there
         return None
 
 
@@ -121,16 +160,25 @@ class Module(ast.NodeVisitor):
     file (`tf1_accum.check._parents`).
     """
 
-    def __init__(self, tree, source, path, tables=()):
+    def __init__(
+        self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
+    ) -> None:
         self.tree = tree
-        self.values = {}  # key -> [(expression, control dependencies)]
-        self.scope_of = {}  # id(node) -> _Scope the node is evaluated in
-        self.classes = {}  # name -> [ClassDef]
-        self.stored_attributes = {}  # attribute name -> {class name or None}
-        self.calls = []  # (call, scope)
-        self._unpacked, self._functions_known = [], False
-        self._cache, self._stack, self._low, self._provisional = {}, {}, None, {}
-        self._tables = {}  # (name, line) -> symbol tables, in the order the compiler made them
+        # key -> [(expression, control dependencies)]
+        self.values: dict[Key, list[tuple[ast.expr, Control]]] = {}
+        self.scope_of: dict[int, _Scope] = {}  # id(node) -> _Scope the node is evaluated in
+        self.classes: dict[str, list[ast.ClassDef]] = {}
+        # attribute name -> {class name or None}
+        self.stored_attributes: dict[str, set[str | None]] = {}
+        self.calls: list[tuple[ast.Call, _Scope]] = []
+        self._unpacked: list[tuple[ast.Tuple | ast.List, ast.expr, _Scope, Control]] = []
+        self._functions_known = False
+        self._cache: dict[Key, frozenset[Tag]] = {}
+        self._stack: dict[Key, int] = {}  # the lookups under way, by depth
+        self._low: int | None = None
+        self._provisional: dict[Key, tuple[frozenset[Tag], int]] = {}
+        # (name, line) -> symbol tables, in the order the compiler made them
+        self._tables: dict[tuple[str, int], list[symtable.SymbolTable]] = {}
         try:
             self._index_tables(symtable.symtable(source, path, "exec"))
         except (SyntaxError, ValueError):  # what ast accepts and the compiler does not
@@ -138,7 +186,7 @@ class Module(ast.NodeVisitor):
         for table, offset in tables:  # parent classes copied from other files, moved down
             self._index_tables(table, offset)
         self.root = self._scope = _Scope(None, None, tree)
-        self._control = ()
+        self._control: Control = ()
         self.visit(tree)
         self._functions_known = True
         for target, value, scope, control in self._unpacked:
@@ -146,25 +194,30 @@ class Module(ast.NodeVisitor):
         for call, scope in self.calls:
             self._bind_call(call, scope)
 
-    def _index_tables(self, table, offset=0):
+    def _index_tables(self, table: symtable.SymbolTable, offset: int = 0) -> None:
         """Files every symbol table under ``table`` by its (name, line + offset)."""
         for child in table.get_children():
             key = (child.get_name(), child.get_lineno() + offset)
             self._tables.setdefault(key, []).append(child)
             self._index_tables(child, offset)
 
-    def _enter(self, node, name, cls=None):
+    def _enter(self, node: Scoped, name: str, cls: ast.ClassDef | None = None) -> _Scope:
         """The scope that ``node`` opens (its symbol table is the next one made for its line)."""
         tables = self._tables.get((name, node.lineno))
         scope = _Scope(self._scope, tables.pop(0) if tables else None, node, cls)
         self.scope_of[id(node)] = scope
         return scope
 
-    def _store(self, key, value, control=()):
+    def _store(self, key: Key, value: ast.expr, control: Control = ()) -> None:
         """Records that ``value`` is kept at ``key``, built under ``control``."""
         self.values.setdefault(key, []).append((value, control))
 
-    def _visit_in(self, nodes, scope=None, control=None):
+    def _visit_in(
+        self,
+        nodes: Iterable[ast.AST | None],
+        scope: _Scope | None = None,
+        control: Control | None = None,
+    ) -> None:
         """Visits ``nodes`` in ``scope`` under ``control`` (default: the current ones)."""
         outer = self._scope, self._control
         self._scope = outer[0] if scope is None else scope
@@ -176,37 +229,40 @@ class Module(ast.NodeVisitor):
 
     # -- visiting: what each kind of node stores --------------------------------
 
-    def generic_visit(self, node):
+    def generic_visit(self, node: ast.AST) -> None:
         self.scope_of[id(node)] = self._scope
         for child in ast.iter_child_nodes(node):
             if not isinstance(child, _UNSCOPED):
                 self.visit(child)
 
-    def visit_Name(self, node):
+    def visit_Name(self, node: ast.Name | ast.Constant) -> None:
         self.scope_of[id(node)] = self._scope
 
     visit_Constant = visit_Name
 
-    def visit_Attribute(self, node):
+    def visit_Attribute(self, node: ast.Attribute) -> None:
         self.scope_of[id(node)] = self._scope
         self.visit(node.value)
 
-    def visit_ClassDef(self, node):
-        self._visit_in(node.decorator_list + node.bases + node.keywords, control=())
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self._visit_in([*node.decorator_list, *node.bases, *node.keywords], control=())
         self._scope.classes[node.name] = node
         self.classes.setdefault(node.name, []).append(node)
         self._visit_in(node.body, self._enter(node, node.name), ())
 
-    def visit_FunctionDef(self, node):
+    def visit_FunctionDef(self, node: Definition | ast.Lambda) -> None:
         """Parameters hold their defaults (and, later, the arguments of each call)."""
-        arguments, is_lambda = node.args, isinstance(node, ast.Lambda)
+        arguments = node.args
         outer = arguments.defaults + [d for d in arguments.kw_defaults if d]
-        if not is_lambda:
+        if not isinstance(node, ast.Lambda):
             self._scope.functions.setdefault(node.name, []).append(node)
             outer += node.decorator_list
         self._visit_in(outer, control=())
         cls = self._scope.node if isinstance(self._scope.node, ast.ClassDef) else None
-        inner = self._enter(node, "lambda" if is_lambda else node.name, None if is_lambda else cls)
+        if isinstance(node, ast.Lambda):
+            inner = self._enter(node, "lambda")
+        else:
+            inner = self._enter(node, node.name, cls)
         positional = arguments.posonlyargs + arguments.args
         defaults = list(
             zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults)
@@ -214,13 +270,15 @@ class Module(ast.NodeVisitor):
         defaults += [(p, d) for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
         for parameter, default in defaults:
             self._store(("name", id(inner), parameter.arg), default)
-        if is_lambda:
+        if isinstance(node, ast.Lambda):
             self._store(("return", id(node)), node.body)
-        self._visit_in([node.body] if is_lambda else node.body, inner, ())
+        self._visit_in([node.body] if isinstance(node, ast.Lambda) else node.body, inner, ())
 
     visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
 
-    def visit_ListComp(self, node):
+    def visit_ListComp(
+        self, node: ast.ListComp | ast.SetComp | ast.GeneratorExp | ast.DictComp
+    ) -> None:
         """The first iterable is read outside, the rest in the comprehension's own scope."""
         first = node.generators[0]
         self.visit(first.iter)
@@ -235,17 +293,21 @@ class Module(ast.NodeVisitor):
 
     visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
-    def visit_Assign(self, node):
+    def visit_Assign(
+        self,
+        node: ast.Assign | ast.AnnAssign | ast.AugAssign | ast.NamedExpr | ast.For | ast.AsyncFor,
+    ) -> None:
         """``x = v``, ``x: T = v``, ``x += v``, ``(x := v)``, ``for x in v``: ``x`` holds ``v``."""
         value = node.iter if isinstance(node, (ast.For, ast.AsyncFor)) else node.value
         targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        for target in targets if value is not None else ():
-            self._bind(target, value, self._scope, self._control)
+        if value is not None:
+            for target in targets:
+                self._bind(target, value, self._scope, self._control)
         self.generic_visit(node)
 
     visit_AnnAssign = visit_AugAssign = visit_NamedExpr = visit_For = visit_AsyncFor = visit_Assign
 
-    def visit_With(self, node):
+    def visit_With(self, node: ast.With | ast.AsyncWith) -> None:
         """What is built under ``tf.control_dependencies(ops)`` runs ``ops``."""
         self.scope_of[id(node)] = self._scope
         control = self._control
@@ -260,12 +322,12 @@ class Module(ast.NodeVisitor):
 
     visit_AsyncWith = visit_With
 
-    def visit_Return(self, node):
+    def visit_Return(self, node: ast.Return) -> None:
         if node.value is not None and isinstance(self._scope.node, FUNCTIONS[:2]):
             self._store(("return", id(self._scope.node)), node.value, self._control)
         self.generic_visit(node)
 
-    def visit_Call(self, call):
+    def visit_Call(self, call: ast.Call) -> None:
         """A call's control dependencies; ``x.append(v)`` stores ``v`` where ``x`` is kept."""
         self.calls.append((call, self._scope))
         for dependency in self._control:
@@ -280,7 +342,7 @@ class Module(ast.NodeVisitor):
 
     # -- where a store goes, and what a name reads ------------------------------
 
-    def _bind(self, target, value, scope, control):
+    def _bind(self, target: ast.expr, value: ast.expr, scope: _Scope, control: Control) -> None:
         """Stores ``value`` where ``target`` keeps it; each item of a tuple target
         gets its own part of the value where that part is known."""
         if isinstance(target, ast.Starred):
@@ -296,29 +358,32 @@ class Module(ast.NodeVisitor):
         for element, part in pairs or ():
             self._bind(element, part, scope, control)
 
-    def _unpack(self, elements, value, scope):
+    def _unpack(
+        self, elements: list[ast.expr], value: ast.expr, scope: _Scope
+    ) -> list[tuple[ast.expr, ast.expr]] | None:
         """The (item, part) pairs of ``a, b = x, y``, ``zip(x, y)``, ``enumerate(x)``
         or a call to a module function that returns a tuple; else each item
         may hold any part. None for a call before every function is known."""
-        called = called_name(value) if isinstance(value, ast.Call) else None
         if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(elements):
             return list(zip(elements, value.elts))
-        if called == "zip" and len(value.args) == len(elements):
-            return list(zip(elements, value.args))
-        if called == "enumerate" and value.args and len(elements) == 2:
-            return [(elements[1], value.args[0])]
         if isinstance(value, ast.Call):
+            called = called_name(value)
+            if called == "zip" and len(value.args) == len(elements):
+                return list(zip(elements, value.args))
+            if called == "enumerate" and value.args and len(elements) == 2:
+                return [(elements[1], value.args[0])]
             if not self._functions_known:
                 return None
             callees = self.callees(value, scope)
             returned = [v for f, _ in callees for v, _ in self.values.get(("return", id(f)), ())]
-            if returned and all(
-                isinstance(v, ast.Tuple) and len(v.elts) == len(elements) for v in returned
-            ):
-                return [(e, part) for v in returned for e, part in zip(elements, v.elts)]
+            tuples = [
+                v for v in returned if isinstance(v, ast.Tuple) and len(v.elts) == len(elements)
+            ]
+            if returned and len(tuples) == len(returned):
+                return [(e, part) for v in tuples for e, part in zip(elements, v.elts)]
         return [(element, value) for element in elements]
 
-    def _target_key(self, target, scope):
+    def _target_key(self, target: ast.expr, scope: _Scope) -> Key | None:
         """Where a store to ``target`` goes: a name, an attribute, or what an item is set in."""
         while isinstance(target, ast.Subscript):
             target = target.value
@@ -331,7 +396,7 @@ class Module(ast.NodeVisitor):
             return ("attribute", name, target.attr)
         return None
 
-    def _resolve(self, scope, name):
+    def _resolve(self, scope: _Scope, name: str) -> _Scope:
         """The scope whose variable ``name`` is, read in ``scope``, as Python resolves it."""
         start = scope
         while scope.parent is not None:
@@ -344,17 +409,19 @@ class Module(ast.NodeVisitor):
             scope = scope.parent
         return scope
 
-    def _self_class(self, node, scope):
+    def _self_class(self, node: ast.expr, scope: _Scope) -> ast.ClassDef | None:
         """The class whose method has ``node`` as its first parameter (``self``)."""
-        home = self._resolve(scope, node.id) if isinstance(node, ast.Name) else None
-        if home is None or home.cls is None:
+        if not isinstance(node, ast.Name):
+            return None
+        home = self._resolve(scope, node.id)
+        if home.cls is None or not isinstance(home.node, FUNCTIONS[:2]):  # cls: a method's
             return None
         first = (home.node.args.posonlyargs + home.node.args.args)[:1]
         return home.cls if first and first[0].arg == node.id else None
 
     # -- calls to the module's own functions ---------------------------------
 
-    def callees(self, call, scope=None):
+    def callees(self, call: ast.Call, scope: _Scope | None = None) -> list[tuple[Definition, int]]:
         """The module's function definitions a call runs, with the number of
         implicit leading arguments (1 for a method's ``self``)."""
         scope = scope or self.scope_of.get(id(call), self.root)
@@ -372,7 +439,7 @@ class Module(ast.NodeVisitor):
             return [(f, 1) for c in classes for f in self._methods(c, func.attr)]
         return []
 
-    def _methods(self, cls, name):
+    def _methods(self, cls: ast.ClassDef, name: str) -> list[Definition]:
         """The definitions of method ``name`` in ``cls``, or else in the nearest
         of its bases defined in the module (by name)."""
         queue = [cls]
@@ -381,18 +448,19 @@ class Module(ast.NodeVisitor):
             if found:
                 return found
             for base in current.bases:
-                parents = self.classes.get(getattr(base, "id", None), ())
+                parents = self.classes.get(base.id, ()) if isinstance(base, ast.Name) else ()
                 queue += [parent for parent in parents if parent not in queue]
         return []
 
-    def _instance_classes(self, node, scope):
+    def _instance_classes(self, node: ast.expr, scope: _Scope) -> list[ast.ClassDef]:
         """Module classes whose instance a name or attribute holds (``x = Model()``)."""
         return [
-            c for v in self.stored(node, scope) if isinstance(v, ast.Call)
-            for c in self.classes.get(getattr(v.func, "id", None), ())
+            c for v in self.stored(node, scope)
+            if isinstance(v, ast.Call) and isinstance(v.func, ast.Name)
+            for c in self.classes.get(v.func.id, ())
         ]  # fmt: skip
 
-    def _bind_call(self, call, scope):
+    def _bind_call(self, call: ast.Call, scope: _Scope) -> None:
         """Stores each argument of ``call`` in the parameter of the module's function it is for."""
         for function, skip in self.callees(call, scope):
             inner = self.scope_of[id(function)]
@@ -407,7 +475,7 @@ class Module(ast.NodeVisitor):
                 if keyword.arg in named:
                     self._store(("name", id(inner), keyword.arg), keyword.value)
 
-    def keys(self, node, scope=None):
+    def keys(self, node: ast.expr, scope: _Scope | None = None) -> list[Key]:
         """Where what a name or an attribute reads is kept (none for other expressions)."""
         scope = self.scope_of.get(id(node), self.root) if scope is None else scope
         if isinstance(node, ast.Name):
@@ -420,13 +488,13 @@ class Module(ast.NodeVisitor):
             return [("attribute", cls.name, node.attr)]
         return [("attribute", owner, node.attr) for owner in owners]
 
-    def stored(self, node, scope=None):
+    def stored(self, node: ast.expr, scope: _Scope | None = None) -> list[ast.expr]:
         """The expressions stored where a name or an attribute is kept."""
         return [value for key in self.keys(node, scope) for value, _ in self.values.get(key, ())]
 
     # -- tags -------------------------------------------------------------------
 
-    def tags(self, node):
+    def tags(self, node: ast.expr) -> frozenset[Tag]:
         """The tags of an expression: what it is made from."""
         if isinstance(node, ast.Name):
             extra = {STEP} if "global_step" in node.id else set()
@@ -444,7 +512,7 @@ class Module(ast.NodeVisitor):
             left, right = self.tags(node.left), self.tags(node.right)
             return frozenset(_arithmetic(left, right, type(node.op)))
         if isinstance(node, ast.Lambda):
-            return frozenset(self._lookup(("return", id(node))))
+            return frozenset(self.lookup(("return", id(node))))
         if type(node) in _PARTS:
             fields = [getattr(node, field) for field in _PARTS[type(node)]]
             return self._union([p for f in fields for p in (f if isinstance(f, list) else [f])])
@@ -452,15 +520,15 @@ class Module(ast.NodeVisitor):
             return frozenset({CONSTANT})
         return frozenset()
 
-    def _union(self, nodes):
+    def _union(self, nodes: Iterable[ast.expr | None]) -> frozenset[Tag]:
         """The tags of any of ``nodes``."""
         return frozenset().union(*(self.tags(node) for node in nodes if node is not None))
 
-    def _union_keys(self, keys):
+    def _union_keys(self, keys: Iterable[Key]) -> set[Tag]:
         """The tags of what is stored at any of ``keys``."""
-        return set().union(*map(self._lookup, keys))
+        return set().union(*map(self.lookup, keys))
 
-    def _lookup(self, key):
+    def lookup(self, key: Key) -> frozenset[Tag]:
         """The tags of what is stored at ``key``.
 
         Stores can form cycles (``x = f(x)``, methods that call each other).
@@ -472,25 +540,25 @@ class Module(ast.NodeVisitor):
         if key in self._cache:
             return self._cache[key]
         if key in self._stack:
-            self._low = min(self._low, self._stack[key])
+            self._lower(self._stack[key])
             return frozenset()
         if key in self._provisional:
             result, low = self._provisional[key]
-            self._low = min(self._low, low)
+            self._lower(low)
             return result
         depth = self._stack[key] = len(self._stack)
         outer_low, self._low = self._low, depth
         try:
-            result = set()
+            found: set[Tag] = set()
             for value, control in self.values.get(key, ()):
-                result |= self.tags(value)
+                found |= self.tags(value)
                 for dependency in control:  # runs the add, but does not hold the sum
-                    result |= {
+                    found |= {
                         (AFTER,) + t[1:] if t[0] == SUM else t
                         for t in self.tags(dependency)
                         if t[0] in (SUM, AFTER, APPLY, ZERO_OP)
                     }
-            result = frozenset(result)
+            result = frozenset(found)
         finally:
             del self._stack[key]
             low, self._low = self._low, outer_low
@@ -503,7 +571,11 @@ class Module(ast.NodeVisitor):
             self._low = min(outer_low, low)
         return result
 
-    def _call_tags(self, call):
+    def _lower(self, low: int) -> None:
+        """Marks the lookup under way as unfinished down to depth ``low``."""
+        self._low = low if self._low is None else min(self._low, low)
+
+    def _call_tags(self, call: ast.Call) -> AbstractSet[Tag]:
         """The tags of a call's result, by what it calls (the first match wins)."""
         name = called_name(call)
         if name in _ARITHMETIC and len(call.args) == 2:  # tf.div(a, n), tf.multiply(s, a)
@@ -539,14 +611,14 @@ class Module(ast.NodeVisitor):
         if accumulation is not None:
             return {(kind, v) for v in added_to(call, accumulation[0]) for kind in (SUM, RERUN)}
         if name in ASSIGNS:
-            vids, value = self.assigned(call) or ((), ())
-            zero = ZEROS in value or _is_zero(operands(call)[1])
+            vids, assigned = self.assigned(call) or (set(), frozenset())
+            zero = ZEROS in assigned or _is_zero(operands(call)[1])
             return {(ZERO_OP if zero else VAR, v) for v in vids}
         if name in APPLIES:
             gradients = argument_of(call, 0, "grads_and_vars")
             tags = self.tags(gradients) if gradients is not None else frozenset()
-            vids = tuple(sorted(kinds_of(tags, VAR) | kinds_of(tags, SUM), key=repr))
-            return {(APPLY,) + vids} | {t for t in tags if t[0] in (SUM, RERUN, AFTER)}
+            applied = tuple(sorted(kinds_of(tags, VAR) | kinds_of(tags, SUM), key=repr))
+            return {(APPLY,) + applied} | {t for t in tags if t[0] in (SUM, RERUN, AFTER)}
         result = self._union(list(call.args) + [k.value for k in call.keywords])
         if receiver is not None:
             result |= self.tags(receiver)
@@ -554,7 +626,7 @@ class Module(ast.NodeVisitor):
             result -= {PLACEHOLDER}
         return result
 
-    def holds(self, node, shape, depth=0):
+    def holds(self, node: ast.expr, shape: Callable[[ast.expr], bool], depth: int = 0) -> bool:
         """``shape(node)``, or of what the name, attribute or item ``node`` holds."""
         while isinstance(node, ast.Subscript):
             node = node.value
@@ -562,7 +634,7 @@ class Module(ast.NodeVisitor):
             return True
         return depth < 3 and any(self.holds(v, shape, depth + 1) for v in self.stored(node))
 
-    def _variable_tags(self, call, name):
+    def _variable_tags(self, call: ast.Call, name: str | None) -> set[Tag]:
         """A new variable (or slot: one per slot name), or the global step."""
         keywords = {k.arg: k.value for k in call.keywords}
         label = keywords.get("name", argument_of(call, 0, "name") if name != "Variable" else None)
@@ -574,7 +646,7 @@ class Module(ast.NodeVisitor):
         where = (slot.value,) if isinstance(slot, ast.Constant) else (call.lineno, call.col_offset)
         return {(VAR, ("slot", *where))}
 
-    def variable(self, vid):
+    def variable(self, vid: Vid) -> tuple[bool, bool]:
         """(zero-initialised, scalar) for the variable made at vid."""
         call = self._made.get(vid)
         if vid[0] == "slot" or call is not None and called_name(call) in ("zeros", "zeros_like"):
@@ -592,17 +664,20 @@ class Module(ast.NodeVisitor):
                 return True, False
             return initial.value == 0, True
         zeros = isinstance(initial, ast.Call) and called_name(initial) == "zeros"
-        shape = argument_of(initial, 0, "shape") if zeros else None  # tf.zeros([]): a scalar
+        # tf.zeros([]): a scalar
+        shape = (
+            argument_of(initial, 0, "shape") if isinstance(initial, ast.Call) and zeros else None
+        )
         return ZEROS in self.tags(initial), isinstance(
             shape, (ast.List, ast.Tuple)
         ) and not shape.elts
 
     @functools.cached_property
-    def _made(self):
+    def _made(self) -> dict[Vid, ast.Call]:
         """The calls by position: a variable id is where it was made."""
         return {(c.lineno, c.col_offset): c for c, _ in self.calls}
 
-    def accumulation(self, call):
+    def accumulation(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
         """(variables added to, tags of what is added) for an accumulating call:
         ``v.assign_add(g)``, ``tf.assign_add(v, g)``, ``add_fn(v, g)``,
         ``v.assign(v + g)``; None for any other call."""
@@ -622,7 +697,7 @@ class Module(ast.NodeVisitor):
                 return added, tags
         return None
 
-    def assigned(self, call):
+    def assigned(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
         """(variables assigned, tags of the value) for ``v.assign(x)`` or ``tf.assign(v, x)``."""
         target, value = operands(call)
         if target is None or value is None:
@@ -638,7 +713,9 @@ _ARITHMETIC = {
 }  # fmt: skip
 
 
-def _arithmetic(left, right, op):
+def _arithmetic(
+    left: AbstractSet[Tag], right: AbstractSet[Tag], op: type[ast.operator]
+) -> AbstractSet[Tag]:
     """The tags of ``left <op> right``: a quotient of a sum is a mean, not a sum."""
     if op in (ast.Mod, ast.Pow):  # a position in a window, a decay: not a count of steps
         return (left - {STEP}) | (right - {STEP})
@@ -659,36 +736,36 @@ def _arithmetic(left, right, op):
     return result
 
 
-def operands(call):
+def operands(call: ast.Call) -> tuple[ast.expr | None, ast.expr | None]:
     """(variable, value) of ``v.assign(x)``, ``tf.assign(v, x)``, ``v.assign_add(x)``,
     ``K.update_add(v, x)``, ``add_fn(v, x)``: None where one is missing."""
     func = call.func
-    modules = ("tf", "K", "backend", "state_ops", "v1")  # tf.assign(v, x) is not a method
-    method = isinstance(func, ast.Attribute) and len(call.args) < 2
-    method = method and _receiver_name(func.value) not in modules
-    target = func.value if method else argument_of(call, 0, "ref", "x", "variable")
+    modules = {"tf", "K", "backend", "state_ops", "v1"}  # tf.assign(v, x) is not a method
+    receiver = func.value if isinstance(func, ast.Attribute) and len(call.args) < 2 else None
+    method = receiver is not None and _receiver_name(receiver) not in modules
+    target = receiver if method else argument_of(call, 0, "ref", "x", "variable")
     value = argument_of(call, 0 if method else 1, "value", "new_value", "increment", "delta")
     return target, value
 
 
-def added_to(call, vids):
+def added_to(call: ast.Call, vids: AbstractSet[Vid]) -> AbstractSet[Vid]:
     """The variables an accumulating call adds to: ``vids``, or when the module
     does not make the variable (an attribute set by a class of another module,
     a parameter), one known only as "what the add at this call adds to"."""
     return vids or {(ADDED_AT, call.lineno, call.col_offset)}
 
 
-def _is_zero(node):
+def _is_zero(node: ast.expr | None) -> bool:
     """The literal ``0`` (or ``0.0``): ``count.assign(0.0)`` resets."""
     return isinstance(node, ast.Constant) and node.value == 0 and type(node.value) is not bool
 
 
-def binary(node, op):
+def binary(node: ast.expr | None, op: type[ast.operator]) -> TypeGuard[ast.BinOp]:
     """True for ``a <op> b``: ``binary(node, ast.Div)``."""
     return isinstance(node, ast.BinOp) and isinstance(node.op, op)
 
 
-def _quotient(node):
+def _quotient(node: ast.expr) -> bool:
     """``loss / n`` or ``loss * (1 / n)``: already divided by the number of micro-batches."""
     if isinstance(node, ast.Call):
         return called_name(node) in ("divide", "truediv", "div")
@@ -696,7 +773,7 @@ def _quotient(node):
     return binary(node, ast.Div) or halves
 
 
-def _addition(node):
+def _addition(node: ast.expr) -> bool:
     """``v + g`` or ``tf.add(v, g)``: what ``v.assign(...)`` accumulates with; a
     tensor merely computed from ``v`` (a model's new state) is not an add to it."""
     if isinstance(node, ast.Call):
@@ -704,6 +781,6 @@ def _addition(node):
     return binary(node, ast.Add)
 
 
-def _receiver_name(node):
+def _receiver_name(node: ast.expr | None) -> str | None:
     """``tf`` of ``tf.assign``, ``backend`` of ``K.backend.zeros``."""
     return node.id if isinstance(node, ast.Name) else getattr(node, "attr", None)

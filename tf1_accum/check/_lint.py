@@ -7,12 +7,15 @@ what it is made from, `_rules` looks at what reaches ``apply_gradients``,
 are usually written, and says nothing of code it cannot follow.
 """
 
+from __future__ import annotations
+
 import ast
 import functools
 import json
 import os
 import re
 import typing
+from collections.abc import Iterable, Iterator
 
 from tf1_accum.check import _parents, _rules, _source
 
@@ -35,7 +38,7 @@ class Finding(typing.NamedTuple):
     message: str
     col: int = 1
 
-    def __str__(self):
+    def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}"
 
 
@@ -94,14 +97,18 @@ _RELEVANT = re.compile(r"apply_gradients|initialized_value|assign|update_add|\bc
 _IGNORE_FILE = re.compile(r"^#\s*tf1_accum\.check:\s*ignore-file\b", re.M)
 
 
-def _keep(finding, lines):
+def _keep(finding: Finding, lines: list[str]) -> bool:
     """False when the finding's line says ``# tf1_accum.check: ignore`` (bare or with its code)."""
     match = _IGNORE.search(lines[finding.line - 1] if 0 < finding.line <= len(lines) else "")
-    codes = match and match.group(1)
-    return not match or bool(codes) and finding.rule not in re.findall(r"TFA\d{3}", codes)
+    if not match:
+        return True
+    codes = match.group(1)  # None: a bare ignore, every rule
+    return codes is not None and finding.rule not in re.findall(r"TFA\d{3}", codes)
 
 
-def check_source(source, path="<string>", modules=None):
+def check_source(
+    source: str, path: str = "<string>", modules: _parents.Modules | None = None
+) -> list[Finding]:
     """Returns the `Finding` list for one module's source text, by line.
 
     >>> source = '''
@@ -151,12 +158,12 @@ def check_source(source, path="<string>", modules=None):
             for node in ast.walk(tree)
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "initialized_value"
         }
-    found = [(line, col, rule) for line, col, rule in sorted(found) if line < _parents.OFFSET]
-    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in found)
+    kept = [(line, col, rule) for line, col, rule in sorted(found) if line < _parents.OFFSET]
+    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in kept)
     return [f for f in findings if _keep(f, lines)]
 
 
-def _parse_error_message(error):
+def _parse_error_message(error: BaseException) -> str:
     """The TFA000 message for a file Python's parser refuses, never with an empty reason."""
     if isinstance(error, (RecursionError, MemoryError)):
         # CPython's parser gives up on deep nesting (``not not ... x``, nested
@@ -169,7 +176,7 @@ def _parse_error_message(error):
     return f"cannot parse this file ({reason}); fix the syntax, then check it again"
 
 
-def python_files(paths):
+def python_files(paths: Iterable[str]) -> Iterator[str]:
     """Yields the files to check: each file given, and the *.py under each directory.
 
     A directory of the walk that cannot be listed is yielded too, so that
@@ -180,7 +187,7 @@ def python_files(paths):
     """
     for path in paths:
         if os.path.isdir(path):
-            unlisted = []
+            unlisted: list[OSError] = []
             for root, dirs, files in os.walk(path, onerror=unlisted.append):
                 yield from (error.filename or root for error in unlisted)
                 unlisted.clear()
@@ -198,11 +205,11 @@ def python_files(paths):
 class FileResult(typing.NamedTuple):
     """The `Finding` list of one file; ``readable`` is False when it cannot be read (exit 2)."""
 
-    findings: list
+    findings: list[Finding]
     readable: bool
 
 
-def check_file(path, modules=None):
+def check_file(path: str, modules: _parents.Modules | None = None) -> FileResult:
     """The `FileResult` of one file; one that cannot be read (binary data, a FIFO, a
     directory that cannot be listed, no permission) gives a TFA000 and is not waited on.
     ``modules``: as for `check_source`."""
@@ -215,7 +222,7 @@ def check_file(path, modules=None):
     return FileResult(check_source(source, path, modules), True)
 
 
-def check_paths(paths, jobs=1):
+def check_paths(paths: Iterable[str], jobs: int = 1) -> list[Finding]:
     """The `Finding` list of files (whatever their name) and directories (their ``*.py``,
     hidden directories and ``__pycache__`` left out), checked by ``jobs`` processes.
 
@@ -226,33 +233,33 @@ def check_paths(paths, jobs=1):
     return [finding for result in results for finding in result.findings]
 
 
-def check_files(files, jobs=1):
+def check_files(files: Iterable[str], jobs: int = 1) -> Iterator[FileResult]:
     """Yields the `FileResult` of each file in order, from ``jobs`` processes; a
     class whose parent class is defined in another of the files is read with it."""
-    files = list(files)
-    modules = _parents.index(files) if len(files) > 1 else None
-    if jobs <= 1 or len(files) < 2 * jobs:
-        yield from map(functools.partial(check_file, modules=modules), files)
+    listed = list(files)
+    modules = _parents.index(listed) if len(listed) > 1 else None
+    if jobs <= 1 or len(listed) < 2 * jobs:
+        yield from map(functools.partial(check_file, modules=modules), listed)
         return
     import multiprocessing
 
     context = multiprocessing.get_context("spawn")
     with context.Pool(jobs, initializer=_share, initargs=(modules,)) as pool:
-        yield from pool.imap(_check_shared, files, chunksize=16)
+        yield from pool.imap(_check_shared, listed, chunksize=16)
 
 
-_SHARED = {}  # in a worker process: the check's modules, given once
+_SHARED: dict[str, _parents.Modules | None] = {}  # in a worker process: the check's modules
 
 
-def _share(modules):
+def _share(modules: _parents.Modules | None) -> None:
     _SHARED["modules"] = modules
 
 
-def _check_shared(path):
+def _check_shared(path: str) -> FileResult:
     return check_file(path, _SHARED["modules"])
 
 
-def as_json(findings):
+def as_json(findings: Iterable[Finding]) -> str:
     """The findings as a JSON array of objects (path, line, col, code, message)."""
     return json.dumps([
         {"path": f.path, "line": f.line, "col": f.col, "code": f.rule, "message": f.message}

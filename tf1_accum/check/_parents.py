@@ -9,11 +9,14 @@ for a parent in the same file. Findings on the moved lines belong to the
 other file (which is checked on its own) and are dropped.
 """
 
+from __future__ import annotations
+
 import ast
 import copy
 import functools
 import os
 import symtable
+from collections.abc import Iterable
 
 from tf1_accum.check import _source
 
@@ -21,10 +24,15 @@ from tf1_accum.check import _source
 OFFSET = 10_000_000
 _DEPTH = 3  # a parent's parent in a third file, and one more
 
+#: The files of a check by module name (see `index`).
+Modules = dict[str, list[str]]
+#: A copied parent's file: (its source, its path, the line offset of the copy).
+Grafted = tuple[str, str, int]
 
-def index(paths):
+
+def index(paths: Iterable[str]) -> Modules:
     """The files of a check by module name (``trainer_base`` of ``a/trainer_base.py``)."""
-    modules = {}
+    modules: Modules = {}
     for path in paths:
         name = os.path.basename(path)
         for suffix in (".py.txt", ".py"):  # the test corpus keeps modules as *.py.txt
@@ -34,13 +42,14 @@ def index(paths):
     return modules
 
 
-def graft(tree, path, modules):
+def graft(tree: ast.Module, path: str, modules: Modules) -> list[Grafted]:
     """Appends to ``tree`` each parent class it imports from a module in
     ``modules`` (and their parents, a few levels); returns the (source,
     path, line offset) of each copy, for their symbol tables."""
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    grafted, defined = [], {node.name for node in classes}
-    pending = [(tree, classes, path)]
+    grafted: list[Grafted] = []
+    defined = {node.name for node in classes}
+    pending: list[tuple[ast.Module, list[ast.ClassDef], str]] = [(tree, classes, path)]
     while pending and len(grafted) < _DEPTH:
         module_tree, children, home = pending.pop(0)
         for module, name in _imported_bases(module_tree, children, defined):
@@ -57,7 +66,9 @@ def graft(tree, path, modules):
     return grafted
 
 
-def _imported_bases(tree, classes, defined):
+def _imported_bases(
+    tree: ast.Module, classes: list[ast.ClassDef], defined: set[str]
+) -> list[tuple[str, str]]:
     """(module, class) of each base of ``classes`` imported in ``tree`` with
     ``from module import Class`` (``module``'s last part), and not defined here."""
     bases = [
@@ -66,8 +77,8 @@ def _imported_bases(tree, classes, defined):
     ]  # fmt: skip
     if not bases:
         return []
-    imported = {}
-    statements = list(tree.body)
+    imported: dict[str, tuple[str, str]] = {}
+    statements: list[ast.stmt] = list(tree.body)
     for statement in statements:  # imports at the top, or in a try or if there
         if isinstance(statement, (ast.Try, ast.If)):
             statements += statement.body + statement.orelse
@@ -79,7 +90,9 @@ def _imported_bases(tree, classes, defined):
     return [imported[b] for b in dict.fromkeys(bases) if b in imported]
 
 
-def _class_in(module, name, modules, importer):
+def _class_in(
+    module: str, name: str, modules: Modules, importer: str
+) -> tuple[ast.ClassDef, ast.Module, str, str] | None:
     """(ClassDef, its module's tree, source, path) of class ``name`` at the top
     of the file of ``module`` (None: not among the files, or not defined there)."""
     for where in modules.get(module, ()):
@@ -95,7 +108,7 @@ def _class_in(module, name, modules, importer):
     return None
 
 
-def _parsed(path):
+def _parsed(path: str) -> tuple[ast.Module, str] | None:
     """(tree, source that parsed) of a file (None: it cannot be read or parsed)."""
     try:
         status = os.stat(path)
@@ -105,7 +118,7 @@ def _parsed(path):
 
 
 @functools.lru_cache(maxsize=64)
-def _parsed_version(path, mtime, size):
+def _parsed_version(path: str, mtime: int, size: int) -> tuple[ast.Module, str] | None:
     """Parsed once per process and version of the file (a parent serves many children)."""
     try:
         return _source.parse(_source.decode(_source.read(path)), path)
@@ -113,7 +126,7 @@ def _parsed_version(path, mtime, size):
         return None
 
 
-def tables(grafted):
+def tables(grafted: list[Grafted]) -> list[tuple[symtable.SymbolTable, int]]:
     """The symbol tables of each copied parent's file, with their line offset."""
     found = []
     for source, path, offset in grafted:

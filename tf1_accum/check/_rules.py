@@ -10,17 +10,28 @@ Whether a variable is an accumulator or a counter depends on what the whole
 module does to it, so `_Facts` gathers that first.
 """
 
+from __future__ import annotations
+
 import ast
 import functools
+import typing
+from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 
 from tf1_accum.check._flow import (
     ADDS, AFTER, APPLIES, APPLY, ASSIGNS, CONSTANT, COUNTER_MEAN, DIVIDED, FUNCTIONS,
     GRADIENT, GRADIENTS, MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR,
-    ZERO_OP, Module, added_to, argument_of, binary, called_name, kinds_of, operands,
+    ZERO_OP, Definition, Key, Module, Table, Tag, Vid, added_to, argument_of, binary,
+    called_name, kinds_of, operands,
 )  # fmt: skip
 
+#: (line, column, rule) of each finding.
+Found = set[tuple[int, int, str]]
+#: A ``.run(...)`` call and the tags of what it fetches.
+Run = tuple[ast.Call, frozenset[Tag]]
 
-def findings(tree, source, path, tables=()):
+
+def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()) -> Found:
     """The (line, column, rule) triples found in a parsed module (``tables``:
     the symbol tables of parent classes copied in from other files)."""
     module = Module(tree, source, path, tables)
@@ -44,22 +55,25 @@ def findings(tree, source, path, tables=()):
 class _Facts:
     """What is done to each variable over the whole module."""
 
-    def __init__(self, module):
+    def __init__(self, module: Module) -> None:
         self.module = module
-        self.branch_functions = {}  # id(tf.cond branch) -> the functions it builds
-        self.adds = {}  # vid -> [(tags of what is added, tags of control dependencies)]
-        self.divided = {}  # vid -> [tags of the value of an in-place division]
+        # id(tf.cond branch) -> the functions it builds
+        self.branch_functions: dict[int, list[Definition | ast.Lambda]] = {}
+        # vid -> [(tags of what is added, tags of control dependencies)]
+        self.adds: dict[Vid, list[tuple[frozenset[Tag], frozenset[Tag]]]] = {}
+        # vid -> [tags of the value of an in-place division]
+        self.divided: dict[Vid, list[frozenset[Tag]]] = {}
         self.calls = [call for call, _ in module.calls]
         self.computes_gradients = any(called_name(c) in GRADIENTS for c in self.calls)
         for call in self.calls:
             accumulation = module.accumulation(call)
             if accumulation is not None:
                 vids, value = accumulation
-                control = module._lookup(("control", id(call)))
+                control = module.lookup(("control", id(call)))
                 for vid in added_to(call, vids):
                     self.adds.setdefault(vid, []).append((value, control))
             elif called_name(call) in ASSIGNS:
-                vids, value = module.assigned(call) or (set(), ())
+                vids, value = module.assigned(call) or (set(), frozenset())
                 for vid in vids & kinds_of(value, DIVIDED):
                     self.divided.setdefault(vid, []).append(value)
             elif called_name(call) == "cond":
@@ -69,28 +83,28 @@ class _Facts:
         self.in_branch = {id(f) for fs in self.branch_functions.values() for f in fs}
 
     @functools.cached_property
-    def runs(self):
+    def runs(self) -> list[Run]:
         """Every ``.run(...)`` in the module, with its fetches' tags."""
         return _runs(self.module, [self.module.tree])
 
-    def is_counter(self, vid):
+    def is_counter(self, vid: Vid) -> bool:
         """A scalar variable, or one only ever added constants to (a step count)."""
         _, scalar = self.module.variable(vid)
         adds = self.adds.get(vid, ())
         return scalar or bool(adds) and all(value == {CONSTANT} for value, _ in adds)
 
-    def is_accumulator(self, vid):
+    def is_accumulator(self, vid: Vid) -> bool:
         """A zero-initialised variable that the module adds tensors to."""
         zero, _ = self.module.variable(vid)
         return zero and bool(self.adds.get(vid)) and not self.is_counter(vid)
 
-    def adds_again(self, vid):
+    def adds_again(self, vid: Vid) -> bool:
         """Running an add to vid once more changes it: an accumulator's, or any
         add of a tensor (not only constants) to a variable, made here or elsewhere."""
         adds = self.adds.get(vid, ())
         return self.is_accumulator(vid) or any(value != {CONSTANT} for value, _ in adds)
 
-    def sums_raw(self, vid):
+    def sums_raw(self, vid: Vid) -> bool:
         """Adds gradients as they are (not already divided by the number of micro-batches)."""
         return any(
             not ({SCALED, MEAN_GRADIENT} & value) and not (kinds_of(control, ZERO_OP) & {vid})
@@ -101,7 +115,7 @@ class _Facts:
 # -- TFA001 to TFA005: what apply_gradients is given --------------------
 
 
-def _apply_findings(module, facts, call):
+def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
     """TFA001 to TFA005, at the gradients given to ``apply_gradients``: what they hold."""
     gradients = argument_of(call, 0, "grads_and_vars")
     if gradients is None:
@@ -130,7 +144,7 @@ def _apply_findings(module, facts, call):
     return {where + (rule,) for rule, found in rules.items() if found}
 
 
-def _gradient_parts(module, node, depth=0):
+def _gradient_parts(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
     """The expressions in gradient position of a (gradient, variable) list:
     ``g`` of ``[(g, v) ...]``, ``a`` of ``zip(a, b)``, through names."""
     if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
@@ -153,7 +167,7 @@ def _gradient_parts(module, node, depth=0):
 _GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
 
 
-def _fused(facts, vids):
+def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every session run that adds to these accumulators applies them too: each
     apply holds the one micro-batch of its own run."""
     adding = [
@@ -162,7 +176,7 @@ def _fused(facts, vids):
     return bool(adding) and all(_applies(tags) for tags in adding)
 
 
-def _enclosing(module, node):
+def _enclosing(module: Module, node: ast.AST) -> Iterator[ast.AST]:
     """The module, classes and functions ``node`` is evaluated in, innermost first."""
     scope = module.scope_of.get(id(node))
     while scope is not None:
@@ -170,16 +184,16 @@ def _enclosing(module, node):
         scope = scope.parent
 
 
-def _in_test(module, node):
+def _in_test(module: Module, node: ast.AST) -> bool:
     """Inside a test function or test case class (which feed gradients on purpose)."""
     names = [getattr(outer, "name", "") for outer in _enclosing(module, node)]
     return any(n.startswith("test") or n.endswith(("Test", "TestCase")) for n in names)
 
 
-def _running_average_findings(module, facts, call):
+def _running_average_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
     """TFA005 at ``avg.assign((avg * step + g) / (step + 1))``: a zero variable
     given a gradient divided by the global step."""
-    vids, value = module.assigned(call) or ((), ())
+    vids, value = module.assigned(call) or (set(), frozenset())
     if STEP_MEAN in value and any(
         facts.is_accumulator(v) or (GRADIENT in value and module.variable(v)[0]) for v in vids
     ):
@@ -190,13 +204,15 @@ def _running_average_findings(module, facts, call):
 # -- TFA006: a tf.cond that applies in one branch and accumulates in the other ---
 
 
-def _cond_findings(module, facts, call):
+def _cond_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
     """TFA006 at ``tf.cond(pred, apply_fn, accumulate_fn)``: the run that applies
     does not accumulate its own micro-batch (neither adds it nor applies it)."""
     branches = cond_branches(call)
     if None in branches:
         return set()
-    applies, accumulates, added = [], [], []
+    applies: list[list[ast.Call]] = []
+    accumulates: list[bool] = []
+    added: list[set[Key]] = []
     for branch in branches:
         functions = facts.branch_functions.get(id(branch), [])
         calls = [n for f in functions for n in ast.walk(f) if isinstance(n, ast.Call)]
@@ -213,15 +229,15 @@ def _cond_findings(module, facts, call):
     return set()
 
 
-def cond_branches(call):
+def cond_branches(call: ast.Call) -> list[ast.expr | None]:
     """The true and false branches of ``tf.cond(pred, true_fn, false_fn)`` (None: missing)."""
     return [argument_of(call, 1, "true_fn", "fn1"), argument_of(call, 2, "false_fn", "fn2")]
 
 
-def _branch_functions(module, branch):
+def _branch_functions(module: Module, branch: ast.expr) -> list[Definition | ast.Lambda]:
     """The lambda, function or method a ``tf.cond`` branch is, and the
     module's functions it calls (a few dozen at most)."""
-    functions = [branch] if isinstance(branch, ast.Lambda) else []
+    functions: list[Definition | ast.Lambda] = [branch] if isinstance(branch, ast.Lambda) else []
     if isinstance(branch, (ast.Name, ast.Attribute)):
         fake = ast.Call(func=branch, args=[], keywords=[])
         functions = [f for f, _ in module.callees(fake, module.scope_of[id(branch)])]
@@ -233,7 +249,7 @@ def _branch_functions(module, branch):
     return functions
 
 
-def _accumulates_in_branch(module, facts, call):
+def _accumulates_in_branch(module: Module, facts: _Facts, call: ast.Call) -> bool:
     """An add to an accumulator, or of a tensor to a variable the module does
     not make (a parameter's, say); not a counter's or the global step's."""
     accumulation = module.accumulation(call)
@@ -242,11 +258,11 @@ def _accumulates_in_branch(module, facts, call):
     vids, value = accumulation
     if vids:
         return any(facts.is_accumulator(v) for v in vids)
-    target, _ = operands(call)
-    return STEP not in module.tags(target) and value != {CONSTANT}
+    target, _ = operands(call)  # not None: an accumulation has both operands
+    return target is not None and STEP not in module.tags(target) and value != {CONSTANT}
 
 
-def _applies_current(module, call, added):
+def _applies_current(module: Module, call: ast.Call, added: AbstractSet[Key]) -> bool:
     """``apply_gradients([((acc + g) / n, v)])``: the applying run's own
     micro-batch (a gradient, or what the other branch adds) is in what it applies."""
     if called_name(call) == "minimize":
@@ -256,11 +272,11 @@ def _applies_current(module, call, added):
     return any(GRADIENT in module.tags(p) or _names(module, p) & added for p in parts)
 
 
-def _names(module, node, depth=0):
+def _names(module: Module, node: ast.AST | None, depth: int = 0) -> set[Key]:
     """Where the names in an expression, and in what they hold, are kept (their keys)."""
     if node is None:
         return set()
-    keys = set()
+    keys: set[Key] = set()
     for name in ast.walk(node):
         if isinstance(name, ast.Name):
             [key] = module.keys(name)
@@ -274,16 +290,17 @@ def _names(module, node, depth=0):
 # -- TFA008: a session run that applies without accumulating its micro-batch ----
 
 
-def _loop_findings(module, facts, blocks):
+def _loop_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
     """TFA008: ``for _ in range(n - 1): run(accumulate)`` then a run that only
     applies, or an ``if`` that applies in one branch and accumulates in the other."""
-    found = set()
+    found: Found = set()
     short_loops = [
-        (block, i) for block in blocks for i, statement in enumerate(block)
-        if type(statement) is ast.For and _short_range(statement.iter)
+        (block, i, statement) for block in blocks for i, statement in enumerate(block)
+        if isinstance(statement, ast.For) and type(statement) is ast.For
+        and _short_range(statement.iter)
     ]  # fmt: skip
-    for block, index in short_loops:
-        if not any(_accumulates(facts, tags) for _, tags in _runs(module, block[index].body)):
+    for block, index, loop in short_loops:
+        if not any(_accumulates(facts, tags) for _, tags in _runs(module, loop.body)):
             continue
         for later in block[index + 1 :]:
             runs = _runs(module, [later])
@@ -301,17 +318,18 @@ def _loop_findings(module, facts, blocks):
     for branch in (s for block in blocks for s in block if isinstance(s, ast.If) and s.orelse):
         sides = [_runs(module, branch.body), _runs(module, branch.orelse)]
         for mine, other in ((0, 1), (1, 0)):
-            applying = [run for run, tags in sides[mine] if _applies(tags)]
+            appliers = [run for run, tags in sides[mine] if _applies(tags)]
             adds = [any(_accumulates(facts, tags) for _, tags in side) for side in sides]
             whole = any(_applies(tags) for _, tags in sides[other])
-            if applying and not adds[mine] and adds[other] and not whole:
-                found.add((applying[0].lineno, applying[0].col_offset + 1, "TFA008"))
+            if appliers and not adds[mine] and adds[other] and not whole:
+                found.add((appliers[0].lineno, appliers[0].col_offset + 1, "TFA008"))
     return found
 
 
-def _blocks(tree):
+def _blocks(tree: ast.Module) -> list[list[ast.AST]]:
     """Every list of statements in the module (bodies, else and finally blocks), nested ones too."""
-    blocks, statements = [], [tree]
+    blocks: list[list[ast.AST]] = []
+    statements: list[ast.AST] = [tree]
     while statements:
         node = statements.pop()
         for block in (getattr(node, field, None) for field in _BLOCKS):
@@ -321,7 +339,7 @@ def _blocks(tree):
     return blocks
 
 
-def _short_range(node):
+def _short_range(node: ast.expr) -> bool:
     """``range(n - 1)`` or ``range(1, n)``: one micro-batch short of a window."""
     if not (isinstance(node, ast.Call) and called_name(node) in ("range", "xrange")):
         return False
@@ -331,14 +349,14 @@ def _short_range(node):
     return len(node.args) == 2 and _one(node.args[0])
 
 
-def _one(node):
+def _one(node: ast.expr) -> bool:
     """The literal ``1``."""
     return isinstance(node, ast.Constant) and node.value == 1
 
 
-def _runs(module, nodes):
+def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
     """The ``.run(...)`` calls in ``nodes``, outside nested functions, with their fetches' tags."""
-    found = []
+    found: list[Run] = []
     stack = list(nodes)
     while stack:
         node = stack.pop()
@@ -350,18 +368,23 @@ def _runs(module, nodes):
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
 
 
-def _fetches(module, run):
+def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
     """The tags of what ``session.run(fetches)`` (or ``op.run()``) runs."""
     fetched = argument_of(run, 0, "fetches")
-    return module.tags(run.func.value if fetched is None else fetched)
+    return module.tags(_receiver(run) if fetched is None else fetched)
 
 
-def _accumulates(facts, tags):
+def _receiver(run: ast.Call) -> ast.expr:
+    """``op`` of ``op.run()`` (every run found calls an attribute named ``run``)."""
+    return typing.cast(ast.Attribute, run.func).value
+
+
+def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
     """What a run fetches adds to an accumulator."""
     return any(facts.is_accumulator(v) for v in kinds_of(tags, SUM) | kinds_of(tags, AFTER))
 
 
-def _applies(tags):
+def _applies(tags: AbstractSet[Tag]) -> bool:
     """What a run fetches applies gradients."""
     return any(t[0] == APPLY for t in tags)
 
@@ -372,13 +395,13 @@ _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 # -- TFA009: a value computed from the adds, fetched after the loop that ran them --
 
 
-def _refetch_findings(module, facts, blocks):
+def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``: the
     fetch runs the add once more, with its own feed (the last micro-batch)."""
     runs = [call for call, _ in module.calls if getattr(call.func, "attr", None) == "run"]
     if not any(tag[0] == RERUN for run in runs for tag in _fetches(module, run)):
         return set()  # no run fetches anything computed from an add
-    found = set()
+    found: Found = set()
     for block in blocks:
         for index, loop in enumerate(block):
             if not isinstance(loop, _LOOPS) or type(loop) is ast.For and _short_range(loop.iter):
@@ -400,19 +423,21 @@ def _refetch_findings(module, facts, blocks):
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 
 
-def _rereads(tags, added):
+def _rereads(tags: AbstractSet[Tag], added: AbstractSet[Vid]) -> bool:
     """A fetch computed from an add to ``added`` (``acum / n``), not the add itself
     (fetched again, that is one more micro-batch) nor an apply (TFA003's)."""
     return bool((kinds_of(tags, RERUN) - kinds_of(tags, SUM)) & added) and not _applies(tags)
 
 
-def _fetched_parts(module, run, node=None, depth=0):
+def _fetched_parts(
+    module: Module, run: ast.Call, node: ast.expr | None = None, depth: int = 0
+) -> list[ast.expr]:
     """The expressions a ``session.run`` fetches, one by one: the items of a
     list, tuple or dict of fetches, through the names, items and module
     functions that hold or return them."""
     if node is None:
         node = argument_of(run, 0, "fetches")
-        node = run.func.value if node is None else node
+        node = _receiver(run) if node is None else node
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [p for e in node.elts for p in _fetched_parts(module, run, e, depth)]
     if isinstance(node, ast.Dict):
@@ -437,7 +462,7 @@ def _fetched_parts(module, run, node=None, depth=0):
     return [node]
 
 
-def _held(module, node, depth=0):
+def _held(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
     """What a name or attribute holds, or a call to the module's own function
     returns, followed through names and such calls (a few levels)."""
     if isinstance(node, ast.Call):

@@ -11,11 +11,18 @@ literals, ``ur''`` strings, ``<>``, tabs, ``[x for x in a, b]``, ``async`` and
 each statement on its line, so findings point at the original source.
 """
 
+from __future__ import annotations
+
 import ast
 import io
 import os
 import stat
 import tokenize
+from collections.abc import Callable, Iterator
+from tokenize import TokenInfo
+
+#: A rewrite of the source: (start, end, replacement), each a (row, col) position.
+Edit = tuple[tuple[int, int], tuple[int, int], str]
 
 
 class Unreadable(Exception):
@@ -29,7 +36,7 @@ _NOT_REGULAR = (
 )  # fmt: skip
 
 
-def read(path):
+def read(path: str) -> bytes:
     """The bytes of a regular file. Opened without blocking and checked before
     reading: a FIFO named ``*.py`` would otherwise wait forever for a writer.
 
@@ -49,7 +56,7 @@ def read(path):
         return file.read()
 
 
-def decode(data):
+def decode(data: bytes) -> str:
     """Returns the text of a Python file's bytes, decoded as Python decodes them.
 
     Raises:
@@ -66,7 +73,7 @@ def decode(data):
         return data.decode("latin-1")
 
 
-def parse(source, path="<string>"):
+def parse(source: str, path: str = "<string>") -> tuple[ast.Module, str]:
     """Returns the module tree of ``source`` and the source that parsed (Python 2: converted).
 
     Raises:
@@ -94,15 +101,16 @@ _SKIPPED = {tokenize.COMMENT, tokenize.NL, tokenize.INDENT, tokenize.DEDENT}
 _COMPOUND = set("if elif else for while try except finally with def class".split())
 
 
-def _python2_to_3(source):
+def _python2_to_3(source: str) -> str:
     """``source`` with each Python 2 form of `_FIXES` rewritten, every statement on its lines."""
     lines = [line.expandtabs(8) if line[:1] in " \t" else line for line in source.split("\n")]
-    edits = set()  # ((row, col), (end row, end col), replacement)
+    edits: set[Edit] = set()
     for tokens in _statements("\n".join(lines)):
         depths = _depths(tokens)
         for fix in _FIXES:
             edits.update(fix(tokens, depths))
-    done = None  # the start of the last edit made: edits run from the end, never overlapping
+    # The start of the last edit made: edits run from the end, never overlapping.
+    done: tuple[int, int] | None = None
     for (row, col), (end_row, end_col), text in sorted(edits, reverse=True):
         if row == end_row and (done is None or (end_row, end_col) <= done):
             line = lines[row - 1]
@@ -111,9 +119,10 @@ def _python2_to_3(source):
     return "\n".join(lines)
 
 
-def _statements(source):
+def _statements(source: str) -> Iterator[list[TokenInfo]]:
     """Yields each simple statement (and compound statement's header) as its significant tokens."""
-    current, depth = [], 0
+    current: list[TokenInfo] = []
+    depth = 0
     try:
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or token.string == ";":
@@ -135,7 +144,7 @@ def _statements(source):
         yield current
 
 
-def _depths(tokens):
+def _depths(tokens: list[TokenInfo]) -> list[int]:
     """The depth of brackets around each token (a bracket is outside itself)."""
     depths, depth = [], 0
     for token in tokens:
@@ -145,7 +154,7 @@ def _depths(tokens):
     return depths
 
 
-def _statement_calls(tokens, depths):
+def _statement_calls(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """``print x``, ``print >>f, x`` and ``exec code``: calls."""
     first, last = tokens[0], tokens[-1]
     if first.type != tokenize.NAME or first.string not in ("print", "exec"):
@@ -166,7 +175,7 @@ def _statement_calls(tokens, depths):
     return edits
 
 
-def _except_raise(tokens, depths):
+def _except_raise(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """``except E, e:`` and ``raise E, message``."""
     commas = [token for token, depth in zip(tokens, depths) if token.string == "," and depth == 0]
     if tokens[0].string == "except" and len(commas) == 1:
@@ -176,7 +185,7 @@ def _except_raise(tokens, depths):
     return []
 
 
-def _backticks(tokens, depths):
+def _backticks(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """```x```: ``repr(x)``."""
     ticks = [token for token in tokens if token.string == "`"]
     return [
@@ -185,7 +194,7 @@ def _backticks(tokens, depths):
     ]  # fmt: skip
 
 
-def _literals(tokens, depths):
+def _literals(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """``10L``, ``0777``, ``ur"..."`` and ``<>``."""
     edits = []
     for token in tokens:  # Python 3.12 and later: 0777 and <> are one token each
@@ -208,7 +217,7 @@ def _literals(tokens, depths):
     return edits
 
 
-def _tuple_parameters(tokens, depths):
+def _tuple_parameters(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """``def f(a, (b, c)):`` and ``lambda (k, v): v``: each unpacked
     parameter becomes one name (when it is on one line)."""
     edits = []
@@ -234,7 +243,7 @@ def _tuple_parameters(tokens, depths):
     return edits
 
 
-def _comprehension_tuples(tokens, depths):
+def _comprehension_tuples(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """``[x for x in a, b]``: Python 2 loops over the tuple ``a, b``; it gets its parentheses."""
     edits = []
     for index, token in enumerate(tokens):
@@ -260,7 +269,7 @@ _OPERAND_START = {tokenize.NAME, tokenize.NUMBER, tokenize.STRING}
 _OPERAND_SIGNS = {"[", "{", "-", "+", "~"}
 
 
-def _async_names(tokens, depths):
+def _async_names(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     """``FLAGS.async``, ``async = True``, ``def await(...)``: names before Python 3.7,
     keywords since. Each becomes ``ASYNC`` or ``AWAIT`` (same length: columns stay)."""
     edits = []
@@ -279,7 +288,7 @@ def _async_names(tokens, depths):
     return edits
 
 
-_FIXES = (
+_FIXES: tuple[Callable[[list[TokenInfo], list[int]], list[Edit]], ...] = (
     _statement_calls, _except_raise, _backticks, _literals, _tuple_parameters,
     _comprehension_tuples, _async_names,
 )  # fmt: skip
