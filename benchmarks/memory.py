@@ -66,12 +66,15 @@ WAYS = _models.WAYS[:-1]
 PLAIN_B, PLAIN_NB, PLAIN_DATASET = "plain, B", "plain, N x B", "plain, B from tf.data"
 PEERS = ("tensorpack", "gpt-2-simple")
 SPARSE_PLAIN, SPARSE_HELPER = "embedding: plain, B", "embedding: helper"
+# A measurement device, not a way to use: the optimizer's own copy of the rows
+# it is given (its deduplication) left out, to show what accumulation adds.
+SPARSE_NO_DEDUP = "embedding: helper, optimizer's deduplication left out"
 CONFIGS = (
     (PLAIN_B, PLAIN_NB, PLAIN_DATASET)
     + tuple(way + suffix for suffix in OPTIONS for way in WAYS)
     + ("floor",)
     + PEERS
-    + (SPARSE_PLAIN, SPARSE_HELPER)
+    + (SPARSE_PLAIN, SPARSE_HELPER, SPARSE_NO_DEDUP)
 )
 EMBEDDING = dict(vocabulary=40000, width=40, ids=16, classes=10)
 
@@ -108,29 +111,54 @@ class TracedSession:
         return getattr(self.sess, name)
 
 
+def embedding_data(n, b):
+    """The embedding model's initial values and its window of N micro-batches (ids, labels)."""
+    e = EMBEDDING
+    rng = np.random.RandomState(1)
+    table = rng.randn(e["vocabulary"], e["width"]).astype(np.float32)
+    w = rng.randn(e["width"], e["classes"]).astype(np.float32)
+    batches = [
+        (
+            rng.randint(0, e["vocabulary"], size=(b, e["ids"])).astype(np.int32),
+            rng.randint(0, e["classes"], size=b).astype(np.int32),
+        )
+        for _ in range(n)
+    ]
+    return table, w, batches
+
+
 def embedding_model(tf, n, b):
     """An embedding table (most of the parameters) and a dense layer: sparse gradients."""
     v1 = tf.compat.v1
     e = EMBEDDING
-    rng = np.random.RandomState(1)
+    table_value, w_value, batches = embedding_data(n, b)
     ids = v1.placeholder(tf.int32, [None, e["ids"]])
     labels = v1.placeholder(tf.int32, [None])
-    table = v1.get_variable(
-        "table", initializer=rng.randn(e["vocabulary"], e["width"]).astype(np.float32)
-    )
-    w = v1.get_variable("w", initializer=rng.randn(e["width"], e["classes"]).astype(np.float32))
+    table = v1.get_variable("table", initializer=table_value)
+    w = v1.get_variable("w", initializer=w_value)
     h = tf.reduce_mean(tf.nn.embedding_lookup(table, ids), axis=1)
     loss = tf.reduce_mean(
         tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=tf.matmul(h, w))
     )
-    feeds = [
-        {
-            ids: rng.randint(0, e["vocabulary"], size=(b, e["ids"])).astype(np.int32),
-            labels: rng.randint(0, e["classes"], size=b).astype(np.int32),
-        }
-        for _ in range(n)
-    ]
-    return loss, feeds
+    return loss, [{ids: i, labels: y} for i, y in batches]
+
+
+def sparse_bounds(n, b, param_bytes):
+    """The sparse rows' targets in P: what accumulation may add, and with the optimizer's copy.
+
+    Accumulation adds its own state (an accumulator per variable, P, and a
+    float per table row marking the rows a window touched) and the window's
+    touched rows, gathered for the optimizer. The optimizer then copies the
+    rows it is given once more (``_apply_sparse_duplicate_indices`` sums
+    duplicate indices into a new tensor, even when there are none), as it
+    does in plain training for the rows of its batch.
+    """
+    e = EMBEDDING
+    _, _, batches = embedding_data(n, b)
+    touched = len(np.unique(np.concatenate([ids.ravel() for ids, _ in batches])))
+    rows = touched * e["width"] * 4
+    own = (param_bytes + e["vocabulary"] * 4 + rows) / param_bytes
+    return own, own + rows / param_bytes
 
 
 def build(tf, config, spec, n, b):
@@ -146,12 +174,12 @@ def build(tf, config, spec, n, b):
         batch = tf.compat.v1.data.make_one_shot_iterator(dataset).get_next()
         train_op = _models.adam(tf).minimize(_models.make_loss_fn(tf, spec)(batch))
         return _models.per_micro_batch(train_op, [None] * n)
-    if config in (SPARSE_PLAIN, SPARSE_HELPER):
+    if config in (SPARSE_PLAIN, SPARSE_HELPER, SPARSE_NO_DEDUP):
         loss, feeds = embedding_model(tf, n, b)
         # Adagrad updates only the rows it is given; Adam's sparse update
         # rewrites both of its slots whole (m * beta1 over the table), and
         # its copies would hide what accumulation adds.
-        optimizer = tf.compat.v1.train.AdagradOptimizer(0.1)
+        optimizer = _adagrad(tf, deduplicate=config != SPARSE_NO_DEDUP)
         if config == SPARSE_PLAIN:
             return _models.per_micro_batch(optimizer.minimize(loss), feeds)
         acc = tf1_accum.build_accumulation(loss, optimizer)
@@ -165,6 +193,27 @@ def build(tf, config, spec, n, b):
     raise ValueError(f"unknown configuration {config!r}")
 
 
+def _adagrad(tf, deduplicate=True):
+    """Adagrad; without ``deduplicate``, it applies the rows it is given as they are.
+
+    A window's rows are unique, so leaving out the optimizer's summing of
+    duplicate indices (its own copy of the rows) changes no value there: the
+    row shows what accumulation adds without the optimizer's share.
+    """
+    optimizer = tf.compat.v1.train.AdagradOptimizer
+    if deduplicate:
+        return optimizer(0.1)
+
+    class AsGiven(optimizer):
+        def _apply_sparse_duplicate_indices(self, grad, var):
+            return self._apply_sparse(grad, var)
+
+        def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices):
+            return self._resource_apply_sparse(grad, handle, indices)
+
+    return AsGiven(0.1)
+
+
 def child(args):
     """Runs one configuration in this process; prints a JSON line."""
     tf = _bench.enter_graph_mode(args.graph_mode)
@@ -176,7 +225,10 @@ def child(args):
         spec["features"] = args.features
     window = build(tf, args.child, spec, args.steps, args.micro_batch)
     param_bytes = sum(v.shape.num_elements() * v.dtype.size for v in v1.trainable_variables())
-    sess = TracedSession(v1.Session(config=_bench.session_config()), tf)
+    config = _bench.session_config()
+    if not args.grappler:
+        config.graph_options.rewrite_options.disable_meta_optimizer = True
+    sess = TracedSession(v1.Session(config=config), tf)
     sess.run(v1.global_variables_initializer())
     window(sess)
     sess.tracing = True
@@ -202,6 +254,8 @@ def run_child(config, args, model=None, steps=None, graph_mode=None):
         "--graph-mode",
         graph_mode or args.graph_mode,
     ]
+    if args.grappler:
+        command.append("--grappler")
     if args.hidden:
         command += ["--hidden", *map(str, args.hidden)]
     if args.features:
@@ -222,9 +276,13 @@ def reference(config):
     return PLAIN_B
 
 
-def target(config):
+def target(config, args=None, param_bytes=None):
+    """The most a configuration may add above its reference, in P (None: not a way in)."""
     if config.startswith("plain") or config in PEERS or config in ("floor", SPARSE_PLAIN):
         return None
+    if config in (SPARSE_HELPER, SPARSE_NO_DEDUP):
+        own, with_copy = sparse_bounds(args.steps, args.micro_batch, param_bytes)
+        return own if config == SPARSE_NO_DEDUP else with_copy
     return TARGET_OPTIONS if config.endswith(("clip", "statistics")) else TARGET
 
 
@@ -255,7 +313,7 @@ def ways_table(args):
             base = max(peaks[(mode, reference(config))])
             p = param_bytes[(mode, config)]
             above = (max(values) - base) / p
-            bound = target(config)
+            bound = target(config, args, p)
             rows.append(
                 [
                     mode,
@@ -371,6 +429,12 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=2, help="subprocesses at once")
     parser.add_argument("--graph-modes", nargs="+", choices=("v1", "resource"), default=None)
     parser.add_argument("--configs", nargs="+", default=None, help="only these rows")
+    parser.add_argument(
+        "--grappler",
+        action="store_true",
+        help="leave Grappler's graph rewrites on (each process's peak then moves by up to "
+        "0.65 P at random: its temporary tensors share the allocator)",
+    )
     parser.add_argument("--sweep", action="store_true", help="peak against N x B, and a plot")
     parser.add_argument("--sweep-steps", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument(
