@@ -4,6 +4,8 @@ tf.estimator is gone from TensorFlow 2.16 on; CI runs this module in a
 TensorFlow 2.15 environment of its own (see .ci/run).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -34,7 +36,8 @@ def model_fn(features, labels, mode, params):
     if params["accumulate"]:
         opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), N)
         train_op = opt.minimize(model.loss, global_step=step)
-        hooks.append(opt.make_session_run_hook(flush_at_end=params["flush_at_end"]))
+        if params["hook"]:
+            hooks.append(opt.make_session_run_hook(flush_at_end=params["flush_at_end"]))
         if params["scaffold"]:
             scaffold = opt.make_scaffold()
     else:
@@ -44,11 +47,16 @@ def model_fn(features, labels, mode, params):
     )
 
 
-def _estimator(directory, accumulate, flush_at_end=False, scaffold=False):
+def _estimator(directory, accumulate, flush_at_end=False, scaffold=False, hook=True):
     config = estimator.RunConfig(
         model_dir=str(directory), save_checkpoints_steps=2, save_checkpoints_secs=None
     )
-    params = {"accumulate": accumulate, "flush_at_end": flush_at_end, "scaffold": scaffold}
+    params = {
+        "accumulate": accumulate,
+        "flush_at_end": flush_at_end,
+        "scaffold": scaffold,
+        "hook": hook,
+    }
     return estimator.Estimator(model_fn, config=config, params=params)
 
 
@@ -154,3 +162,45 @@ def test_a_plain_model_dir_without_the_scaffold_fails_to_restore(tmp_path):
     _estimator(tmp_path, accumulate=False).train(_input_fn(0, 2 * N, N * B))
     with pytest.raises(tf.errors.NotFoundError, match="Accumulation/counter not found"):
         _estimator(tmp_path, accumulate=True).train(_input_fn(2 * N, 4 * N, B))
+
+
+def _end_warnings(est, input_fn):
+    """The tf1_accum warnings of ``est.train(input_fn)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        est.train(input_fn)
+    return [str(w.message) for w in caught if str(w.message).startswith("tf1_accum")]
+
+
+def test_without_the_hook_an_input_ending_after_a_save_at_the_last_update_warns(tmp_path):
+    # Checkpoints at steps 0 and 2; the input ends one micro-batch later.
+    est = _estimator(tmp_path / "lost", accumulate=True, hook=False)
+    (message,) = _end_warnings(est, _input_fn(0, 2 * N + 1, B))
+    assert message.startswith(
+        "tf1_accum: the session ends with 1 micro-batches accumulated since the last "
+        "update (global_step 2), and CheckpointSaverHook writes no final checkpoint"
+    )
+    assert "EstimatorSpec's training_hooks" in message
+    saved = _values(est)
+    assert saved["global_step"] == 2 and saved["Accumulation/counter"] == 0
+    # The resumed window starts over: the next N micro-batches make one update,
+    # and a session that ends on it has nothing to warn of.
+    assert _end_warnings(est, _input_fn(2 * N + 1, 3 * N + 1, B)) == []
+    assert _values(est)["global_step"] == 3
+
+
+def test_without_the_hook_a_window_saved_by_luck_still_warns(tmp_path):
+    est = _estimator(tmp_path / "lucky", accumulate=True, hook=False)
+    (message,) = _end_warnings(est, _input_fn(0, N + 2, B))
+    assert "Its final checkpoint holds the window this time" in message
+    saved = _values(est)
+    assert saved["global_step"] == 1 and saved["Accumulation/counter"] == 2
+
+
+@pytest.mark.parametrize("flush_at_end", [False, True], ids=["kept", "flushed"])
+def test_with_the_hook_an_input_ending_mid_window_warns_of_nothing(tmp_path, flush_at_end):
+    est = _estimator(tmp_path / "hooked", accumulate=True, flush_at_end=flush_at_end)
+    assert _end_warnings(est, _input_fn(0, 2 * N + 1, B)) == []
+    saved = _values(est)
+    assert saved["Accumulation/counter"] == (0 if flush_at_end else 1)
+    assert saved["global_step"] == (3 if flush_at_end else 2)

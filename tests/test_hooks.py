@@ -91,10 +91,66 @@ def test_without_the_hook_the_final_checkpoint_misses_the_partial_window(tmp_pat
     # What the hook is for: CheckpointSaverHook.end() does not save, because
     # global_step did not move since its save at step 2.
     directory = str(tmp_path / "plain_hooks")
-    _train(directory, 0, 2 * N + 1)
+    with pytest.warns(UserWarning, match="CheckpointSaverHook writes no final checkpoint"):
+        _train(directory, 0, 2 * N + 1)
     saved = _final_checkpoint(directory)
     # An empty window: the micro-batch after the second update is not in it.
     assert saved["global_step"] == 2 and saved["Accumulation/counter"] == 0
+
+
+def _session_end_warnings(directory, stop, hook=None, placement="hooks"):
+    """The tf1_accum warnings of `_train` from micro-batch 0 to ``stop``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _train(directory, 0, stop, hook, placement)
+    return [str(w.message) for w in caught if str(w.message).startswith("tf1_accum")]
+
+
+def test_without_the_hook_a_session_ending_after_a_save_at_its_last_update_warns(tmp_path):
+    # Saves at steps 0 and 2 (after the sixth micro-batch); the seventh is lost.
+    directory = str(tmp_path / "lost")
+    assert _session_end_warnings(directory, 2 * N + 1) == [
+        "tf1_accum: the session ends with 1 micro-batches accumulated since the last "
+        "update (global_step 2), and CheckpointSaverHook writes no final checkpoint: "
+        "it saves at the end only if global_step moved since its last save, which was "
+        "at step 2. The micro-batches accumulated after that checkpoint are in none, so "
+        "a run resumed from it does not resume this window: it starts the window over "
+        "without them. Add opt.make_session_run_hook() to the session's hooks (in an "
+        "Estimator, to the EstimatorSpec's training_hooks): at the end it saves the "
+        "partial window, or applies it with flush_at_end=True."
+    ]
+    saved = _final_checkpoint(directory)
+    assert saved["global_step"] == 2 and saved["Accumulation/counter"] == 0
+
+
+def test_without_the_hook_a_window_saved_by_luck_warns_that_it_may_be_lost(tmp_path):
+    # The last save was at step 0, the session ends at step 1: the end save
+    # holds the window this time.
+    directory = str(tmp_path / "lucky")
+    (message,) = _session_end_warnings(directory, N + 2)
+    assert message.startswith(
+        "tf1_accum: the session ends in the middle of an accumulation window without "
+        "the accumulation hook. Its final checkpoint holds the window this time"
+    )
+    assert "opt.make_session_run_hook()" in message
+    saved = _final_checkpoint(directory)
+    assert saved["global_step"] == 1 and saved["Accumulation/counter"] == 2
+
+
+def test_a_session_ending_on_an_update_warns_of_nothing_without_the_hook(tmp_path):
+    assert _session_end_warnings(str(tmp_path / "boundary"), 2 * N) == []
+    assert _session_end_warnings(str(tmp_path / "stopped"), len(BATCHES)) == []
+
+
+@pytest.mark.parametrize("stop", [N + 2, 2 * N + 1], ids=["end_save", "no_end_save"])
+@pytest.mark.parametrize("placement", ["hooks", "chief_only_hooks"])
+@pytest.mark.parametrize("flush_at_end", [False, True], ids=["kept", "flushed"])
+def test_the_hook_silences_the_warning_at_the_end(tmp_path, stop, placement, flush_at_end):
+    directory = str(tmp_path / "hooked")
+    hook = {"flush_at_end": flush_at_end}
+    assert _session_end_warnings(directory, stop, hook, placement) == []
+    saved = _final_checkpoint(directory)
+    assert saved["Accumulation/counter"] == (0 if flush_at_end else stop % N)
 
 
 def _plain_training(windows):

@@ -7,6 +7,8 @@ import weakref
 
 import tensorflow as tf
 
+from tf1_accum import _unhooked
+
 
 class _UnmovedStepFilter(logging.Filter):
     """Drops StepCounterHook's warning that ``global_step`` did not move in a run.
@@ -79,6 +81,8 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
 
     def after_create_session(self, session, coord):
         self._filter = _filter_unmoved_step_warnings(session)
+        # The CheckpointSaverHook of the session need not warn of these windows.
+        _unhooked.keep_windows(session, self._counters)
 
     def end(self, session):
         if self._filter is not None:

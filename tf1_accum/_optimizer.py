@@ -14,6 +14,7 @@ from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _scaffold
 from tf1_accum import _stats
+from tf1_accum import _unhooked
 from tf1_accum._window import Window
 from tf1_accum._window import per_step_loss
 from tf1_accum._window import window_options
@@ -482,6 +483,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                     name="flush",
                 )
         self._windows.append(window)
+        # A MonitoredTrainingSession or Estimator that ends mid-window without
+        # make_session_run_hook's hook may leave the window out of every checkpoint.
+        graph.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
+        _unhooked.watch_checkpoint_saver_hook()
         if start is not None:
             self._step_starts.append(start)
         self._trains.append(train)
