@@ -655,3 +655,101 @@ def test_an_apply_that_increments_twice():
     assert "runs 2 increments of the global step" in findings[0].message
     assert "delete the hand-written" in findings[0].message
     assert [f.kind for f in once] == []
+
+
+def _load_example(name):
+    path = pathlib.Path(__file__).parent.parent / "examples" / "real_programs" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"real_programs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bert = _load_example("bert_style_optimizer")
+
+EXAMPLES, MICRO_BATCH, WINDOW = 96, 8, 4  # 12 micro-batches per epoch, 4 per update
+
+
+def _input(epochs, iterator="initializable"):
+    """An Estimator-style input_fn's pipeline of BERT's examples, in micro-batches."""
+    x, y = bert.make_data(EXAMPLES, 1)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(EXAMPLES)
+    data = data.repeat(epochs).batch(MICRO_BATCH)
+    if iterator == "one_shot":
+        return v1.data.make_one_shot_iterator(data).get_next()
+    return v1.data.make_initializable_iterator(data).get_next()
+
+
+def _bert_findings(num_train_steps, num_warmup_steps, epochs=3, iterator="initializable"):
+    """check_graph of BERT's migrated train op: its schedule, its optimizer, the wrapper."""
+    with tf.Graph().as_default():
+        x, y = _input(epochs, iterator)
+        loss = bert.build_model(x, y)
+        step = v1.train.get_or_create_global_step()
+        optimizer = bert.create_optimizer(step, 0.01, num_train_steps, num_warmup_steps)
+        wrapper = tf1_accum.AccumulationOptimizer(optimizer, WINDOW, clip_norm=1.0)
+        return tf1_accum.check_graph(wrapper.minimize(loss, global_step=step))
+
+
+@pytest.mark.parametrize("iterator", ["initializable", "one_shot"])
+def test_bert_steps_worked_out_from_the_micro_batch_size_are_reported(iterator):
+    # run_classifier's arithmetic with the micro-batch as the batch: 36 steps,
+    # where training makes 9 updates.
+    num_train_steps = int(EXAMPLES / MICRO_BATCH * 3)
+    findings = _bert_findings(num_train_steps, int(num_train_steps * 0.1), iterator=iterator)
+    assert [(f.kind, f.op_name) for f in findings] == [
+        ("schedule_in_micro_batches", "PolynomialDecay/Minimum")
+    ]
+    message = findings[0].message
+    assert message.startswith(
+        "Schedule op PolynomialDecay/Minimum (Minimum) sets the global step global_step "
+        "against the step count 36, the micro-batches of all epoch(s) of the input "
+        "pipeline (12 per epoch, 36 in all)"
+    )
+    assert "one per 4 micro-batches: training ends at update 9" in message
+    assert "Divide every step count by N = 4" in message
+    assert "num_train_steps = int(examples / (batch_size * N) * epochs)" in message
+
+
+def test_bert_steps_divided_by_n_are_clean():
+    num_train_steps = int(EXAMPLES / (MICRO_BATCH * WINDOW) * 3)
+    assert num_train_steps == 9
+    assert _bert_findings(num_train_steps, int(num_train_steps * 0.1)) == []
+    assert _bert_findings(num_train_steps, 2) == []
+
+
+def test_an_input_repeated_forever_does_not_tell_the_unit():
+    # BERT's own input_fn repeats forever and stops at max_steps: 36 could be
+    # 3 epochs of micro-batches or 12 of updates, and is not reported.
+    assert _bert_findings(36, 3, epochs=-1) == []
+
+
+def _unet_findings(decay_steps, epochs):
+    """check_graph of a U-Net trainer's migrated train op, decaying every ``decay_steps``."""
+    with tf.Graph().as_default():
+        x, y = _input(epochs)
+        loss = bert.build_model(x, y)
+        step = v1.train.get_or_create_global_step()
+        rate = v1.train.exponential_decay(0.2, step, decay_steps, 0.95, staircase=True)
+        opt = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(rate, 0.99), WINDOW)
+        return tf1_accum.check_graph(opt.minimize(loss, global_step=step))
+
+
+def test_a_decay_per_epoch_in_micro_batches_is_reported():
+    training_iters = EXAMPLES // MICRO_BATCH  # the trainer's iterations per epoch
+    findings = _unet_findings(training_iters, epochs=2)
+    assert [(f.kind, f.op_name) for f in findings] == [
+        ("schedule_in_micro_batches", "ExponentialDecay/truediv")
+    ]
+    assert "step count 12, the micro-batches of 1 of the 2 epoch(s)" in findings[0].message
+    assert "training ends at update 6" in findings[0].message
+
+
+def test_a_decay_per_epoch_in_updates_is_clean():
+    assert _unet_findings(EXAMPLES // MICRO_BATCH / WINDOW, epochs=2) == []
+
+
+def test_a_count_that_may_be_in_updates_is_not_reported():
+    # 12 micro-batches is one epoch, or 4 epochs of updates: within the 12
+    # updates of training, it may be right.
+    assert _unet_findings(EXAMPLES // MICRO_BATCH, epochs=WINDOW) == []

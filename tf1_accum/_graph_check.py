@@ -33,6 +33,7 @@ import typing
 
 import tensorflow as tf
 
+from tf1_accum import _schedule_check
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
 
@@ -41,7 +42,15 @@ APPLY_ACCUMULATES = "apply_accumulates"
 NEVER_RESET = "never_reset"
 SUM_NOT_MEAN = "sum_not_mean"
 STEP_NOT_PER_UPDATE = "step_not_per_update"
-_KINDS = (APPLY_NEEDS_FEED, APPLY_ACCUMULATES, NEVER_RESET, SUM_NOT_MEAN, STEP_NOT_PER_UPDATE)
+SCHEDULE_IN_MICRO_BATCHES = _schedule_check.SCHEDULE_IN_MICRO_BATCHES
+_KINDS = (
+    APPLY_NEEDS_FEED,
+    APPLY_ACCUMULATES,
+    NEVER_RESET,
+    SUM_NOT_MEAN,
+    STEP_NOT_PER_UPDATE,
+    SCHEDULE_IN_MICRO_BATCHES,
+)
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 # Ops that hand a ref or resource tensor on unchanged (input 0).
@@ -124,10 +133,14 @@ class GraphFinding(typing.NamedTuple):
               accumulator's value as it is, the sum over the micro-batches,
               where it expects the mean;
             * ``"step_not_per_update"``: ``global_step`` is incremented with
-              every micro-batch, or twice per update.
+              every micro-batch, or twice per update;
+            * ``"schedule_in_micro_batches"``: a learning-rate schedule
+              driven by ``global_step`` has a step count worked out in
+              micro-batches, where ``global_step`` counts updates.
 
         op_name: The op at fault: the placeholder, the accumulate op, the
-            accumulator (or counter) variable, or the optimizer's update op.
+            accumulator (or counter) variable, the optimizer's update op, or
+            the schedule op that reads the step count.
         message: What goes wrong, and the tf1_accum replacement.
     """
 
@@ -185,6 +198,23 @@ def check_graph(
       one apply runs (an optimizer given ``global_step`` and a hand-written
       ``global_step.assign(global_step + 1)`` grouped with it). Schedules
       and hooks driven by the step then run ahead of the updates.
+    * ``"schedule_in_micro_batches"``: the apply is `AccumulationOptimizer`'s
+      train op (N micro-batches per update), it reads a ``tf.data`` pipeline
+      of known, finite size (``from_tensor_slices`` of arrays or ``range``,
+      then ``batch``, ``repeat(count)``, ``take``, and steps that keep the
+      size, such as ``shuffle``, ``map`` and ``prefetch``), and a schedule op
+      of the apply (``polynomial_decay``, ``exponential_decay``,
+      ``piecewise_constant``, a hand-written warm-up: a comparison, minimum,
+      division or subtraction of the global step and a constant) takes a
+      step count that equals the micro-batches of a whole number of the
+      pipeline's epochs, rounded either way, and lies past the last update,
+      ceil(micro-batches / N). Such a count comes from the program's
+      arithmetic with the micro-batch as the batch (BERT's
+      ``num_train_steps = int(examples / batch_size * epochs)``), and the
+      schedule then runs N times too slowly. A count that could be right in
+      updates (within training: one epoch of micro-batches is also N epochs
+      of updates) is not reported, nor is any count of a pipeline repeated
+      forever or of unknown size (a ``feed_dict``, TFRecord files).
 
     tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
     train op and ``build_dataset_accumulation``'s train op give no findings.
@@ -196,10 +226,10 @@ def check_graph(
     micro-batches of different sizes averaged with equal weights (see
     ``weight=``), a ``tf.cond`` whose applying run skips its own
     micro-batch (``python -m tf1_accum.check`` finds those recipes in the
-    source), or a learning-rate schedule whose step counts (``decay_steps``,
-    warm-up) were worked out in micro-batches: a constant does not say what
-    it counts (the migration checklist of :doc:`real_programs` gives the
-    rule).
+    source), or, outside the cases above, a learning-rate schedule whose
+    step counts (``decay_steps``, warm-up) were worked out in micro-batches:
+    a constant does not say what it counts (the migration checklist of
+    :doc:`real_programs` gives the rule).
 
     Example:
 
@@ -633,6 +663,7 @@ class _Checker:
                 )
             )
         findings += self.step_findings(apply_set, accum_set)
+        findings += _schedule_check.schedule_findings(self, apply_set, GraphFinding)
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
         return findings
 

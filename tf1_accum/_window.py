@@ -24,6 +24,10 @@ from tf1_accum._shared_apply import SharedApply
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
 
+#: Graph collection of the ``counter >= steps`` predicate of each window that
+#: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
+APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
+
 
 class WindowOptions(typing.NamedTuple):
     """The options of a window, as every way in takes them, checked by `window_options`.
@@ -298,6 +302,7 @@ class Window:
         count = self.add(gradients, weight, run_with=run_with).count
         with tf.compat.v1.name_scope(self.scope):
             due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
+        tf.compat.v1.add_to_collection(APPLY_DUE_COLLECTION, due)
         return self.apply_if(due, optimizer, global_step, caller_scope, name="apply_if_due")
 
     def flush(self, optimizer, global_step, caller_scope, name=None, totals=None):

@@ -1,0 +1,261 @@
+"""`check_graph`'s schedule check: step counts worked out in micro-batches.
+
+A learning-rate schedule driven by ``global_step`` compares or divides it by
+step counts (``decay_steps``, ``num_train_steps``, warm-up, ``boundaries``)
+that the program works out from its batch size. Migrated to accumulation, the
+batch is a micro-batch, so those counts are in micro-batches, while
+``global_step`` counts updates, one per N micro-batches. A constant does not
+say what it counts; the check reports one only where the graph can tell:
+
+* the apply is the train op of a window that applies every N micro-batches
+  (`AccumulationOptimizer`), whose N the graph holds;
+* it reads a ``tf.data`` pipeline of known, finite size (``from_tensor_slices``
+  of arrays, ``range``, then ``batch``, ``repeat(count)``, ``take``, ``skip``
+  and size-keeping steps such as ``shuffle`` and ``map``), so the graph knows
+  how many micro-batches training draws, T, over how many epochs, R, of M each;
+* the schedule's constant equals the micro-batches of a whole number of
+  epochs (k M, 1 <= k <= R, T included) as the program's arithmetic gives it
+  (rounded either way), and, read in updates, lies beyond the last update
+  (more than ceil(T / N)): no point of a schedule migrated correctly lies
+  there, while every count that ``int(examples / batch_size * epochs)`` gives
+  for the micro-batch does.
+
+A count equal to k M with k M <= T / N (a decay every N epochs, say) is as
+likely right as wrong, and an infinitely repeated pipeline has no T: neither
+is reported.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_accum._window import APPLY_DUE_COLLECTION
+
+SCHEDULE_IN_MICRO_BATCHES = "schedule_in_micro_batches"
+
+# Ops that hand the global step on as a number of steps.
+_STEP_OPS = frozenset(
+    {
+        "Identity",
+        "ReadVariableOp",
+        "Cast",
+        "Snapshot",
+        "Minimum",
+        "Maximum",
+        "Sub",
+        "Add",
+        "AddV2",
+        "Switch",
+        "Merge",
+    }
+)
+# Ops that compare the step with a count, on either side.
+_COMPARE_OPS = frozenset(
+    {"Minimum", "Maximum", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal"}
+)
+# Ops that divide the step by a count (input 1), or subtract it.
+_DIVIDE_OPS = frozenset(
+    {"RealDiv", "Div", "FloorDiv", "TruncateDiv", "DivNoNan", "FloorMod", "Sub"}
+)
+# Dataset ops that keep the number of elements.
+_SAME_SIZE = frozenset(
+    {
+        "ShuffleDataset",
+        "ShuffleDatasetV2",
+        "ShuffleDatasetV3",
+        "MapDataset",
+        "ParallelMapDataset",
+        "ParallelMapDatasetV2",
+        "PrefetchDataset",
+        "CacheDataset",
+        "CacheDatasetV2",
+        "ModelDataset",
+        "OptimizeDataset",
+        "OptimizeDatasetV2",
+        "MaxIntraOpParallelismDataset",
+        "PrivateThreadPoolDataset",
+        "OptionsDataset",
+        "AssertCardinalityDataset",
+    }
+)
+_GET_NEXT = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
+
+
+class _Size(typing.NamedTuple):
+    """Elements a dataset yields: as a program's arithmetic counts them, and in fact."""
+
+    exact: float  # examples / batch_size, unrounded
+    actual: float  # batches, rounded as ``batch`` rounds (math.inf: repeated forever)
+    epochs: float  # product of the repeat counts (math.inf: forever)
+
+
+def schedule_findings(checker, apply_set, finding):
+    """The step counts in micro-batches, as ``finding(kind, op_name, message)`` results."""
+    steps = _window_steps(checker.graph, apply_set)
+    if steps is None or not checker.steps:
+        return []
+    iterators = {op.inputs[0].op for op in apply_set if op.type in _GET_NEXT}
+    sizes = [_pipeline(checker.graph, iterator) for iterator in iterators]
+    if len(sizes) != 1 or sizes[0] is None:
+        return []
+    total, epoch = sizes[0]
+    if not math.isfinite(total.epochs) or epoch.exact <= 0:
+        return []
+    updates = math.ceil(total.actual / steps)
+    counts = _step_counts(checker, apply_set)
+    findings = []
+    reported = set()
+    for value, op, var in sorted(counts, key=lambda c: (c[1].name, c[0])):
+        if value in reported or value <= updates:
+            continue
+        epochs = _whole_epochs(value, epoch, int(total.epochs))
+        if epochs is None:
+            continue
+        reported.add(value)
+        what = "all" if epochs == total.epochs else f"{epochs} of the {int(total.epochs)}"
+        findings.append(
+            finding(
+                SCHEDULE_IN_MICRO_BATCHES,
+                op.name,
+                f"Schedule op {op.name} ({op.type}) sets the global step {var.name} "
+                f"against the step count {value:g}, the micro-batches of {what} "
+                "epoch(s) of the input pipeline "
+                f"({epoch.actual:g} per epoch, {total.actual:g} in all): a step count "
+                "worked out from the micro-batch size. The global step counts updates, "
+                f"one per {steps} micro-batches: training ends at update {updates}, and "
+                f"this point of the schedule comes {steps} times later than in the "
+                "original program (a decay N times too slow, a warm-up N times too long). "
+                f"Divide every step count by N = {steps}: decay_steps, num_train_steps "
+                "and num_warmup_steps, boundaries, and Estimator.train's max_steps "
+                "(num_train_steps = int(examples / (batch_size * N) * epochs)).",
+            )
+        )
+    return findings
+
+
+def _window_steps(graph, apply_set):
+    """The N of the windows the apply runs, if they all have one and the same."""
+    found = set()
+    for due in graph.get_collection(APPLY_DUE_COLLECTION):
+        if due.op in apply_set:
+            value = tf.get_static_value(due.op.inputs[1])
+            if value is None:
+                return None
+            found.add(int(value))
+    return found.pop() if len(found) == 1 and min(found) > 1 else None
+
+
+def _step_counts(checker, apply_set):
+    """``(value, op, global step)`` of each constant an op of the apply compares the step with."""
+    derived = {}  # op -> the global step its output counts
+    stack = [(var, var) for var in checker.steps]
+    while stack:
+        op, var = stack.pop()
+        if op in derived:
+            continue
+        derived[op] = var
+        for output in op.outputs:
+            for consumer in output.consumers():
+                if consumer.type in _STEP_OPS and consumer in apply_set:
+                    stack.append((consumer, var))
+    counts = []
+    for op in apply_set:
+        if op.type not in _COMPARE_OPS | _DIVIDE_OPS or len(op.inputs) != 2:
+            continue
+        for index, tensor in enumerate(op.inputs):
+            other = op.inputs[1 - index].op
+            if other not in derived or (op.type in _DIVIDE_OPS and index != 1):
+                continue
+            value = tf.get_static_value(tensor)
+            if value is None or np.ndim(value) != 0 or not np.isfinite(value) or value <= 1:
+                continue
+            counts.append((float(value), op, derived[other]))
+    return counts
+
+
+def _whole_epochs(value, epoch, epochs):
+    """k when ``value`` is the micro-batches of k epochs (1 <= k <= ``epochs``), else None."""
+    for k in range(1, epochs + 1):
+        exact = epoch.exact * k
+        if math.floor(exact) <= value <= math.ceil(exact) or value == epoch.actual * k:
+            return k
+    return None
+
+
+def _pipeline(graph, iterator):
+    """``(total, one epoch)`` `_Size` of the dataset of ``iterator``, or None."""
+    if iterator.type == "OneShotIterator":
+        # Its dataset is copied into a function; the original is left unused.
+        used = {t.op for op in graph.get_operations() for t in op.inputs}
+        datasets = [
+            op
+            for op in graph.get_operations()
+            if op.type.endswith(("Dataset", "DatasetV2", "DatasetV3")) and op not in used
+        ]
+    else:
+        datasets = [
+            op.inputs[0].op
+            for op in graph.get_operations()
+            if op.type == "MakeIterator" and op.inputs[1].op is iterator
+        ]
+    if len(datasets) != 1:
+        return None
+    total = _size(datasets[0], repeats=True)
+    epoch = _size(datasets[0], repeats=False)
+    if total is None or epoch is None:
+        return None
+    return total, epoch
+
+
+def _static(tensor):
+    value = tf.get_static_value(tensor)
+    return None if value is None or np.ndim(value) != 0 else value.item()
+
+
+def _size(op, repeats):
+    """The `_Size` of dataset op ``op`` (``repeats=False``: each repeat once), or None."""
+    if op.type == "TensorSliceDataset":
+        shape = op.inputs[0].shape if op.inputs else None
+        rows = tf.compat.dimension_value(shape[0]) if shape is not None and shape.rank else None
+        return None if rows is None else _Size(rows, rows, 1)
+    if op.type == "RangeDataset":
+        start, stop, step = (_static(t) for t in op.inputs[:3])
+        if None in (start, stop, step) or step == 0:
+            return None
+        rows = max(0, math.ceil((stop - start) / step))
+        return _Size(rows, rows, 1)
+    inner = _size(op.inputs[0].op, repeats) if op.inputs else None
+    if inner is None:
+        return None
+    if op.type in _SAME_SIZE:
+        return inner
+    if op.type in ("BatchDataset", "BatchDatasetV2", "ParallelBatchDataset"):
+        size = _static(op.inputs[1])
+        drop = _static(op.inputs[-1]) if op.type != "BatchDataset" else False
+        if not size or size < 1 or drop is None:
+            return None
+        actual = inner.actual / size
+        if math.isfinite(actual):
+            actual = math.floor(actual) if drop else math.ceil(actual)
+        return _Size(inner.exact / size, actual, inner.epochs)
+    if op.type == "RepeatDataset":
+        count = _static(op.inputs[1])
+        if count is None:
+            return None
+        if not repeats:
+            return inner
+        if count < 0:
+            return _Size(math.inf, math.inf, math.inf)
+        return _Size(inner.exact * count, inner.actual * count, inner.epochs * count)
+    if op.type == "TakeDataset":
+        count = _static(op.inputs[1])
+        if count is None:
+            return None
+        if count < 0:
+            return inner
+        return _Size(min(inner.exact, count), min(inner.actual, count), inner.epochs)
+    return None
