@@ -611,7 +611,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         graph has no global step, or not exactly one saver in ``SAVERS``, or
         that saver wrote no checkpoint in the session, nothing is saved, and
         a kept partial window gets a ``UserWarning``. Pass it in ``hooks`` (or
-        ``training_hooks`` of an ``EstimatorSpec``), on the chief.
+        ``training_hooks`` of an ``EstimatorSpec``), on the chief. Without
+        it, a session that ends in the middle of a window gets a
+        ``UserWarning`` from ``CheckpointSaverHook.end()``: the window is
+        left out of every checkpoint when the last one was written at the
+        session's last update, and kept by luck otherwise.
 
         From ``begin()`` to ``end()`` it also drops, from TensorFlow's logger,
         the warning of ``StepCounterHook`` (which ``MonitoredTrainingSession``
