@@ -16,6 +16,8 @@ when one is partial and no accumulation hook of the session keeps it. It
 changes nothing else: the wrapped ``end`` runs as it was.
 """
 
+from __future__ import annotations
+
 import functools
 import warnings
 import weakref
@@ -27,7 +29,7 @@ import tensorflow as tf
 TRAIN_OP_COUNTERS = "tf1_accum_train_op_counters"
 
 # session -> names of the counters that an accumulation hook of the session keeps.
-_kept = weakref.WeakKeyDictionary()
+_kept: weakref.WeakKeyDictionary[tf.compat.v1.Session, set[str]] = weakref.WeakKeyDictionary()
 
 _FIX = (
     "Add opt.make_session_run_hook() to the session's hooks (in an Estimator, to the "
@@ -53,7 +55,7 @@ def watch_checkpoint_saver_hook():
         _warn_if_left_out(self, session)
         return original(self, session)
 
-    end._tf1_accum_watched = True
+    end.__dict__["_tf1_accum_watched"] = True
     hook_class.end = end
 
 
@@ -69,7 +71,9 @@ def _warn_if_left_out(saver_hook, session):
     counters = [c for c in session.graph.get_collection(TRAIN_OP_COUNTERS) if c.name not in kept]
     timer = getattr(saver_hook, "_timer", None)
     step_tensor = getattr(saver_hook, "_global_step_tensor", None)
-    if not counters or step_tensor is None or not hasattr(timer, "last_triggered_step"):
+    if not counters or step_tensor is None or timer is None:
+        return
+    if not hasattr(timer, "last_triggered_step"):
         return
     pending = sum(int(count) for count in session.run(counters))
     if not pending:
