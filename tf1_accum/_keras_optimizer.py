@@ -12,6 +12,7 @@ This module imports tf_keras: ``tf1_accum`` imports it only when
 
 from __future__ import annotations
 
+import copy
 import typing
 
 import numpy as np
@@ -351,7 +352,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
+        config = copy.deepcopy(config)  # tf_keras's deserialize edits the dict it is given
         optimizer = tf_keras.optimizers.deserialize(
             config.pop("optimizer"), custom_objects=custom_objects, use_legacy_optimizer=True
         )
