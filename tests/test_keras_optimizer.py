@@ -191,6 +191,23 @@ def test_keras_v3_format_fails_in_a_tf1_graph(tmp_path):
             model.save(str(tmp_path / "model.keras"))
 
 
+def test_saving_a_loaded_model_before_fit_raises_instead_of_dropping_the_window(tmp_path):
+    path = str(tmp_path / "model.h5")
+    with tf.Graph().as_default(), v1.Session():
+        _trained_model().save(path)
+    with tf.Graph().as_default(), v1.Session():
+        model = tf_keras.models.load_model(path)
+        assert int(tf_keras.backend.get_value(model.optimizer.iterations)) == 1
+        with pytest.raises(
+            ValueError, match=r"holds the window load_model read.*Train \(model.fit\) before"
+        ):
+            model.save(str(tmp_path / "again.h5"))
+        model.save(str(tmp_path / "weights_only.h5"), include_optimizer=False)
+        _fit(model, *_data(PER_EPOCH * B, seed=0), 1)
+        assert _state(model) == (3, 1)
+        model.save(str(tmp_path / "again.h5"))  # the window is in the graph again
+
+
 def test_config_round_trips_the_wrapped_optimizer_and_the_options():
     wrapper = tf1_accum.KerasAccumulationOptimizer(
         legacy.RMSprop(0.01, decay=0.1, clipnorm=2.0),

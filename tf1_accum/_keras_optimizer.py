@@ -332,7 +332,9 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
 
         Raises:
             ValueError: If asked for by ``model.save()`` in the SavedModel
-                format, which would drop the optimizer's state.
+                format, which would drop the optimizer's state, or before
+                ``fit`` built the train op of a model ``load_model`` returned
+                (the window read from the file is not in the graph yet).
         """
         if _in_saved_model_save():
             raise ValueError(
@@ -340,6 +342,13 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 "KerasAccumulationOptimizer (the wrapped optimizer's slots, iterations "
                 f"and the window) in a TF1 graph. {_SAVE_FORMATS} Or pass "
                 "include_optimizer=False to save the model for inference only."
+            )
+        if self._pending is not None:
+            raise ValueError(
+                "KerasAccumulationOptimizer holds the window load_model read, which "
+                "exists again once fit builds the train op: saving the model before "
+                "that would drop it. Train (model.fit) before saving, or save with "
+                "include_optimizer=False."
             )
         return {
             "name": self._name,
