@@ -7,6 +7,11 @@ accuracy metric, ``fit`` on NumPy arrays with validation data,
 ``model.save('....h5')``, then ``load_model`` and ``fit`` again.
 """
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -196,7 +201,11 @@ def test_saving_a_loaded_model_before_fit_raises_instead_of_dropping_the_window(
     with tf.Graph().as_default(), v1.Session():
         _trained_model().save(path)
     with tf.Graph().as_default(), v1.Session():
-        model = tf_keras.models.load_model(path)
+        # As a new process loads it: the class named in custom_objects.
+        model = tf_keras.models.load_model(
+            path,
+            custom_objects={"KerasAccumulationOptimizer": tf1_accum.KerasAccumulationOptimizer},
+        )
         assert int(tf_keras.backend.get_value(model.optimizer.iterations)) == 1
         with pytest.raises(
             ValueError, match=r"holds the window load_model read.*Train \(model.fit\) before"
@@ -352,6 +361,54 @@ def test_keras_3_optimizer_is_refused_with_what_to_use():
         TypeError, match=r"Keras 3 optimizers do not build TF1 graph-mode ops.*legacy.Adam"
     ):
         tf1_accum.KerasAccumulationOptimizer(keras.optimizers.Adam(0.1), N)
+
+
+def test_keras_2_optimizer_of_the_keras_package_is_refused():
+    # TensorFlow 2.15's tf.keras: Keras 2 in the keras package, not tf_keras.
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("2."):
+        pytest.skip(f"keras {keras.__version__} is not Keras 2")
+    with pytest.raises(
+        TypeError,
+        match=r"a Keras 2 optimizer of another package\. Use tf_keras.optimizers.legacy.Adam",
+    ):
+        tf1_accum.KerasAccumulationOptimizer(keras.optimizers.legacy.Adam(0.1), N)
+
+
+# Spawns its own process, which does not depend on the graph mode.
+@pytest.mark.graph_mode_independent
+def test_the_library_works_without_tf_keras_until_this_class_is_used():
+    # sys.modules["tf_keras"] = None makes "import tf_keras" fail, as if it
+    # were not installed.
+    root = pathlib.Path(__file__).resolve().parent.parent
+    script = (
+        "import sys\n"
+        "sys.modules['tf_keras'] = None\n"
+        "import tensorflow as tf\n"
+        "import tf1_accum\n"
+        "tf.compat.v1.disable_v2_behavior()\n"
+        "opt = tf1_accum.AccumulationOptimizer(\n"
+        "    tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)\n"
+        "print('steps', opt.steps)\n"
+        "try:\n"
+        "    tf1_accum.KerasAccumulationOptimizer\n"
+        "except ImportError as error:\n"
+        "    print('ImportError:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "steps 2",
+        "ImportError: tf1_accum.KerasAccumulationOptimizer needs the tf_keras package "
+        "(Keras 2), which is not installed. Install it with: pip install tf_keras.",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from tf1_accum._window import window_options
 
 try:
     import tf_keras
-except ImportError as error:  # pragma: no cover - the test environment has tf_keras
+except ImportError as error:
     raise ImportError(
         "tf1_accum.KerasAccumulationOptimizer needs the tf_keras package (Keras 2), "
         "which is not installed. Install it with: pip install tf_keras."
