@@ -443,3 +443,20 @@ def test_other_ways_in_refuse_it(way_in):
             else:
                 tf1_accum.AccumulationOptimizer(wrapper, 2)
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_keras_save_example(capsys):
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "real_programs"
+    spec = importlib.util.spec_from_file_location("keras_save", path / "keras_save.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    # 5 micro-batches of 8 an epoch, windows of 3: the save leaves 2 of a window open.
+    result = example.main([])
+    assert result["micro_batches_open_at_save"] == 2
+    assert result["resumed_vs_uninterrupted"] == 0.0
+    assert result["resumed_vs_large_batch"] <= 1e-10
+    assert result["updates"] == result["large_batch_updates"] == 5
+    assert "resumed vs uninterrupted 0," in capsys.readouterr().out
+    assert tf_keras.backend.floatx() == "float32"  # as the example found it
