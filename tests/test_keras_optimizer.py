@@ -292,6 +292,11 @@ def test_set_weights_refuses_a_list_of_another_length():
         fresh._create_all_weights(model.trainable_variables)
         with pytest.raises(ValueError, match=r"1 values were given, fewer than the 13 weights"):
             fresh.set_weights(values[:1])
+        # One value too many: found when fit builds the window, before any batch.
+        fresh.set_weights(values + [np.zeros(3)])
+        model.compile(loss="categorical_crossentropy", optimizer=fresh)
+        with pytest.raises(ValueError, match=r"has 21 weights .* but 22 values were given"):
+            _fit(model, *_data(PER_EPOCH * B, seed=0), 1)
 
 
 def test_one_train_op_per_graph():
