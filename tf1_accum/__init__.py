@@ -22,6 +22,7 @@ __all__ = (
     "GradientStatistics",
     "GraphFinding",
     "HorovodAllReduce",
+    "KerasAccumulationOptimizer",
     "MemoryFit",
     "RunningAverage",
     "STATE_COLLECTION",
@@ -47,6 +48,7 @@ _MODULES = {
     "GraphFinding": "_graph_check",
     "GradientStatistics": "_stats",
     "HorovodAllReduce": "_horovod",
+    "KerasAccumulationOptimizer": "_keras_optimizer",
     "MemoryFit": "_split",
     "RunningAverage": "_stats",
     "STATE_COLLECTION": "_state",
@@ -78,6 +80,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._graph_check import GraphFinding as GraphFinding
     from tf1_accum._graph_check import check_graph as check_graph
     from tf1_accum._horovod import HorovodAllReduce as HorovodAllReduce
+    from tf1_accum._keras_optimizer import KerasAccumulationOptimizer as KerasAccumulationOptimizer
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
     from tf1_accum._session import run_accumulation as run_accumulation
     from tf1_accum._split import MemoryFit as MemoryFit

@@ -32,21 +32,37 @@ def refuse_accumulating_optimizer(optimizer, what):
         what: the way in, as the user calls it (``"build_accumulation"``).
 
     Raises:
-        TypeError: if ``optimizer`` is an `AccumulationOptimizer`.
+        TypeError: if ``optimizer`` is an `AccumulationOptimizer` or a
+            `KerasAccumulationOptimizer`.
     """
+    from tf1_accum._keras import given
     from tf1_accum._optimizer import AccumulationOptimizer  # imports this module
 
-    if not isinstance(optimizer, AccumulationOptimizer):
+    optimizer = given(optimizer)
+    if isinstance(optimizer, AccumulationOptimizer):
+        kind, alone = (
+            "an AccumulationOptimizer",
+            (
+                "use the AccumulationOptimizer alone, as a drop-in: "
+                "train_op = opt.minimize(loss, global_step=global_step)."
+            ),
+        )
+    elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
+        # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
+        kind, alone = (
+            "a KerasAccumulationOptimizer",
+            ("use the KerasAccumulationOptimizer alone, compiled into a tf_keras model."),
+        )
+    else:
         return
     inner = type(optimizer.optimizer).__name__
     raise TypeError(
-        f"{what} accumulates by itself, but its optimizer is an AccumulationOptimizer "
+        f"{what} accumulates by itself, but its optimizer is {kind} "
         f"(steps={optimizer.steps}) wrapping {inner}: each update of {what} would only "
         "add to the wrapper's window, which applies nothing until it is full, so the "
         "weights would not change while global_step advances. Give "
         f"{what} the wrapped optimizer (opt.optimizer, the {inner}) and let it "
-        "accumulate, or use the AccumulationOptimizer alone, as a drop-in: "
-        "train_op = opt.minimize(loss, global_step=global_step)."
+        f"accumulate, or {alone}"
     )
 
 

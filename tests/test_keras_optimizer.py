@@ -1,0 +1,467 @@
+"""KerasAccumulationOptimizer: a Keras 2 fit script that saves with model.save() and resumes.
+
+The programs tested have the shape of Keras 2's ``examples/cifar10_cnn.py``
+run under tf_keras in a TF1 graph: a small convolutional ``Sequential``
+compiled with a legacy optimizer, ``categorical_crossentropy`` and an
+accuracy metric, ``fit`` on NumPy arrays with validation data,
+``model.save('....h5')``, then ``load_model`` and ``fit`` again.
+"""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tf1_accum
+from _helpers import Model
+
+tf_keras = pytest.importorskip("tf_keras")
+legacy = tf_keras.optimizers.legacy
+v1 = tf.compat.v1
+
+N, B = 3, 4  # micro-batches per update, examples per micro-batch
+PER_EPOCH = 5  # micro-batches an epoch: a window stays open across each epoch's end
+CLASSES = 3
+
+OPTIMIZERS = {
+    # cifar10_cnn.py's optimizer: RMSprop with a decay driven by iterations.
+    "rmsprop_decay": lambda: legacy.RMSprop(0.01, decay=0.1),
+    "adam": lambda: legacy.Adam(0.02),
+    "sgd_nesterov": lambda: legacy.SGD(0.05, momentum=0.9, nesterov=True),
+}
+
+
+@pytest.fixture
+def float64():
+    tf_keras.backend.set_floatx("float64")
+    yield
+    tf_keras.backend.set_floatx("float32")
+
+
+def _data(examples, seed):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(examples, 6, 6, 3)
+    labels = rng.randint(CLASSES, size=examples)
+    return x, tf_keras.utils.to_categorical(labels, CLASSES)
+
+
+def _cnn():
+    glorot = tf_keras.initializers.GlorotUniform
+    layers = tf_keras.layers
+    return tf_keras.Sequential(
+        [
+            layers.Conv2D(
+                4, (3, 3), padding="same", input_shape=(6, 6, 3), kernel_initializer=glorot(1)
+            ),
+            layers.Activation("relu"),
+            layers.MaxPooling2D(pool_size=(2, 2)),
+            layers.Flatten(),
+            layers.Dense(8, kernel_initializer=glorot(2)),
+            layers.Activation("tanh"),
+            layers.Dense(CLASSES, kernel_initializer=glorot(3)),
+            layers.Activation("softmax"),
+        ]
+    )
+
+
+def _compile(model, optimizer):
+    model.compile(loss="categorical_crossentropy", optimizer=optimizer, metrics=["accuracy"])
+
+
+def _fit(model, x, y, epochs, batch_size=B, callbacks=()):
+    model.fit(
+        x,
+        y,
+        batch_size=batch_size,
+        epochs=epochs,
+        validation_data=_data(2 * B, seed=9),
+        shuffle=False,
+        verbose=0,
+        callbacks=list(callbacks),
+    )
+
+
+def _state(model):
+    """(iterations, micro_step) of the model's KerasAccumulationOptimizer."""
+    get = tf_keras.backend.get_value
+    return int(get(model.optimizer.iterations)), int(get(model.optimizer.micro_step))
+
+
+def _uninterrupted(name, x, y, epochs):
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(OPTIMIZERS[name](), N))
+        _fit(model, x, y, epochs)
+        return model.get_weights(), _state(model)
+
+
+def _large_batch(name, x, y, epochs):
+    """Plain fit, one epoch over the epochs' examples in a row, on batches N times larger."""
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, OPTIMIZERS[name]())
+        _fit(model, np.concatenate([x] * epochs), np.concatenate([y] * epochs), 1, N * B)
+        return model.get_weights(), int(tf_keras.backend.get_value(model.optimizer.iterations))
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_fit_save_load_fit_ends_as_the_uninterrupted_fit(name, tmp_path, float64):
+    x, y = _data(PER_EPOCH * B, seed=0)
+    epochs = 3  # 15 micro-batches: 5 windows, the second open across the save
+    whole, state = _uninterrupted(name, x, y, epochs)
+    assert state == (5, 0)
+    reference, updates = _large_batch(name, x, y, epochs)
+    assert updates == 5
+    for i, (got, want) in enumerate(zip(whole, reference)):
+        scale = np.max(np.abs(want))
+        assert np.max(np.abs(got - want)) <= 1e-10 * scale, f"{name}: weight {i}"
+
+    path = str(tmp_path / "keras_cifar10_trained_model.h5")
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(OPTIMIZERS[name](), N))
+        _fit(model, x, y, 1)
+        assert _state(model) == (1, 2)  # a window open at the save
+        saved = model.optimizer.get_weights()
+        names = [v.op.name for v in model.optimizer.weights]
+        model.save(path)
+    accumulators = [i for i, n in enumerate(names) if n.endswith("/accumulator")]
+    assert len(accumulators) == 6 and all(np.any(saved[i] != 0) for i in accumulators)
+
+    with tf.Graph().as_default(), v1.Session():
+        model = tf_keras.models.load_model(path)
+        assert isinstance(model.optimizer, tf1_accum.KerasAccumulationOptimizer)
+        assert (model.optimizer.steps, type(model.optimizer.optimizer)) == (
+            N,
+            type(OPTIMIZERS[name]()),
+        )
+        restored = []
+
+        def read_state(logs):  # fit has built the train function, nothing ran yet
+            restored.extend(model.optimizer.get_weights())
+
+        begin = tf_keras.callbacks.LambdaCallback(on_train_begin=read_state)
+        _fit(model, x, y, epochs - 1, callbacks=[begin])
+        for i, (got, want) in enumerate(zip(restored, saved)):
+            np.testing.assert_array_equal(got, want, err_msg=f"{name}: {names[i]}")
+        assert len(restored) == len(saved)
+        resumed = model.get_weights()
+        assert _state(model) == (5, 0)
+    for i, (got, want) in enumerate(zip(resumed, whole)):
+        np.testing.assert_array_equal(got, want, err_msg=f"{name}: weight {i}")
+
+
+def _trained_model(optimizer=None):
+    model = _cnn()
+    if optimizer is None:
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+    _compile(model, optimizer)
+    _fit(model, *_data(PER_EPOCH * B, seed=0), 1)
+    return model
+
+
+def test_savedmodel_format_raises_naming_hdf5(tmp_path):
+    with tf.Graph().as_default(), v1.Session():
+        model = _trained_model()
+        with pytest.raises(
+            ValueError,
+            match=r"model.save\(\) in the SavedModel format would drop the state of "
+            r"KerasAccumulationOptimizer .* Save the model in the HDF5 format, "
+            r"model.save\('model.h5'\)",
+        ):
+            model.save(str(tmp_path / "saved"), save_format="tf")
+
+
+def test_savedmodel_without_the_optimizer_saves_the_model_for_inference(tmp_path):
+    x, _ = _data(2 * B, seed=5)
+    path = str(tmp_path / "saved")
+    with tf.Graph().as_default(), v1.Session():
+        model = _trained_model()
+        want = model.predict(x, verbose=0)
+        model.save(path, save_format="tf", include_optimizer=False)
+    with tf.Graph().as_default(), v1.Session():
+        loaded = tf_keras.models.load_model(path, compile=False)
+        np.testing.assert_allclose(loaded.predict(x, verbose=0), want, rtol=1e-6)
+
+
+def test_keras_v3_format_fails_in_a_tf1_graph(tmp_path):
+    # tf_keras's .keras format needs eager execution: it fails before writing.
+    with tf.Graph().as_default(), v1.Session():
+        model = _trained_model()
+        with pytest.raises(NotImplementedError, match="only available when eager execution"):
+            model.save(str(tmp_path / "model.keras"))
+
+
+def test_saving_a_loaded_model_before_fit_raises_instead_of_dropping_the_window(tmp_path):
+    path = str(tmp_path / "model.h5")
+    with tf.Graph().as_default(), v1.Session():
+        _trained_model().save(path)
+    with tf.Graph().as_default(), v1.Session():
+        # As a new process loads it: the class named in custom_objects.
+        model = tf_keras.models.load_model(
+            path,
+            custom_objects={"KerasAccumulationOptimizer": tf1_accum.KerasAccumulationOptimizer},
+        )
+        assert int(tf_keras.backend.get_value(model.optimizer.iterations)) == 1
+        with pytest.raises(
+            ValueError, match=r"holds the window load_model read.*Train \(model.fit\) before"
+        ):
+            model.save(str(tmp_path / "again.h5"))
+        model.save(str(tmp_path / "weights_only.h5"), include_optimizer=False)
+        _fit(model, *_data(PER_EPOCH * B, seed=0), 1)
+        assert _state(model) == (3, 1)
+        model.save(str(tmp_path / "again.h5"))  # the window is in the graph again
+
+
+def test_config_round_trips_the_wrapped_optimizer_and_the_options():
+    wrapper = tf1_accum.KerasAccumulationOptimizer(
+        legacy.RMSprop(0.01, decay=0.1, clipnorm=2.0),
+        4,
+        average=False,
+        clip_norm=1.5,
+        skip_nonfinite=False,
+        name="Acc",
+    )
+    config = wrapper.get_config()
+    again = tf1_accum.KerasAccumulationOptimizer.from_config(config)
+    assert again.get_config() == config
+    assert (again.steps, again._name, config["clip_norm"], config["average"]) == (
+        4,
+        "Acc",
+        1.5,
+        False,
+    )
+    inner = again.optimizer.get_config()
+    assert isinstance(again.optimizer, legacy.RMSprop)
+    assert (inner["decay"], inner["clipnorm"]) == (0.1, 2.0)
+
+
+def test_flush_op_applies_the_last_short_window_of_each_epoch(float64):
+    # 5 micro-batches an epoch: windows of 3 and (flushed) 2, as plain fit
+    # with batches of 3 x B has a last batch of 2 x B.
+    x, y = _data(PER_EPOCH * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+        _compile(model, optimizer)
+        flush = tf_keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: v1.keras.backend.get_session().run(optimizer.flush_op)
+        )
+        _fit(model, x, y, 2, callbacks=[flush])
+        got, state = model.get_weights(), _state(model)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, legacy.Adam(0.02))
+        _fit(model, x, y, 2, N * B)
+        want = model.get_weights()
+    assert state == (4, 0)
+    for i, (a, e) in enumerate(zip(got, want)):
+        assert np.max(np.abs(a - e)) <= 1e-10 * np.max(np.abs(e)), f"weight {i}"
+
+
+def test_learning_rate_is_the_wrapped_optimizers():
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.05), N)
+        _compile(model, optimizer)
+        # What LearningRateScheduler and ReduceLROnPlateau do, through the wrapper.
+        tf_keras.backend.set_value(model.optimizer.lr, 0.125)
+        assert tf_keras.backend.get_value(optimizer.optimizer.learning_rate) == 0.125
+        assert optimizer.iterations is optimizer.optimizer.iterations
+
+
+def test_set_weights_refuses_a_list_of_another_length():
+    with tf.Graph().as_default(), v1.Session():
+        model = _trained_model()
+        values = model.optimizer.get_weights()
+        before = [np.copy(v) for v in values]
+        with pytest.raises(
+            ValueError,
+            match=rf"has {len(values)} weights \(13 of Adam, 8 of the window\), but "
+            rf"{len(values) - 1} values were given",
+        ):
+            model.optimizer.set_weights(values[:-1])
+        for got, want in zip(model.optimizer.get_weights(), before):
+            np.testing.assert_array_equal(got, want)
+        # As load_model sets them: the wrapped optimizer's weights made, the window not yet.
+        fresh = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.1), N)
+        fresh._create_all_weights(model.trainable_variables)
+        with pytest.raises(ValueError, match=r"1 values were given, fewer than the 13 weights"):
+            fresh.set_weights(values[:1])
+        # One value too many: found when fit builds the window, before any batch.
+        fresh.set_weights(values + [np.zeros(3)])
+        model.compile(loss="categorical_crossentropy", optimizer=fresh)
+        with pytest.raises(ValueError, match=r"has 21 weights .* but 22 values were given"):
+            _fit(model, *_data(PER_EPOCH * B, seed=0), 1)
+
+
+def test_one_train_op_per_graph():
+    with tf.Graph().as_default(), v1.Session():
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+        _trained_model(optimizer)
+        with pytest.raises(ValueError, match="builds one train op per graph"):
+            _trained_model(optimizer)
+
+
+def test_window_properties_exist_once_fit_built_the_train_op():
+    optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+    with tf.Graph().as_default():
+        with pytest.raises(ValueError, match=r"flush_op exists once .* model.fit\(\) builds it"):
+            _ = optimizer.flush_op
+        with pytest.raises(ValueError, match=r"micro_step exists once the train op is built"):
+            _ = optimizer.micro_step
+
+
+def test_eager_execution_is_refused():
+    from tensorflow.python.eager import context
+
+    optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+    with context.eager_mode():
+        var = tf.Variable(1.0)
+        with pytest.raises(RuntimeError, match="builds TF1 graph-mode ops"):
+            optimizer.apply_gradients([(tf.constant(1.0), var)])
+        assert float(var.numpy()) == 1.0
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (
+            lambda: v1.train.AdamOptimizer(0.1),
+            r"got .*AdamOptimizer.*\. A tf.compat.v1.train optimizer goes in "
+            r"tf1_accum.AccumulationOptimizer instead",
+        ),
+        (
+            lambda: tf_keras.optimizers.Adam(0.1),
+            r"Keras optimizers other than the legacy ones do not build TF1 graph-mode ops.*"
+            r"Use tf_keras.optimizers.legacy.Adam",
+        ),
+        (
+            lambda: tf_keras.mixed_precision.LossScaleOptimizer(legacy.Adam(0.1)),
+            r"Keras LossScaleOptimizer \(tf_keras.mixed_precision\), which tf1_accum "
+            r"does not support",
+        ),
+        (
+            lambda: tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.1), 2),
+            r"cannot wrap a KerasAccumulationOptimizer \(steps=2\)",
+        ),
+        (lambda: "adam", r"must be a tf_keras legacy optimizer .*got 'adam' \(a builtins.str\)"),
+    ],
+    ids=["v1", "new_tf_keras", "loss_scale", "nested", "string"],
+)
+def test_what_is_not_a_tf_keras_legacy_optimizer_is_refused(make, message):
+    with pytest.raises(TypeError, match=message):
+        tf1_accum.KerasAccumulationOptimizer(make(), N)
+
+
+def test_keras_3_optimizer_is_refused_with_what_to_use():
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("3."):
+        pytest.skip(f"keras {keras.__version__} is not Keras 3")
+    with pytest.raises(
+        TypeError, match=r"Keras 3 optimizers do not build TF1 graph-mode ops.*legacy.Adam"
+    ):
+        tf1_accum.KerasAccumulationOptimizer(keras.optimizers.Adam(0.1), N)
+
+
+def test_keras_2_optimizer_of_the_keras_package_is_refused():
+    # TensorFlow 2.15's tf.keras: Keras 2 in the keras package, not tf_keras.
+    keras = pytest.importorskip("keras")
+    if not keras.__version__.startswith("2."):
+        pytest.skip(f"keras {keras.__version__} is not Keras 2")
+    with pytest.raises(
+        TypeError,
+        match=r"a Keras 2 optimizer of another package\. Use tf_keras.optimizers.legacy.Adam",
+    ):
+        tf1_accum.KerasAccumulationOptimizer(keras.optimizers.legacy.Adam(0.1), N)
+
+
+# Spawns its own process, which does not depend on the graph mode.
+@pytest.mark.graph_mode_independent
+def test_the_library_works_without_tf_keras_until_this_class_is_used():
+    # sys.modules["tf_keras"] = None makes "import tf_keras" fail, as if it
+    # were not installed.
+    root = pathlib.Path(__file__).resolve().parent.parent
+    script = (
+        "import sys\n"
+        "sys.modules['tf_keras'] = None\n"
+        "import tensorflow as tf\n"
+        "import tf1_accum\n"
+        "tf.compat.v1.disable_v2_behavior()\n"
+        "opt = tf1_accum.AccumulationOptimizer(\n"
+        "    tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)\n"
+        "print('steps', opt.steps)\n"
+        "try:\n"
+        "    tf1_accum.KerasAccumulationOptimizer\n"
+        "except ImportError as error:\n"
+        "    print('ImportError:', error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="3"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "steps 2",
+        "ImportError: tf1_accum.KerasAccumulationOptimizer needs the tf_keras package "
+        "(Keras 2), which is not installed. Install it with: pip install tf_keras.",
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"steps": 0}, ValueError, "steps must be at least 1"),
+        ({"steps": 2.0}, TypeError, "steps must be an int"),
+        ({"steps": 2, "average": "yes"}, TypeError, "average must be True or False"),
+        ({"steps": 2, "clip_norm": -1.0}, ValueError, "clip_norm"),
+        ({"steps": 2, "clipnorm": 1.0}, TypeError, r"takes no Keras option, got \['clipnorm'\]"),
+    ],
+)
+def test_bad_options_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.1), **kwargs)
+
+
+@pytest.mark.parametrize("way_in", ["build_accumulation", "AccumulationOptimizer"])
+def test_other_ways_in_refuse_it(way_in):
+    with tf.Graph().as_default():
+        with v1.variable_scope(v1.get_variable_scope(), use_resource=True):
+            model = Model(tf.float32, False)
+        wrapper = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.1), 2)
+        with pytest.raises(
+            TypeError,
+            match=rf"{way_in} accumulates by itself, but its optimizer is a "
+            r"KerasAccumulationOptimizer \(steps=2\) wrapping Adam.*use the "
+            "KerasAccumulationOptimizer alone",
+        ):
+            if way_in == "build_accumulation":
+                tf1_accum.build_accumulation(model.loss, wrapper)
+            else:
+                tf1_accum.AccumulationOptimizer(wrapper, 2)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_keras_save_example(capsys):
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "real_programs"
+    spec = importlib.util.spec_from_file_location("keras_save", path / "keras_save.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    # 5 micro-batches of 8 an epoch, windows of 3: the save leaves 2 of a window open.
+    result = example.main([])
+    assert result["micro_batches_open_at_save"] == 2
+    assert result["resumed_vs_uninterrupted"] == 0.0
+    assert result["resumed_vs_large_batch"] <= 1e-10
+    assert result["updates"] == result["large_batch_updates"] == 5
+    assert "resumed vs uninterrupted 0," in capsys.readouterr().out
+    assert tf_keras.backend.floatx() == "float32"  # as the example found it

@@ -1,0 +1,368 @@
+"""A tf_keras legacy optimizer that accumulates, and whose state ``model.save()`` keeps.
+
+`KerasAccumulationOptimizer` is an ``OptimizerV2`` (a tf_keras legacy
+optimizer), so tf_keras treats it as its own: ``model.save()`` writes its
+config and its weights, ``load_model`` rebuilds it and sets them back. The
+accumulation itself is the one `AccumulationOptimizer` builds; this class only
+gives it the Keras interface and lists its state among the weights.
+
+This module imports tf_keras: ``tf1_accum`` imports it only when
+``tf1_accum.KerasAccumulationOptimizer`` is first used.
+"""
+
+from __future__ import annotations
+
+import copy
+import typing
+
+import numpy as np
+import tensorflow as tf
+
+from tf1_accum import _checks
+from tf1_accum import _keras
+from tf1_accum._optimizer import AccumulationOptimizer
+from tf1_accum._window import window_options
+
+try:
+    import tf_keras
+except ImportError as error:
+    raise ImportError(
+        "tf1_accum.KerasAccumulationOptimizer needs the tf_keras package (Keras 2), "
+        "which is not installed. Install it with: pip install tf_keras."
+    ) from error
+
+_LegacyOptimizer = tf_keras.optimizers.legacy.Optimizer
+
+_SAVE_FORMATS = (
+    "Save the model in the HDF5 format, model.save('model.h5') (or "
+    "save_format='h5'), which keeps this optimizer's state; or save Keras' session "
+    "with a tf.compat.v1.train.Saver."
+)
+
+
+def _in_saved_model_save():
+    """Whether tf_keras is saving a model in the SavedModel format right now."""
+    try:
+        from tf_keras.src.saving.legacy.saved_model import utils
+    except ImportError:  # pragma: no cover - a tf_keras that moved it
+        return False
+    return bool(utils.in_tf_saved_model_scope())
+
+
+def _check_wrapped(optimizer):
+    """Checks that ``optimizer`` is a tf_keras legacy optimizer this class can wrap."""
+    if getattr(type(optimizer), "_tf1_accum_accumulates", False):
+        raise TypeError(
+            "KerasAccumulationOptimizer cannot wrap a KerasAccumulationOptimizer "
+            f"(steps={optimizer.steps}): the outer window would apply nothing until "
+            "the inner one is full. Wrap the optimizer itself once, with the product "
+            "of the steps."
+        )
+    if isinstance(optimizer, tf.compat.v1.train.Optimizer):
+        raise TypeError(
+            "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers."
+            f"legacy.Adam, ...), got {_checks.describe(optimizer)}. A tf.compat.v1."
+            "train optimizer goes in tf1_accum.AccumulationOptimizer instead (model."
+            "save() keeps none of its state); to save with model.save(), use its "
+            "tf_keras.optimizers.legacy counterpart here."
+        )
+    _keras.adapt(optimizer)  # refuses tf_keras's LossScaleOptimizer, with what to use
+    if isinstance(optimizer, _LegacyOptimizer):
+        return
+    if _keras.is_legacy_keras_optimizer(optimizer):
+        name = type(optimizer).__name__
+        raise TypeError(
+            f"optimizer must be a tf_keras legacy optimizer, got {_checks.describe(optimizer)}, "
+            f"a Keras 2 optimizer of another package. Use tf_keras.optimizers.legacy.{name} "
+            "(from the tf_keras package, the Keras of TF_USE_LEGACY_KERAS=1), or wrap "
+            "this one in tf1_accum.AccumulationOptimizer."
+        )
+    raise TypeError(
+        "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
+        f"...), got {_checks.describe(optimizer)}.{_keras.refusal_hint(optimizer)}"
+    )
+
+
+@tf_keras.saving.register_keras_serializable(package="tf1_accum")
+class KerasAccumulationOptimizer(_LegacyOptimizer):
+    """A tf_keras legacy optimizer that accumulates ``steps`` micro-batches per update.
+
+    For tf_keras models trained in a TF1 graph (``TF_USE_LEGACY_KERAS=1``,
+    ``tf.compat.v1.disable_v2_behavior()`` or ``disable_eager_execution()``)
+    whose training is saved with ``model.save()``. Compiled into a model, it
+    makes ``fit(batch_size=B)`` update as ``fit(batch_size=steps * B)`` does
+    with ``optimizer`` alone, as `AccumulationOptimizer` does, whose
+    accumulation it builds. Being a Keras optimizer itself, its state is the
+    model's optimizer state: ``model.save('model.h5')`` keeps the wrapped
+    optimizer's slots, ``iterations`` and the window (its accumulators and
+    counter, a partial window included), and ``tf_keras.models.load_model``
+    rebuilds the optimizer and sets them back when ``fit`` builds its train
+    function. A resumed ``fit`` ends where an uninterrupted one does.
+
+    ``iterations`` is the wrapped optimizer's: it counts updates. Keras' own
+    batch-level updates (batch normalization's moving averages) run with every
+    micro-batch, as Keras runs them. To apply the short last window of an
+    epoch, run `flush_op` in ``on_epoch_end``.
+
+    Only the HDF5 format keeps the state in a TF1 graph. The SavedModel
+    directory format (``model.save(path)`` without ``.h5``) raises
+    ``ValueError`` naming HDF5; the ``.keras`` format needs eager execution
+    and fails in a TF1 graph with tf_keras's ``NotImplementedError``.
+
+    Example:
+
+    >>> import numpy as np
+    >>> import tf_keras
+    >>> with tf.Graph().as_default(), tf.compat.v1.Session():
+    ...     model = tf_keras.Sequential([tf_keras.layers.Dense(1, input_shape=(2,))])
+    ...     opt = tf1_accum.KerasAccumulationOptimizer(
+    ...         tf_keras.optimizers.legacy.Adam(0.01), steps=2)
+    ...     model.compile(optimizer=opt, loss="mse")
+    ...     _ = model.fit(np.ones((6, 2)), np.ones((6, 1)), batch_size=1, verbose=0)
+    ...     print(tf_keras.backend.get_value(model.optimizer.iterations))
+    3
+
+    Saved and loaded (``load_model`` finds the class once ``tf1_accum``'s
+    name has been used, or through ``custom_objects``)::
+
+        model.save("model.h5")
+        # later, in a new graph and session:
+        model = tf_keras.models.load_model(
+            "model.h5",
+            custom_objects={"KerasAccumulationOptimizer": tf1_accum.KerasAccumulationOptimizer},
+        )
+        model.fit(x, y, batch_size=B)  # continues the window and the optimizer
+
+    Args:
+        optimizer: The tf_keras legacy optimizer that applies the updates
+            (``tf_keras.optimizers.legacy.Adam``, ``SGD``, ``RMSprop``, ...);
+            its ``clipnorm`` and ``global_clipnorm`` clip the window's mean.
+        steps: Micro-batches per update, an int of at least 1.
+        average: True (the default) applies the mean of the micro-batch
+            gradients, False their sum, as in `AccumulationOptimizer`.
+        clip_norm: Optional positive number: the window's gradient is clipped
+            to this global norm before the apply.
+        skip_nonfinite: True (the default) skips a window whose gradient holds
+            a NaN or an Inf.
+        name: Name of the optimizer and of the accumulation's name scope.
+
+    Raises:
+        TypeError: If ``optimizer`` is not a tf_keras legacy optimizer (a
+            ``tf.compat.v1.train`` optimizer, a Keras 3 or a new tf_keras
+            optimizer, tf_keras's ``LossScaleOptimizer``, or a
+            KerasAccumulationOptimizer), or an option has the wrong type, or
+            a Keras option (``clipnorm``, ``clipvalue``, ...) is given here
+            instead of to ``optimizer``.
+        ValueError: If ``steps`` is less than 1 or ``clip_norm`` is not
+            positive.
+    """
+
+    _tf1_accum_accumulates = True  # recognized by the other ways in, which refuse it
+
+    def __init__(
+        self,
+        optimizer: typing.Any,
+        steps: int,
+        *,
+        average: bool = True,
+        clip_norm: float | None = None,
+        skip_nonfinite: bool = True,
+        name: str = "KerasAccumulation",
+        **kwargs: typing.Any,
+    ) -> None:
+        _check_wrapped(optimizer)
+        _checks.check_steps(steps)
+        window_options(average, None, clip_norm, skip_nonfinite, [])
+        if kwargs:
+            raise TypeError(
+                f"KerasAccumulationOptimizer takes no Keras option, got {sorted(kwargs)}: "
+                "give clipnorm, clipvalue, global_clipnorm and the like to the wrapped "
+                "optimizer (they then clip the window's mean)."
+            )
+        super().__init__(name)
+        self._optimizer = optimizer
+        self._steps = int(steps)
+        self._average = bool(average)
+        self._clip_norm = clip_norm
+        self._skip_nonfinite = bool(skip_nonfinite)
+        self._built = []  # (graph, AccumulationOptimizer, state variables), per train op
+        self._pending = None  # weights set before the window existed (load_model)
+
+    @property
+    def optimizer(self) -> typing.Any:
+        """The wrapped tf_keras legacy optimizer."""
+        return self._optimizer
+
+    @property
+    def steps(self) -> int:
+        """Micro-batches per update."""
+        return self._steps
+
+    @property
+    def iterations(self) -> tf.Variable:
+        """The wrapped optimizer's ``iterations``: the number of updates applied."""
+        return self._optimizer.iterations
+
+    @iterations.setter
+    def iterations(self, variable):
+        self._optimizer.iterations = variable
+
+    @property
+    def learning_rate(self) -> typing.Any:
+        """The wrapped optimizer's learning rate (for Keras callbacks that read or set it)."""
+        return self._optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self._optimizer.learning_rate = value
+
+    lr = learning_rate
+
+    def _accumulation(self, what):
+        """The `AccumulationOptimizer` built in the default graph; raises if none."""
+        graph = tf.compat.v1.get_default_graph()
+        for built_graph, accumulation, _ in reversed(self._built):
+            if built_graph is graph:
+                return accumulation
+        raise ValueError(
+            f"{what} exists once the train op is built in this graph: model.fit() "
+            "builds it (or call apply_gradients() first)."
+        )
+
+    def _state(self):
+        """The window's variables in the default graph, in the order they are saved."""
+        graph = tf.compat.v1.get_default_graph()
+        return [v for g, _, state in self._built if g is graph for v in state]
+
+    @property
+    def flush_op(self) -> tf.Operation:
+        """Applies the micro-batches of a partial window, as `AccumulationOptimizer`'s."""
+        return self._accumulation("flush_op").flush_op
+
+    @property
+    def micro_step(self) -> tf.Variable:
+        """The ``int64`` count of micro-batches accumulated since the last update."""
+        return self._accumulation("micro_step").micro_step
+
+    def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+        """Builds the accumulating train op; what ``model.fit`` runs for each micro-batch.
+
+        Raises:
+            RuntimeError: If eager execution is active.
+            ValueError: If this optimizer already built a train op in the
+                graph, or weights set before (by ``load_model``) do not match
+                the window.
+        """
+        _checks.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
+        graph = tf.compat.v1.get_default_graph()
+        if any(g is graph for g, _, _ in self._built):
+            raise ValueError(
+                "KerasAccumulationOptimizer builds one train op per graph, and it built "
+                "one already: a second would accumulate a window of its own. Compile "
+                "each model with its own KerasAccumulationOptimizer."
+            )
+        accumulation = AccumulationOptimizer(
+            self._optimizer,
+            self._steps,
+            average=self._average,
+            clip_norm=self._clip_norm,
+            skip_nonfinite=self._skip_nonfinite,
+            update_ops=[],  # Keras runs the model's updates itself
+            name=self._name,
+        )
+        train_op = accumulation.apply_gradients(grads_and_vars, name=name)
+        wrapped = {id(v) for v in self._optimizer.weights}
+        state = [v for v in accumulation.variables() if id(v) not in wrapped]
+        for variable in state:  # Keras initializes them in its session
+            tf_keras.__internal__.backend.track_variable(variable)
+        self._built.append((graph, accumulation, state))
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.set_weights(pending)
+        return train_op
+
+    def _create_all_weights(self, var_list):
+        self._optimizer._create_all_weights(var_list)
+
+    def variables(self) -> list[tf.Variable]:
+        """The wrapped optimizer's weights, then the window's (in this graph)."""
+        return list(self._optimizer.weights) + self._state()
+
+    @property
+    def weights(self) -> list[tf.Variable]:
+        """As `variables`: what ``model.save()`` writes and ``load_model`` sets."""
+        return self.variables()
+
+    def set_weights(self, weights: typing.Sequence[typing.Any]) -> None:
+        """Sets the optimizer's state, as ``get_weights`` returns it.
+
+        Before the train op is built (``load_model`` sets the weights before
+        ``fit`` builds it), the wrapped optimizer's part is set at once and
+        the window's when the train op is built.
+
+        Raises:
+            ValueError: If the number of values is not the number of weights.
+        """
+        # Values read now: load_model hands over HDF5 datasets of a file it then closes.
+        weights = [np.asarray(w) for w in weights]
+        wrapped = list(self._optimizer.weights)
+        if any(g is tf.compat.v1.get_default_graph() for g, _, _ in self._built):
+            params = self.weights
+            if len(weights) != len(params):
+                raise ValueError(
+                    f"KerasAccumulationOptimizer {self._name} has {len(params)} weights "
+                    f"({len(wrapped)} of {type(self._optimizer).__name__}, "
+                    f"{len(params) - len(wrapped)} of the window), but {len(weights)} "
+                    "values were given: they come from another optimizer or model."
+                )
+            tf_keras.backend.batch_set_value(list(zip(params, weights)))
+            return
+        if len(weights) < len(wrapped):
+            raise ValueError(
+                f"KerasAccumulationOptimizer {self._name}: {len(weights)} values were "
+                f"given, fewer than the {len(wrapped)} weights of "
+                f"{type(self._optimizer).__name__} alone."
+            )
+        if wrapped:
+            tf_keras.backend.batch_set_value(list(zip(wrapped, weights)))
+        self._pending = weights
+
+    def get_config(self) -> dict[str, typing.Any]:
+        """The optimizer's config: the wrapped optimizer's and the options.
+
+        Raises:
+            ValueError: If asked for by ``model.save()`` in the SavedModel
+                format, which would drop the optimizer's state, or before
+                ``fit`` built the train op of a model ``load_model`` returned
+                (the window read from the file is not in the graph yet).
+        """
+        if _in_saved_model_save():
+            raise ValueError(
+                "model.save() in the SavedModel format would drop the state of "
+                "KerasAccumulationOptimizer (the wrapped optimizer's slots, iterations "
+                f"and the window) in a TF1 graph. {_SAVE_FORMATS} Or pass "
+                "include_optimizer=False to save the model for inference only."
+            )
+        if self._pending is not None:
+            raise ValueError(
+                "KerasAccumulationOptimizer holds the window load_model read, which "
+                "exists again once fit builds the train op: saving the model before "
+                "that would drop it. Train (model.fit) before saving, or save with "
+                "include_optimizer=False."
+            )
+        return {
+            "name": self._name,
+            "optimizer": tf_keras.optimizers.serialize(self._optimizer),
+            "steps": self._steps,
+            "average": self._average,
+            "clip_norm": self._clip_norm,
+            "skip_nonfinite": self._skip_nonfinite,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = copy.deepcopy(config)  # tf_keras's deserialize edits the dict it is given
+        optimizer = tf_keras.optimizers.deserialize(
+            config.pop("optimizer"), custom_objects=custom_objects, use_legacy_optimizer=True
+        )
+        return cls(optimizer, **config)
