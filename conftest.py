@@ -44,6 +44,7 @@ REFERENCE_V2_MODULES = (
     "tests/test_session.py",
     "tests/test_optimizer.py",
     "tests/test_dataset.py",
+    "tests/test_memory.py",
     "tests/test_nonfinite.py",
     "tests/test_window.py",
     "tests/test_concurrency.py",

@@ -663,8 +663,9 @@ class Window:
             or _scales_loss(optimizer)
             or isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)
         ):
-            grads_and_vars = list(zip(make_grads(), self.var_list))
-            update = tf.group(shared.apply_gradients(grads_and_vars, global_step), count_skip())
+            update = tf.group(
+                _apply_one_at_a_time(shared, make_grads, self.var_list, global_step), count_skip()
+            )
             # A dynamic loss scale applies exactly the finite windows.
             applied = finite if self.skip_nonfinite and _scales_loss(optimizer) else True
             with tf.control_dependencies([update]):
@@ -676,8 +677,7 @@ class Window:
             # variables (Adam's beta powers) do not take the cond's name.
             branch_graph = tf.compat.v1.get_default_graph()
             with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-                grads_and_vars = list(zip(make_grads(), self.var_list))
-                op = shared.apply_gradients(grads_and_vars, global_step)
+                op = _apply_one_at_a_time(shared, make_grads, self.var_list, global_step)
             with tf.control_dependencies([op]):
                 return tf.constant(True)
 
@@ -710,6 +710,63 @@ class Window:
                 )
             )
         return tf.group(*resets)
+
+
+def _apply_one_at_a_time(shared, make_grads, var_list, global_step):
+    """Builds the optimizer's apply of ``make_grads()``, one gradient alive at a time.
+
+    Each gradient (a variable's mean, made from its accumulator) is a new
+    tensor the size of its variable. Left to the executor, every one is
+    computed as soon as the apply starts, and all of them are alive together
+    until the optimizer has used them: a parameter copy. Here each waits
+    until the optimizer's ops that read the one before it have run, so that
+    the apply holds one variable's gradient at a time. Where the optimizer
+    reads one gradient in an op that also depends on another (a norm over all
+    of them, say), the order would deadlock: the gradients are then left to
+    the executor.
+
+    Returns:
+        The update op of ``shared.apply_gradients``.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    grads = make_grads()
+    update = shared.apply_gradients(list(zip(grads, var_list)), global_step)
+    built = graph.get_operations()[first:]
+    inside = set(built)
+
+    def before(op):
+        return [t.op for t in op.inputs] + list(op.control_inputs)
+
+    # The ops built here that each gradient needs, and of those, the ones
+    # only it needs (what a wait may hold back without holding back another).
+    needs = []
+    for grad in grads:
+        found, stack = set(), [_values(grad).op]
+        while stack:
+            op = stack.pop()
+            if op in inside and op not in found:
+                found.add(op)
+                stack.extend(before(op))
+        needs.append(found)
+    shared_ops = {op for k, a in enumerate(needs) for b in needs[k + 1 :] for op in a & b}
+    own = [a - shared_ops for a in needs]
+    owner = {op: k for k, ops in enumerate(own) for op in ops}
+    # Which gradients' own ops each op built here depends on.
+    reads = {}
+    for op in built:
+        found = {owner[op]} if op in owner else set()
+        for dependency in before(op):
+            found |= reads.get(dependency, set())
+        reads[op] = found
+    users = [[c for c in _values(g).consumers() if c in inside] for g in grads]
+    if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
+        return update
+    for k, waited in enumerate(users[:-1]):
+        starts = [op for op in own[k + 1] if not any(d in own[k + 1] for d in before(op))]
+        for op in starts if waited else ():
+            op._add_control_inputs(waited)
+    return update
 
 
 def unfolded_zeros(shape, dtype):
