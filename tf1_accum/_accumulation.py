@@ -11,6 +11,7 @@ from tf1_accum import _distributed
 from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _stats
+from tf1_accum._window import Applied
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
 from tf1_accum._window import window_options
@@ -332,6 +333,6 @@ def build_accumulation(
     )
 
 
-def _op_first(applied):
+def _op_first(applied: Applied) -> tuple[tf.Operation, Applied]:
     """An `Applied` as ``(op, applied)``, for `Window.exclusive`: the op holds the lock."""
     return applied.op, applied
