@@ -287,7 +287,7 @@ def build_accumulation(
                 options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
-                cross_replica=cross_replica and cross_replica._reducer(),
+                cross_replica=None if cross_replica is None else cross_replica._reducer(),
             )
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")

@@ -332,7 +332,7 @@ def _build(
                 options._replace(average=False) if prescaled else options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
-                cross_replica=cross_replica and cross_replica._reducer(),
+                cross_replica=None if cross_replica is None else cross_replica._reducer(),
                 mutex=mutex,
             )
         built.update(window=window, prescaled=prescaled, loss_dtype=loss.dtype.base_dtype)
