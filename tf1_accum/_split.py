@@ -27,9 +27,8 @@ if typing.TYPE_CHECKING:
     from tf1_accum._accumulation import Accumulation
 
 # The session helper's window runner: (micro-batch feeds, error types to retry) -> results.
-Runner = typing.Callable[
-    [typing.List[dict], typing.Union[type, typing.Tuple[type, ...]]], typing.List[typing.Any]
-]
+Retry = typing.Union[typing.Type[BaseException], typing.Tuple[typing.Type[BaseException], ...]]
+Runner = typing.Callable[[typing.List[dict], Retry], typing.List[typing.Any]]
 
 
 class SizeChange(typing.NamedTuple):
@@ -132,7 +131,7 @@ class MemoryFit:
         return self._size
 
     @property
-    def changes(self) -> tuple:
+    def changes(self) -> tuple[SizeChange, ...]:
         """Every change of the size, in order, as `SizeChange` tuples."""
         return tuple(self._changes)
 
@@ -157,7 +156,7 @@ class MemoryFit:
         if self._size is None:
             self._change(largest, "first window")
             return largest
-        elif (
+        if (
             self._probe_every is not None
             and self._since >= self._probe_every
             and self._size < largest
