@@ -96,7 +96,7 @@ _NO_TENSORFLOW = (
 )
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _typing.Any:
     module = _MODULES.get(name)
     if module is None:
         raise AttributeError(f"module 'tf1_accum' has no attribute {name!r}")
@@ -109,5 +109,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__) | set(_MODULES))

@@ -11,6 +11,7 @@ from tf1_accum import _distributed
 from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _stats
+from tf1_accum._window import Applied
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
 from tf1_accum._window import window_options
@@ -286,7 +287,7 @@ def build_accumulation(
                 options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
-                cross_replica=cross_replica and cross_replica._reducer(),
+                cross_replica=None if cross_replica is None else cross_replica._reducer(),
             )
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
@@ -332,6 +333,6 @@ def build_accumulation(
     )
 
 
-def _op_first(applied):
+def _op_first(applied: Applied) -> tuple[tf.Operation, Applied]:
     """An `Applied` as ``(op, applied)``, for `Window.exclusive`: the op holds the lock."""
     return applied.op, applied

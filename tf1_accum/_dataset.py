@@ -12,6 +12,7 @@ from tf1_accum import _distributed
 from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
+from tf1_accum._window import WindowOptions
 from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
 from tf1_accum._window import per_step_loss
@@ -259,8 +260,16 @@ def build_dataset_accumulation(
 
 
 def _build(
-    loss_fn, optimizer, dataset, steps, var_list, global_step, options, name, cross_replica=None
-):
+    loss_fn: typing.Callable[[typing.Any], tf.Tensor],
+    optimizer: tf.compat.v1.train.Optimizer,
+    dataset: tf.data.Dataset,
+    steps: int,
+    var_list: typing.Sequence[tf.Variable] | None,
+    global_step: tf.Variable | None,
+    options: WindowOptions,
+    name: str | None,
+    cross_replica: _distributed.Engine | None = None,
+) -> DatasetAccumulation:
     """Builds the loop; ``options`` is the checked `WindowOptions` (``update_ops`` None or [])."""
     weight = options.weight
     run_updates = options.update_ops is None
@@ -276,9 +285,9 @@ def _build(
     # loop cannot be fetched from outside it.
     kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
     # What the loop's one call of loss_fn builds, for the apply after the loop.
-    built = {}
+    built: dict[str, typing.Any] = {}
 
-    def build_window(batch):
+    def build_window(batch: typing.Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
         """Calls loss_fn (and weight) on the micro-batch drawn; builds the window and its add.
 
         Returns the add's count, and the micro-batch's loss and weight (None
@@ -323,7 +332,7 @@ def _build(
                 options._replace(average=False) if prescaled else options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
-                cross_replica=cross_replica and cross_replica._reducer(),
+                cross_replica=None if cross_replica is None else cross_replica._reducer(),
                 mutex=mutex,
             )
         built.update(window=window, prescaled=prescaled, loss_dtype=loss.dtype.base_dtype)
@@ -332,12 +341,24 @@ def _build(
             count = window.add(grads, w).count
         return count, loss, w
 
-    def keep_drawing(count, element, loss_sum, weight_sum, drawn):
+    def keep_drawing(
+        count: tf.Tensor,
+        element: tf.experimental.Optional,
+        loss_sum: tf.Tensor,
+        weight_sum: tf.Tensor,
+        drawn: tf.Tensor,
+    ) -> tf.Tensor:
         del count, loss_sum, weight_sum, drawn
         # Empty at the end of the data, and after the window's last draw.
         return element.has_value()
 
-    def draw_one(count, element, loss_sum, weight_sum, drawn):
+    def draw_one(
+        count: tf.Tensor,
+        element: tf.experimental.Optional,
+        loss_sum: tf.Tensor,
+        weight_sum: tf.Tensor,
+        drawn: tf.Tensor,
+    ) -> tuple[tf.Tensor, tf.experimental.Optional, tf.Tensor, tf.Tensor, tf.Tensor]:
         del count
         new_count, loss, w = build_window(element.get_value())
         dtype = built["loss_dtype"]
@@ -359,7 +380,7 @@ def _build(
         )
         return tf.identity(new_count), following, loss_sum, weight_sum, drawn + 1
 
-    def draw_and_apply():
+    def draw_and_apply() -> tuple[tuple[typing.Any, ...], None]:
         with tf.compat.v1.name_scope(scope):
             # The sums are float64 loop variables (the loss's dtype is not
             # known before loss_fn is called), rounded to it once, at the end.
@@ -432,7 +453,9 @@ def _build(
     )
 
 
-def _initialized_outside_the_loop(graph, next_creator, **kwargs):
+def _initialized_outside_the_loop(
+    graph: tf.Graph, next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
+) -> tf.Variable:
     """Builds a variable's initial value outside the loop, as its initializer needs.
 
     A variable is built clear of the loop (its constructor enters
@@ -485,7 +508,7 @@ _LOOP_OP_TYPES = frozenset(
 )
 
 
-def _copied_out_of_the_loop(tensor, graph):
+def _copied_out_of_the_loop(tensor: tf.Tensor, graph: tf.Graph) -> tf.Tensor | None:
     """``tensor`` built again in ``graph``, clear of the loop, or None if it reads the loop.
 
     Every op it is computed from is copied, with the same attributes (a
@@ -512,7 +535,7 @@ def _copied_out_of_the_loop(tensor, graph):
             return None
         stack.append((op, True))
         stack += [(t.op, False) for t in op.inputs]
-    copies = {}
+    copies: dict[tf.Operation, tf.Operation] = {}
     with tf.init_scope():
         if tf.compat.v1.get_default_graph() is not graph:
             return None
@@ -529,12 +552,12 @@ def _copied_out_of_the_loop(tensor, graph):
     return copies[tensor.op].outputs[tensor.value_index]
 
 
-def _plus(total, value):
+def _plus(total: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
     """``total + value`` in float64, the dtype of the loop's sums (one op more per draw at most)."""
     return total + tf.cast(value, tf.float64)
 
 
-def _makes_references(variable_scope):
+def _makes_references(variable_scope: tf.compat.v1.VariableScope) -> bool:
     """Whether ``tf.compat.v1.Variable`` makes reference variables in ``variable_scope``."""
     use_resource = variable_scope.use_resource
     if use_resource is None:
@@ -542,7 +565,7 @@ def _makes_references(variable_scope):
     return not use_resource
 
 
-def _restore_collections(graph, kept):
+def _restore_collections(graph: tf.Graph, kept: typing.Mapping[str, list]) -> None:
     for key, items in kept.items():
         collection = graph.get_collection_ref(key)
         collection[:] = items

@@ -36,23 +36,23 @@ class Engine:
     #: The dtypes `_broadcast` can send.
     _broadcast_dtypes: tuple = ()
 
-    def _take_instance_key(self):
+    def _take_instance_key(self) -> int:
         raise NotImplementedError
 
-    def _all_reduce(self, flat, key):
+    def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         """Returns the sum of the 1-D tensor ``flat`` over every worker."""
         raise NotImplementedError
 
-    def _broadcast(self, flat, key):
+    def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         """Returns worker 0's value of the 1-D tensor ``flat`` on every worker."""
         raise NotImplementedError
 
-    def _reducer(self):
+    def _reducer(self) -> _WindowReducer:
         """Returns a `_WindowReducer` with a key of its own."""
         return _WindowReducer(self, self._take_instance_key())
 
 
-def check_cross_replica(cross_replica):
+def check_cross_replica(cross_replica: object) -> None:
     """Raises TypeError unless ``cross_replica`` is None or an `Engine`."""
     if cross_replica is not None and not isinstance(cross_replica, Engine):
         raise TypeError(
@@ -206,12 +206,12 @@ class CollectiveAllReduce(Engine):
             result.operation_timeout_in_ms = int(2000 * self.timeout)
         return result
 
-    def _take_instance_key(self):
+    def _take_instance_key(self) -> int:
         key = self._next_instance_key
         self._next_instance_key += 1
         return key
 
-    def _attrs(self):
+    def _attrs(self) -> dict[str, typing.Any]:
         return dict(
             group_size=self.num_workers,
             group_key=self.group_key,
@@ -221,7 +221,7 @@ class CollectiveAllReduce(Engine):
     _kind = "collective"
     _broadcast_dtypes = (tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
-    def _all_reduce(self, flat, key):
+    def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         return tf.raw_ops.CollectiveReduceV2(
             input=flat,
             instance_key=key,
@@ -232,7 +232,7 @@ class CollectiveAllReduce(Engine):
             **self._attrs(),
         )
 
-    def _broadcast(self, flat, key):
+    def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         if self.task_index == 0:
             return tf.raw_ops.CollectiveBcastSendV2(
                 input=flat, instance_key=key, name="send", **self._attrs()
@@ -254,11 +254,17 @@ class _WindowReducer:
     ``accum_apply_op``), and every worker's choice matches any other's.
     """
 
-    def __init__(self, collective, instance_key):
+    def __init__(self, collective: Engine, instance_key: int) -> None:
         self.collective = collective
         self.instance_key = instance_key
 
-    def reduce(self, per_slot, count, weight, scalars=()):
+    def reduce(
+        self,
+        per_slot: typing.Sequence[tuple[tf.Tensor, ...]],
+        count: tf.Tensor,
+        weight: tf.Tensor | None,
+        scalars: typing.Sequence[tf.Tensor] = (),
+    ) -> tuple[list[tuple[tf.Tensor, ...]], tf.Tensor, tf.Tensor | None, list[tf.Tensor]]:
         """All-reduces (sums) the window's totals.
 
         Args:
@@ -323,7 +329,7 @@ _CHUNK_BITS = 12
 _CHUNKS = 4  # integers exact up to 2^48 (higher ones as exact as float32 allows)
 
 
-def _weight_pieces(weight, dtype):
+def _weight_pieces(weight: tf.Tensor, dtype: tf.DType) -> list[tf.Tensor]:
     """Splits the float64 scalar ``weight`` (>= 0) into ``dtype`` scalars that sum exactly.
 
     In float64 one piece is enough. Returns a list of scalar tensors.
@@ -341,7 +347,7 @@ def _weight_pieces(weight, dtype):
     return [tf.cast(p, dtype) for p in pieces]
 
 
-def _join_weight_pieces(pieces):
+def _join_weight_pieces(pieces: typing.Sequence[tf.Tensor]) -> tf.Tensor:
     """The float64 weight total from what `_weight_pieces` sent, summed."""
     pieces = [tf.cast(p, tf.float64) for p in pieces]
     if len(pieces) == 1:
@@ -411,7 +417,7 @@ def broadcast_variables(
             raise ValueError("var_list is empty: the graph has no variables to broadcast.")
     else:
         var_list = _validate.check_var_list(var_list, graph)
-    by_dtype = {}
+    by_dtype: dict[tf.DType, list[tf.Variable]] = {}
     for var in var_list:
         dtype = var.dtype.base_dtype
         supported = collective._broadcast_dtypes

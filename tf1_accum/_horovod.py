@@ -180,12 +180,12 @@ class HorovodAllReduce(_distributed.Engine):
         """
         return _BroadcastHook(self, var_list)
 
-    def _take_instance_key(self):
+    def _take_instance_key(self) -> int:
         key = self._next_key
         self._next_key += 1
         return key
 
-    def _all_reduce(self, flat, key):
+    def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         # A scope of its own, so that the op's own name is exactly the
         # Horovod name even when a second op of the same key (the fused
         # apply) is built beside the first; Horovod then drops the scope.
@@ -197,7 +197,7 @@ class HorovodAllReduce(_distributed.Engine):
                 ignore_name_scope=True,
             )
 
-    def _broadcast(self, flat, key):
+    def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         with tf.compat.v1.name_scope(None, "horovod"):
             return self._hvd.broadcast(
                 flat, 0, name=f"{self.name}_broadcast_{key}", ignore_name_scope=True
@@ -207,16 +207,20 @@ class HorovodAllReduce(_distributed.Engine):
 class _BroadcastHook(tf.compat.v1.train.SessionRunHook):
     """Made by `HorovodAllReduce.broadcast_hook`, which documents it."""
 
-    def __init__(self, engine, var_list):
+    def __init__(
+        self, engine: HorovodAllReduce, var_list: typing.Sequence[tf.Variable] | None
+    ) -> None:
         self._engine = engine
         self._var_list = var_list
         self._op = None
 
-    def begin(self):
+    def begin(self) -> None:
         graph = tf.compat.v1.get_default_graph()
         if self._op is None or self._op.graph is not graph:
             self._op = _distributed.broadcast_variables(self._engine, self._var_list)
 
-    def after_create_session(self, session, coord):
+    def after_create_session(
+        self, session: tf.compat.v1.Session, coord: tf.compat.v1.train.Coordinator
+    ) -> None:
         del coord
         session.run(self._op)

@@ -228,14 +228,22 @@ def run_accumulation(
         return _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict)
 
 
-def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict, retry=()):
+def _run_window(
+    sess: tf.compat.v1.Session,
+    accumulation: _accumulation.Accumulation,
+    feed_dicts: typing.Iterable[typing.Mapping | None],
+    fetches: typing.Any,
+    fused: bool,
+    apply_feed_dict: typing.Mapping | None,
+    retry: type[BaseException] | tuple[type[BaseException], ...] = (),
+) -> list:
     """`run_accumulation` once its arguments are checked and the window is its own.
 
     ``retry``: exception types after which a micro-batch's failure, once the
     window is discarded, raises `_split.WindowDiscarded` instead of the error,
     for the caller to run the window again (the memory fit of `_split`).
     """
-    results = []
+    results: list = []
     last_feed = None
     iterator = iter(feed_dicts)
     failing = 0  # the micro-batch being fetched from feed_dicts or run
@@ -287,7 +295,7 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
             if statistics is None:
                 sess.run(accumulation.apply_op, feed_dict=apply_feed_dict)
             else:
-                _, noise = sess.run(
+                _, window_noise = sess.run(
                     (accumulation.apply_op, _noise(statistics)), feed_dict=apply_feed_dict
                 )
         except (Exception, KeyboardInterrupt) as error:
@@ -306,11 +314,11 @@ def _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict,
                 )
             _reraise(error, f"the apply of the window failed {what}")
         if statistics is not None:
-            _stats.log_recommendation(*noise)
+            _stats.log_recommendation(*window_noise)
     return results
 
 
-def _check_fetches(accumulation, fetches):
+def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any) -> None:
     """Refuses fetches that only the helper may run, or that belong to another run.
 
     ``fetches`` are evaluated with every micro-batch's run: a window op
@@ -323,7 +331,7 @@ def _check_fetches(accumulation, fetches):
     """
     if fetches is None:
         return
-    owned = {}
+    owned: dict[str, str] = {}
     for field in ("zero_op", "accum_op", "apply_op", "accum_apply_op"):
         op = getattr(accumulation, field)
         if op is not None:
@@ -350,30 +358,35 @@ def _check_fetches(accumulation, fetches):
         )
 
 
-def _noise(statistics):
+def _noise(
+    statistics: _stats.GradientStatistics | None,
+) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None:
     """What `_stats.log_recommendation` needs from a `GradientStatistics`, or None."""
     if statistics is None:
         return None
     return (statistics.noise_scale, statistics.noise_scale_ema, statistics.micro_batch_size)
 
 
-_END = object()
+# The end of feed_dicts (typed Any: a feed compared with it is not narrowed).
+_END: typing.Any = object()
 
 # Per graph, per accumulation (its counter's name): the lock of its windows.
-_WINDOW_LOCKS = weakref.WeakKeyDictionary()
+_WINDOW_LOCKS: weakref.WeakKeyDictionary[tf.Graph, dict[str, _WindowLock]] = (
+    weakref.WeakKeyDictionary()
+)
 _WINDOW_LOCKS_GUARD = threading.Lock()
 
 
 class _WindowLock:
     """A lock that knows its holder, to refuse a nested window in the same thread."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.holder = None
+        self.holder: int | None = None
 
 
 @contextlib.contextmanager
-def _one_window_at_a_time(accumulation):
+def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.Iterator[None]:
     """Holds the accumulation's window lock: concurrent calls run their windows in turn.
 
     Each op is atomic in the graph (the window's mutex), but a window is N + 1
@@ -407,7 +420,11 @@ _EMPTY_WINDOW = (
 )
 
 
-def _counter(sess, accumulation, feed):
+def _counter(
+    sess: tf.compat.v1.Session,
+    accumulation: _accumulation.Accumulation,
+    feed: typing.Mapping | None,
+) -> int | None:
     """Returns the window's counter, or None if it cannot be read.
 
     ``feed`` is a micro-batch's: the counter needs none, but the hooks of a
@@ -419,7 +436,7 @@ def _counter(sess, accumulation, feed):
         return None
 
 
-def _discard_window(sess, accumulation):
+def _discard_window(sess: tf.compat.v1.Session, accumulation: _accumulation.Accumulation) -> str:
     """Resets the window; returns what became of it, for the error message."""
     try:
         sess.run(accumulation.zero_op)
@@ -434,7 +451,7 @@ def _discard_window(sess, accumulation):
 _DISCARDED = "so the window was discarded (accumulators and counter reset, no update applied)"
 
 
-def _reraise(error, context):
+def _reraise(error: BaseException, context: str) -> typing.NoReturn:
     """Raises ``error`` again, of the same type where possible, with ``context``."""
     message = f"{context}: {error.message if isinstance(error, tf.errors.OpError) else error}"
     if isinstance(error, tf.errors.OpError):

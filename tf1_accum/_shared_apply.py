@@ -19,6 +19,7 @@ increments it or ignores it.
 
 import contextlib
 import functools
+import typing
 
 import numpy as np
 import tensorflow as tf
@@ -46,14 +47,18 @@ _MISMATCH = (
 class SharedApply:
     """Builds ``optimizer.apply_gradients`` any number of times over one state."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer: tf.compat.v1.train.Optimizer) -> None:
         self.optimizer = optimizer
         # Filled by the first build: every variable it created, with the name
         # it was asked for, and what each get_variable call returned.
-        self._created = None
-        self._got = None
+        self._created: list[tuple[str | None, tf.Variable]] | None = None
+        self._got: dict[str, tf.Variable] | None = None
 
-    def apply_gradients(self, grads_and_vars, global_step=None):
+    def apply_gradients(
+        self,
+        grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
+        global_step: tf.Variable | None = None,
+    ) -> tf.Operation:
         """Builds one update: the optimizer's apply, and ``global_step`` + 1.
 
         Returns:
@@ -63,7 +68,11 @@ class SharedApply:
         with reuse(), _outer_train_ops_only():
             return self._apply(grads_and_vars, global_step)
 
-    def _apply(self, grads_and_vars, global_step):
+    def _apply(
+        self,
+        grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
+        global_step: tf.Variable | None,
+    ) -> tf.Operation:
         if global_step is None or _counts_its_own_steps(self.optimizer):
             return self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         # Read before the optimizer may increment it, written after: one step
@@ -77,17 +86,25 @@ class SharedApply:
         return tf.group(update, advance)
 
     @contextlib.contextmanager
-    def _recording(self):
-        created, got = [], {}
+    def _recording(self) -> typing.Iterator[None]:
+        created: list[tuple[str | None, tf.Variable]] = []
+        got: dict[str, tf.Variable] = {}
 
-        def create(next_creator, **kwargs):
+        def create(
+            next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
+        ) -> tf.Variable:
             _check_liftable(self.optimizer, kwargs)
             with tf.init_scope():
                 var = next_creator(**kwargs)
             created.append((kwargs.get("name"), var))
             return var
 
-        def get(getter, name, *args, **kwargs):
+        def get(
+            getter: typing.Callable[..., tf.Variable],
+            name: str,
+            *args: typing.Any,
+            **kwargs: typing.Any,
+        ) -> tf.Variable:
             var = getter(name, *args, **kwargs)
             got[name] = var
             return var
@@ -97,11 +114,16 @@ class SharedApply:
         self._created, self._got = created, got
 
     @contextlib.contextmanager
-    def _replaying(self):
-        from_get = {id(v) for v in self._got.values()}
-        pending = [(name, v) for name, v in self._created if id(v) not in from_get]
+    def _replaying(self) -> typing.Iterator[None]:
+        recorded, got = self._created, self._got
+        if recorded is None or got is None:
+            raise RuntimeError("SharedApply replays only after its first build recorded.")
+        from_get = {id(v) for v in got.values()}
+        pending = [(name, v) for name, v in recorded if id(v) not in from_get]
 
-        def create(next_creator, **kwargs):
+        def create(
+            next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
+        ) -> tf.Variable:
             del next_creator  # nothing is created twice
             name = kwargs.get("name")
             if not pending:
@@ -117,9 +139,14 @@ class SharedApply:
                 self._mismatch(_describe(first_name, var), f"variable {name!r}")
             return var
 
-        def get(getter, name, *args, **kwargs):
+        def get(
+            getter: typing.Callable[..., tf.Variable],
+            name: str,
+            *args: typing.Any,
+            **kwargs: typing.Any,
+        ) -> tf.Variable:
             del getter, args
-            var = self._got.get(name)
+            var = got.get(name)
             if var is None:
                 self._mismatch(
                     f"no variable {name!r}", f"get_variable({name!r}) to create a new one"
@@ -133,14 +160,16 @@ class SharedApply:
         with _intercepting(create, get):
             yield
 
-    def _mismatch(self, first, now):
+    def _mismatch(self, first: str, now: str) -> typing.NoReturn:
         raise ValueError(
             _MISMATCH.format(optimizer=type(self.optimizer).__name__, first=first, now=now)
         )
 
 
 @contextlib.contextmanager
-def _intercepting(create, get):
+def _intercepting(
+    create: typing.Callable[..., tf.Variable], get: typing.Callable[..., tf.Variable]
+) -> typing.Iterator[None]:
     """Routes variable creation through ``create`` and ``get_variable`` through ``get``.
 
     ``get_variable`` checks its store before any creator runs (and fails on a
@@ -156,7 +185,9 @@ def _intercepting(create, get):
     scope = tf.compat.v1.get_variable_scope()
     outer = scope.custom_getter
 
-    def getter(getter, *args, **kwargs):  # TensorFlow passes every argument by name
+    def getter(
+        getter: typing.Callable[..., tf.Variable], *args: typing.Any, **kwargs: typing.Any
+    ) -> tf.Variable:  # TensorFlow passes every argument by name
         if outer is not None:
             getter = functools.partial(outer, getter)
         return get(getter, *args, **kwargs)
@@ -170,7 +201,7 @@ def _intercepting(create, get):
 
 
 @contextlib.contextmanager
-def _outer_train_ops_only():
+def _outer_train_ops_only() -> typing.Iterator[None]:
     """Keeps ops of a conditional's branch out of the graph's ``TRAIN_OP`` collection.
 
     ``Optimizer.apply_gradients`` adds its update op to ``TRAIN_OP``. Built in
@@ -188,7 +219,7 @@ def _outer_train_ops_only():
         train_ops[:] = [op for op in train_ops if getattr(op, "graph", graph) is graph]
 
 
-def _counts_its_own_steps(optimizer):
+def _counts_its_own_steps(optimizer: object) -> bool:
     """Optimizers that increment ``global_step`` only when they really apply.
 
     A dynamic loss-scale optimizer skips an overflowing window itself and
@@ -204,7 +235,7 @@ def _counts_its_own_steps(optimizer):
     return False
 
 
-def _check_liftable(optimizer, kwargs):
+def _check_liftable(optimizer: object, kwargs: typing.Mapping[str, typing.Any]) -> None:
     """Refuses an initial value computed inside the conditional the apply is built in."""
     value = kwargs.get("initial_value")
     if not isinstance(value, tf.Tensor):
@@ -220,7 +251,7 @@ def _check_liftable(optimizer, kwargs):
         )
 
 
-def _requested_shape(kwargs):
+def _requested_shape(kwargs: typing.Mapping[str, typing.Any]) -> tf.TensorShape | None:
     """The shape a creation asks for, when it is known without building anything."""
     if kwargs.get("shape") is not None:
         return tf.TensorShape(kwargs["shape"])
@@ -232,7 +263,7 @@ def _requested_shape(kwargs):
     return tf.TensorShape(np.shape(value))
 
 
-def _describe(name, var):
+def _describe(name: str | None, var: tf.Variable) -> str:
     return (
         f"variable {name!r} ({var.op.name}, shape {var.shape}, dtype {var.dtype.base_dtype.name})"
     )

@@ -23,6 +23,13 @@ import tensorflow as tf
 from tf1_accum import _validate
 from tf1_accum import _state
 
+if typing.TYPE_CHECKING:
+    from tf1_accum._accumulation import Accumulation
+
+# The session helper's window runner: (micro-batch feeds, error types to retry) -> results.
+Retry = typing.Union[typing.Type[BaseException], typing.Tuple[typing.Type[BaseException], ...]]
+Runner = typing.Callable[[typing.List[dict], Retry], typing.List[typing.Any]]
+
 
 class SizeChange(typing.NamedTuple):
     """One change of the micro-batch size a `MemoryFit` uses.
@@ -99,7 +106,7 @@ class MemoryFit:
         ValueError: If ``probe_every`` is not positive.
     """
 
-    def __init__(self, *, probe_every: int | None = 100):
+    def __init__(self, *, probe_every: int | None = 100) -> None:
         if probe_every is not None:
             if isinstance(probe_every, bool) or not isinstance(probe_every, int):
                 raise TypeError(
@@ -111,12 +118,12 @@ class MemoryFit:
                     f"probe_every must be a positive integer (windows) or None, got {probe_every}."
                 )
         self._probe_every = probe_every
-        self._size = None  # rows per micro-batch the next window starts with
-        self._fits = None  # the size in use before a probe: known to fit
-        self._fails = None  # the smallest size that ran out of memory
+        self._size: int | None = None  # rows per micro-batch the next window starts with
+        self._fits: int | None = None  # the size in use before a probe: known to fit
+        self._fails: int | None = None  # the smallest size that ran out of memory
         self._since = 0  # windows completed at the size in use
         self._windows = 0
-        self._changes = []
+        self._changes: list[SizeChange] = []
 
     @property
     def micro_batch_size(self) -> int | None:
@@ -124,7 +131,7 @@ class MemoryFit:
         return self._size
 
     @property
-    def changes(self) -> tuple:
+    def changes(self) -> tuple[SizeChange, ...]:
         """Every change of the size, in order, as `SizeChange` tuples."""
         return tuple(self._changes)
 
@@ -138,17 +145,18 @@ class MemoryFit:
         """Windows run at a size before a larger one is tried (None: never)."""
         return self._probe_every
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"MemoryFit(micro_batch_size={self._size}, windows={self._windows}, "
             f"changes={len(self._changes)}, probe_every={self._probe_every})"
         )
 
-    def _start(self, largest):
+    def _start(self, largest: int) -> int:
         """Rows per micro-batch for a window whose largest allowed size is ``largest``."""
         if self._size is None:
             self._change(largest, "first window")
-        elif (
+            return largest
+        if (
             self._probe_every is not None
             and self._since >= self._probe_every
             and self._size < largest
@@ -162,7 +170,7 @@ class MemoryFit:
                 self._change(target, "probe")
         return self._size
 
-    def _out_of_memory(self, tried, error):
+    def _out_of_memory(self, tried: int, error: BaseException) -> int | None:
         """Takes a size that ran out of memory; returns the next, or None if ``tried`` is 1."""
         self._fails = tried if self._fails is None else min(self._fails, tried)
         if tried <= 1:
@@ -175,12 +183,18 @@ class MemoryFit:
         self._change(smaller, "out of memory", tried=tried, error=error)
         return smaller
 
-    def _completed(self):
+    def _completed(self) -> None:
         self._fits = None
         self._since += 1
         self._windows += 1
 
-    def _change(self, new, reason, tried=None, error=None):
+    def _change(
+        self,
+        new: int,
+        reason: str,
+        tried: int | None = None,
+        error: BaseException | None = None,
+    ) -> None:
         old = self._size
         self._changes.append(SizeChange(self._windows, old, new, reason))
         windows_at_old = self._since
@@ -212,7 +226,7 @@ class MemoryFit:
             )
 
 
-def _first_line(error):
+def _first_line(error: BaseException | None) -> str:
     """The line of an error message that says what ran out (the allocator's "OOM when ...")."""
     text = error.message if isinstance(error, tf.errors.OpError) else str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -230,7 +244,7 @@ class WindowDiscarded(Exception):
     the error types its caller retries (`run_window`: out of memory).
     """
 
-    def __init__(self, error, micro_batch):
+    def __init__(self, error: tf.errors.OpError, micro_batch: int) -> None:
         super().__init__(error, micro_batch)
         self.error = error
         self.micro_batch = micro_batch
@@ -254,7 +268,13 @@ class Plan(typing.NamedTuple):
     memory_fit: typing.Optional[MemoryFit]
 
 
-def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit):
+def plan_window(
+    accumulation: Accumulation,
+    feed_dicts: object,
+    micro_batch_size: int | None,
+    micro_batches: int | None,
+    memory_fit: MemoryFit | None,
+) -> Plan:
     """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`.
 
     Raises:
@@ -338,7 +358,9 @@ def plan_window(accumulation, feed_dicts, micro_batch_size, micro_batches, memor
     return plan
 
 
-def run_window(plan, run, read_counter):
+def run_window(
+    plan: Plan, run: Runner, read_counter: typing.Callable[[], int | None]
+) -> list[typing.Any]:
     """Runs one window of ``plan``; returns the fetched values, one per micro-batch.
 
     ``run(feeds, retry)`` is the session helper's window runner (feeds: a
@@ -380,7 +402,7 @@ def run_window(plan, run, read_counter):
         return results
 
 
-def _largest(plan, batch):
+def _largest(plan: Plan, batch: _Batch) -> int:
     """The largest micro-batch allowed for ``batch``: what was asked, or the whole batch."""
     if plan.micro_batch_size is not None:
         return min(int(plan.micro_batch_size), batch.rows)
@@ -389,7 +411,7 @@ def _largest(plan, batch):
     return batch.rows
 
 
-def _sizes(plan, batch, size):
+def _sizes(plan: Plan, batch: _Batch, size: int) -> list[int]:
     """Rows of each micro-batch of ``batch``: ``size`` each, a shorter last one.
 
     Without a fit, ``micro_batches=N`` makes N sizes that differ by one at most.
@@ -402,7 +424,7 @@ def _sizes(plan, batch, size):
     return [size] * (rows // size) + ([rows % size] if rows % size else [])
 
 
-def _micro_batches(plan, size):
+def _micro_batches(plan: Plan, size: int | None) -> list[dict]:
     """The feed dicts of the window's micro-batches, in order (slices: no copies)."""
     feeds = []
     for batch in plan.batches:
@@ -419,20 +441,20 @@ def _micro_batches(plan, size):
     return feeds
 
 
-def _split_asked(plan):
+def _split_asked(plan: Plan) -> str:
     if plan.micro_batch_size is not None:
         return f"micro_batch_size={plan.micro_batch_size}"
     return f"micro_batches={plan.micro_batches}"
 
 
-def _sizes_text(sizes):
+def _sizes_text(sizes: typing.Iterable[int]) -> str:
     counted = collections.Counter(sizes)
     return ", ".join(
         f"{n} x {size}" if n > 1 else str(size) for size, n in sorted(counted.items(), reverse=True)
     )
 
 
-def _batch(graph, feed, label):
+def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
     """Finds which values of one large feed dict are split, and its rows; returns a `_Batch`.
 
     A value is split when its key's static shape leaves the leading dimension
@@ -462,7 +484,7 @@ def _batch(graph, feed, label):
         if not isinstance(value, np.ndarray):
             value = np.asarray(value)
         values[key] = value
-        shape = getattr(tensor, "shape", None)
+        shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None
         known = shape is not None and shape.ndims is not None
         if value.ndim == 0 or (known and (shape.ndims == 0 or shape.as_list()[0] is not None)):
             continue  # fed whole
@@ -491,15 +513,15 @@ def _batch(graph, feed, label):
     return _Batch(values, rows, split)
 
 
-def _keys_text(candidates):
+def _keys_text(candidates: typing.Mapping[typing.Any, int]) -> str:
     return ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
 
 
-def _key_name(key):
+def _key_name(key: object) -> str:
     return key if isinstance(key, str) else getattr(key, "name", repr(key))
 
 
-def _weighted(accumulation):
+def _weighted(accumulation: Accumulation) -> bool:
     """Whether ``accumulation`` was built with ``weight=`` (it then holds a weight total)."""
     scope = accumulation.counter.op.name[: -len("counter")]
     graph = accumulation.counter.graph
@@ -508,7 +530,7 @@ def _weighted(accumulation):
     )
 
 
-def _fixed_statistics_size(accumulation):
+def _fixed_statistics_size(accumulation: Accumulation) -> float | None:
     """The ``micro_batch_size`` the statistics were built with, or None."""
     if accumulation.statistics is None:
         return None

@@ -49,7 +49,7 @@ def plain_variables(graph: tf.Graph | None = None) -> list[tf.Variable]:
     ]
 
 
-def new_mutex():
+def new_mutex() -> tf.Tensor:
     """A window's mutex (a resource, as ``tf.CriticalSection`` uses), made in ``init_scope``.
 
     Its shared name is its op's name: one mutex per window and session.

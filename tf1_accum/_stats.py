@@ -18,6 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._window import WindowOptions
 from tf1_accum._window import state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
@@ -98,21 +99,31 @@ class WindowStatistics:
     but the moving averages' variables.
     """
 
-    def __init__(self, variables, micro_batch_size, average):
+    def __init__(
+        self,
+        variables: typing.Iterable[tf.Variable],
+        micro_batch_size: float | None,
+        average: bool,
+    ) -> None:
         self.variables = list(variables)
         self.micro_batch_size = micro_batch_size  # None: the window's mean weight
         self.average = average
-        self.trace_ema = None  # the moving averages: see create_state
-        self.square_ema = None
+        # The moving averages: see create_state.
+        self.trace_ema: tf.Variable | None = None
+        self.square_ema: tf.Variable | None = None
 
     @classmethod
-    def for_window(cls, options, pairs):
+    def for_window(
+        cls,
+        options: WindowOptions,
+        pairs: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
+    ) -> WindowStatistics | None:
         """The statistics a window built with ``options`` (a `WindowOptions`) keeps, or None."""
         if not options.statistics:
             return None
         return cls([v for _, v in pairs], options.micro_batch_size, options.average)
 
-    def create_state(self):
+    def create_state(self) -> list[tf.Variable]:
         """Creates the moving averages' variables; returns them.
 
         The `Window` calls it once its own checks have passed (a failed build
@@ -125,7 +136,7 @@ class WindowStatistics:
         )
         return [self.trace_ema, self.square_ema]
 
-    def square_norm(self, gradients):
+    def square_norm(self, gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
         """The float64 squared global norm of one micro-batch's gradients.
 
         A micro-batch's sparse gradient may name a row more than once (an id
@@ -145,7 +156,13 @@ class WindowStatistics:
             halves.append(tf.cast(tf.nn.l2_loss(values), tf.float64))  # sum(x^2) / 2
         return 2.0 * tf.add_n(halves)
 
-    def observe(self, squares, count, weight_total, square_total):
+    def observe(
+        self,
+        squares: typing.Sequence[tf.Tensor],
+        count: tf.Tensor,
+        weight_total: tf.Tensor | None,
+        square_total: tf.Tensor,
+    ) -> tuple[GradientStatistics, list[tf.Operation]]:
         """Builds the statistics of the window being applied.
 
         Args:
@@ -191,11 +208,14 @@ class WindowStatistics:
                 valid = tf.logical_and(
                     tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
                 )
-                trace_ema = self._moving(self.trace_ema, noise_trace, valid)
-                square_ema = self._moving(self.square_ema, gradient_square, valid)
+                trace_var, square_var = self.trace_ema, self.square_ema
+                if trace_var is None or square_var is None:
+                    raise RuntimeError("create_state makes the moving averages before observe.")
+                trace_ema = self._moving(trace_var, noise_trace, valid)
+                square_ema = self._moving(square_var, gradient_square, valid)
                 updates = [
-                    self.trace_ema.assign(trace_ema, use_locking=True, read_value=False),
-                    self.square_ema.assign(square_ema, use_locking=True, read_value=False),
+                    trace_var.assign(trace_ema, use_locking=True, read_value=False),
+                    square_var.assign(square_ema, use_locking=True, read_value=False),
                 ]
                 noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
@@ -231,7 +251,7 @@ class WindowStatistics:
             )
         return statistics, updates
 
-    def idle(self):
+    def idle(self) -> GradientStatistics:
         """The statistics of a run that applies nothing: NaN, 0 micro-batches, an empty summary."""
         nan = lambda: tf.constant(np.nan, tf.float64)  # noqa: E731
         return GradientStatistics(
@@ -247,14 +267,14 @@ class WindowStatistics:
             summary_op=tf.constant(b""),
         )
 
-    def pack(self, flat):
+    def pack(self, flat: typing.Iterable[tf.Tensor]) -> GradientStatistics:
         """`GradientStatistics` from the flat outputs of a conditional (``tf.nest`` order)."""
-        fields = dict.fromkeys(GradientStatistics._fields, 0)
+        fields: dict[str, typing.Any] = dict.fromkeys(GradientStatistics._fields, 0)
         fields["variable_norms"] = [0] * len(self.variables)
         return tf.nest.pack_sequence_as(GradientStatistics(**fields), list(flat))
 
     @staticmethod
-    def _moving(average, value, valid):
+    def _moving(average: tf.Variable, value: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
         updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
         return tf.where(valid, updated, average.read_value())
 
@@ -303,7 +323,9 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
     return max(1, math.ceil(float(noise_scale) / float(micro_batch_size)))
 
 
-def log_recommendation(noise_scale, noise_scale_ema, micro_batch_size):
+def log_recommendation(
+    noise_scale: float, noise_scale_ema: float, micro_batch_size: float
+) -> int | None:
     """Logs a window's noise scale and the recommendation (tf.compat.v1.logging.info)."""
     try:
         n = recommend_micro_batches(float(noise_scale_ema), float(micro_batch_size))
@@ -458,7 +480,7 @@ def build_running_average(
     return RunningAverage(update_op=update_op, averages=reads, count=count, reset_op=reset_op)
 
 
-def _static_shapes(values):
+def _static_shapes(values: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> list[list[int | None]]:
     return [
         tf.get_static_value(v.dense_shape).tolist()
         if isinstance(v, tf.IndexedSlices)

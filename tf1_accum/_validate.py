@@ -17,6 +17,8 @@ import math
 import numbers
 import os
 import sys
+import types
+import typing
 import warnings
 
 import numpy as np
@@ -25,7 +27,7 @@ import tensorflow as tf
 from tf1_accum import _keras
 
 
-def describe(value):
+def describe(value: object) -> str:
     """Returns ``value`` and its type, for error messages."""
     text = repr(value)
     if len(text) > 80:
@@ -33,7 +35,7 @@ def describe(value):
     return f"{text} (a {type(value).__module__}.{type(value).__qualname__})"
 
 
-def check_graph_mode(what):
+def check_graph_mode(what: str) -> None:
     """Raises RuntimeError when eager execution is on."""
     if tf.executing_eagerly():
         raise RuntimeError(
@@ -44,7 +46,7 @@ def check_graph_mode(what):
         )
 
 
-def check_loss(loss):
+def check_loss(loss: object) -> None:
     """Checks that ``loss`` is a scalar floating-point graph tensor."""
     if not isinstance(loss, tf.Tensor) or not hasattr(loss, "graph"):
         raise TypeError(
@@ -66,7 +68,7 @@ def check_loss(loss):
         )
 
 
-def check_optimizer(optimizer):
+def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
     """Returns ``optimizer`` as a ``tf.compat.v1.train.Optimizer``, checked.
 
     A tf_keras legacy optimizer (an ``OptimizerV2``) comes back behind a
@@ -83,7 +85,7 @@ def check_optimizer(optimizer):
     )
 
 
-def check_var_list(var_list, graph):
+def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
     """Returns the variables to train as a list, checked.
 
     Args:
@@ -126,7 +128,7 @@ def check_var_list(var_list, graph):
     return var_list
 
 
-def check_global_step(global_step, graph=None):
+def check_global_step(global_step: object, graph: tf.Graph | None = None) -> None:
     """Checks that ``global_step`` is None or an integer variable (of ``graph``, if given)."""
     if global_step is None:
         return
@@ -150,13 +152,13 @@ def check_global_step(global_step, graph=None):
         )
 
 
-def check_bool(name, value):
+def check_bool(name: str, value: object) -> None:
     """Checks that ``value`` is a Python bool."""
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be True or False, got {describe(value)}.")
 
 
-def check_weight(weight, graph):
+def check_weight(weight: object, graph: tf.Graph) -> None:
     """Checks that ``weight`` is None or a scalar real tensor of ``graph``."""
     if weight is None:
         return
@@ -179,7 +181,9 @@ def check_weight(weight, graph):
         raise ValueError(f"weight {weight.name} is not in the graph of the loss.")
 
 
-def check_statistics_options(statistics, micro_batch_size, weight):
+def check_statistics_options(
+    statistics: object, micro_batch_size: object, weight: tf.Tensor | None
+) -> None:
     """Checks ``statistics=`` and ``micro_batch_size=`` of a build."""
     check_bool("statistics", statistics)
     if micro_batch_size is None:
@@ -195,7 +199,9 @@ def check_statistics_options(statistics, micro_batch_size, weight):
             "micro_batch_size must be a positive number of examples, got "
             f"{describe(micro_batch_size)}."
         )
-    if not (micro_batch_size > 0 and math.isfinite(micro_batch_size)):
+    # A numbers.Real, which typeshed gives no comparison with an int.
+    size = typing.cast(float, micro_batch_size)
+    if not (size > 0 and math.isfinite(size)):
         raise ValueError(
             f"micro_batch_size must be a positive number of examples, got {micro_batch_size}."
         )
@@ -211,7 +217,7 @@ def check_statistics_options(statistics, micro_batch_size, weight):
         )
 
 
-def check_clip_norm(clip_norm):
+def check_clip_norm(clip_norm: object) -> None:
     """Checks that ``clip_norm`` is None or a positive number."""
     if clip_norm is None:
         return
@@ -221,7 +227,9 @@ def check_clip_norm(clip_norm):
         raise ValueError(f"clip_norm must be positive, got {clip_norm}.")
 
 
-def check_update_ops(update_ops, graph=None):
+def check_update_ops(
+    update_ops: object, graph: tf.Graph | None = None
+) -> list[tf.Operation] | None:
     """Returns ``update_ops`` as a list of ops, or None for the ``UPDATE_OPS`` default.
 
     Args:
@@ -252,7 +260,7 @@ def check_update_ops(update_ops, graph=None):
     return ops
 
 
-def _graph_op(item):
+def _graph_op(item: object) -> tf.Operation | None:
     """The graph op of a tensor or an assign's result; None for anything else."""
     if not isinstance(item, (tf.Tensor, tf.Variable)):
         return None
@@ -271,7 +279,9 @@ _TAKE_GRADIENT_OPS = (
 )
 
 
-def check_not_under_sync_replicas(grads_and_vars):
+def check_not_under_sync_replicas(
+    grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
+) -> None:
     """Refuses gradients a ``SyncReplicasOptimizer`` aggregated for an AccumulationOptimizer.
 
     Raises:
@@ -294,7 +304,7 @@ def check_not_under_sync_replicas(grads_and_vars):
             )
 
 
-def check_steps(steps):
+def check_steps(steps: object) -> None:
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
         raise TypeError(f"steps must be an int (micro-batches per update), got {describe(steps)}.")
@@ -302,7 +312,7 @@ def check_steps(steps):
         raise ValueError(f"steps must be at least 1 (micro-batches per update), got {steps}.")
 
 
-def check_feed_dict(label, feed_dict):
+def check_feed_dict(label: str, feed_dict: object) -> None:
     """Checks one feed: a mapping, or None for no feed. ``label`` names it."""
     if feed_dict is not None and not isinstance(feed_dict, collections.abc.Mapping):
         raise TypeError(
@@ -311,7 +321,7 @@ def check_feed_dict(label, feed_dict):
         )
 
 
-def check_trainable(loss, var_list):
+def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> list[tf.Variable]:
     """Checks, before any gradient is built, that ``loss`` reads a variable of ``var_list``.
 
     A gradient can be other than None only where the loss depends on the
@@ -337,7 +347,7 @@ def check_trainable(loss, var_list):
     return reached
 
 
-def check_shapes(variables):
+def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
     """Checks that every variable has a fully defined shape (for its accumulator)."""
     for var in variables:
         if not var.shape.is_fully_defined():
@@ -348,7 +358,7 @@ def check_shapes(variables):
             )
 
 
-def _ancestors(op):
+def _ancestors(op: tf.Operation) -> set[tf.Operation]:
     """Every op whose outputs reach ``op`` through data inputs, ``op`` included.
 
     Inside a function graph (the body of a version 2 loop or conditional), a
@@ -374,7 +384,10 @@ def _ancestors(op):
     return seen
 
 
-def usable_gradients(grads_and_vars, loss=None):
+def usable_gradients(
+    grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
+    loss: tf.Tensor | None = None,
+) -> list[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]]:
     """The ``(gradient, variable)`` pairs whose gradient is not None.
 
     Every way in filters its gradients here: one warning names the variables
@@ -419,13 +432,14 @@ _LIBRARY_DIRS = (
 )
 
 
-def _caller_stacklevel():
+def _caller_stacklevel() -> int:
     """The ``stacklevel`` of the first frame outside tf1_accum, TensorFlow and tf_keras.
 
     The warning then points at the user's line, whichever way in (and however
     deep inside ``Optimizer.minimize``) it came from.
     """
-    frame, level = sys._getframe(1), 1
+    frame: types.FrameType | None = sys._getframe(1)
+    level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
         frame, level = frame.f_back, level + 1
     return level
@@ -450,7 +464,9 @@ _GUARDED_COLLECTIONS = tuple(
 
 
 @contextlib.contextmanager
-def restored_on_failure(graph, what, extra_collections=()):
+def restored_on_failure(
+    graph: tf.Graph, what: str, extra_collections: typing.Iterable[str] = ()
+) -> typing.Iterator[None]:
     """Puts the graph's collections back if the build inside raises, and says what remains.
 
     Ops cannot be taken out of a ``tf.Graph``: those built before the failure
@@ -510,7 +526,7 @@ KERAS_3_HINT = (
 )
 
 
-def _add_note(error, note):
+def _add_note(error: BaseException, note: str) -> None:
     if hasattr(error, "add_note"):  # Python 3.11
         error.add_note(note)
     elif isinstance(error, (ValueError, TypeError, AttributeError)) and len(error.args) == 1:

@@ -28,6 +28,16 @@ from tf1_accum._state import new_mutex
 #: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
 APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 
+if typing.TYPE_CHECKING:
+    from tf1_accum._distributed import _WindowReducer
+    from tf1_accum._stats import GradientStatistics
+    from tf1_accum._stats import WindowStatistics
+
+#: A gradient: dense, or sparse rows.
+Gradient = typing.Union[tf.Tensor, tf.IndexedSlices]
+#: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
+Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
+
 
 class WindowOptions(typing.NamedTuple):
     """The options of a window, as every way in takes them, checked by `window_options`.
@@ -54,17 +64,17 @@ WEIGHT_KINDS = ("tensor", "tensor or callable", "callable of the element")
 
 
 def window_options(
-    average=True,
-    weight=None,
-    clip_norm=None,
-    skip_nonfinite=True,
-    update_ops=None,
-    statistics=False,
-    micro_batch_size=None,
+    average: bool = True,
+    weight: typing.Any = None,
+    clip_norm: float | None = None,
+    skip_nonfinite: bool = True,
+    update_ops: typing.Iterable[tf.Operation | tf.Tensor] | None = None,
+    statistics: bool = False,
+    micro_batch_size: float | None = None,
     *,
-    weight_kind="tensor",
-    graph=None,
-):
+    weight_kind: str = "tensor",
+    graph: tf.Graph | None = None,
+) -> WindowOptions:
     """Checks the window options of one way in; returns them as a `WindowOptions`.
 
     Args:
@@ -116,7 +126,8 @@ class Added(typing.NamedTuple):
     """
 
     op: tf.Operation
-    per_slot: typing.List[tuple]  # each slot's values after the add (see _VariableAccumulator)
+    # Each slot's values after the add (see _VariableAccumulator); None: read the variable.
+    per_slot: typing.Sequence[typing.Optional[tuple]]
     count: tf.Tensor  # the counter's increment; it waits for every other add
     weight: typing.Optional[tf.Tensor]  # the float64 weight total, or None
     square_norm: typing.Optional[tf.Tensor]  # the statistics' sum, or None
@@ -162,7 +173,15 @@ class Window:
     `new_mutex`; by default the window makes its own.
     """
 
-    def __init__(self, pairs, options, scope, statistics=None, cross_replica=None, mutex=None):
+    def __init__(
+        self,
+        pairs: Pairs,
+        options: WindowOptions,
+        scope: str,
+        statistics: WindowStatistics | None = None,
+        cross_replica: _WindowReducer | None = None,
+        mutex: tf.Tensor | None = None,
+    ) -> None:
         for _, var in pairs:  # before creating anything: a failed build leaves no state
             if not var.shape.is_fully_defined():
                 raise ValueError(
@@ -176,19 +195,20 @@ class Window:
         # Gradient statistics (a _stats.WindowStatistics) need one more sum:
         # of (weight times) each micro-batch gradient's squared norm.
         self.statistics = statistics
-        self.square_norms = None
-        self.weighted_micro_batches = None
+        self.square_norms: tf.Variable | None = None
+        self.weighted_micro_batches: tf.Variable | None = None
         weighted = options.weight is not None
         # Every apply this window builds through one optimizer shares the
         # optimizer state that the first one created (see _shared_apply).
-        self._shared_applies = {}
+        self._shared_applies: dict[int, SharedApply] = {}
         # Parameter servers: the window's state stays on the worker that
         # computes the gradients, as local variables that worker initializes.
         worker = _worker_device(pairs)
         with tf.device(worker) if worker else contextlib.nullcontext():
             self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
             self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
-            self.weight_total = self.weight_scale = None
+            self.weight_total: tf.Variable | None = None
+            self.weight_scale: tf.Variable | None = None
             if weighted:
                 self.weight_total = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "weight_total"
@@ -201,7 +221,7 @@ class Window:
                     )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
             self.mutex = new_mutex() if mutex is None else mutex
-            self.statistics_state = []
+            self.statistics_state: list[tf.Variable] = []
             if statistics is not None:
                 self.square_norms = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
@@ -216,18 +236,18 @@ class Window:
             _make_local(self._state())
 
     @property
-    def average(self):
+    def average(self) -> bool:
         return self.options.average
 
     @property
-    def clip_norm(self):
+    def clip_norm(self) -> float | None:
         return self.options.clip_norm
 
     @property
-    def skip_nonfinite(self):
+    def skip_nonfinite(self) -> bool:
         return self.options.skip_nonfinite
 
-    def _state(self):
+    def _state(self) -> list[tf.Variable]:
         state = [self.counter, self.skipped, self.weight_total, self.weight_scale]
         state.append(self.square_norms)
         state.append(self.weighted_micro_batches)
@@ -236,14 +256,16 @@ class Window:
             state += [slot.accumulator, getattr(slot, "touched", None)]
         return [v for v in state if v is not None]
 
-    def exclusive(self, build, name=None):
+    def exclusive(
+        self, build: typing.Callable[[], tuple[typing.Any, typing.Any]], name: str | None = None
+    ) -> tuple[typing.Any, typing.Any]:
         """Builds what ``build()`` makes so that its runs hold the window's mutex.
 
         See `exclusive`, which this calls with the window's mutex and state.
         """
         return exclusive(self.mutex, self.scope, build, self._state, name)
 
-    def control_flow(self, global_step=None):
+    def control_flow(self, global_step: tf.Variable | None = None) -> typing.ContextManager[None]:
         """A context in which the window's conditionals and loops can take references.
 
         See `reference_control_flow`; it looks at the trained variables, the
@@ -252,20 +274,32 @@ class Window:
         return reference_control_flow(self.var_list + self._state() + [global_step])
 
     @property
-    def var_list(self):
+    def var_list(self) -> list[tf.Variable]:
         return [slot.var for slot in self.slots]
 
     @property
-    def accumulators(self):
+    def accumulators(self) -> list[tf.Variable]:
         return [slot.accumulator for slot in self.slots]
 
-    def accumulate(self, gradients, weight=None, name=None, run_with=()):
+    def accumulate(
+        self,
+        gradients: typing.Sequence[Gradient],
+        weight: tf.Tensor | None = None,
+        name: str | None = None,
+        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
+    ) -> tf.Operation:
         """Adds one micro-batch's gradients (aligned with ``var_list``) and counts it."""
         return self.add(gradients, weight, name, run_with).op
 
     def accumulate_and_apply(
-        self, gradients, optimizer, global_step=None, name=None, weight=None, run_with=()
-    ):
+        self,
+        gradients: typing.Sequence[Gradient],
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None = None,
+        name: str | None = None,
+        weight: tf.Tensor | None = None,
+        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
+    ) -> Applied:
         """Adds one micro-batch, then applies the window and resets it, in one op.
 
         Forward pass, gradients and update share one ``session.run``, so the
@@ -285,8 +319,14 @@ class Window:
         return self.apply(optimizer, global_step, name, totals=added)
 
     def accumulate_and_apply_every(
-        self, steps, gradients, optimizer, global_step=None, weight=None, run_with=()
-    ):
+        self,
+        steps: int,
+        gradients: typing.Sequence[Gradient],
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None = None,
+        weight: tf.Tensor | None = None,
+        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
+    ) -> Applied:
         """Adds one micro-batch; when it is the ``steps``-th, also applies and resets.
 
         Returns the conditional's `Applied`: ``applied`` is False in runs that
@@ -305,7 +345,14 @@ class Window:
         tf.compat.v1.add_to_collection(APPLY_DUE_COLLECTION, due)
         return self.apply_if(due, optimizer, global_step, caller_scope, name="apply_if_due")
 
-    def flush(self, optimizer, global_step, caller_scope, name=None, totals=None):
+    def flush(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None,
+        caller_scope: str,
+        name: str | None = None,
+        totals: typing.Callable[[], Added] | None = None,
+    ) -> Applied:
         """Applies a partial window with its true count and resets; nothing if empty.
 
         Needs no feed: it reads only the window's state. Returns the
@@ -325,8 +372,15 @@ class Window:
             return result._replace(op=tf.group(result.applied, name=name))
 
     def apply_if(
-        self, predicate, optimizer, global_step, caller_scope, name, before_idle=None, totals=None
-    ):
+        self,
+        predicate: tf.Tensor,
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None,
+        caller_scope: str,
+        name: str,
+        before_idle: typing.Callable[[], list] | None = None,
+        totals: typing.Callable[[], Added] | None = None,
+    ) -> Applied:
         """The apply inside ``tf.cond(predicate, ...)``; returns its outputs as an `Applied`.
 
         ``predicate`` must imply that the window holds a micro-batch (the
@@ -339,7 +393,7 @@ class Window:
         of it, flat.
         """
 
-        def idle():
+        def idle() -> tuple[tf.Tensor, ...]:
             with tf.control_dependencies(before_idle() if before_idle else []):
                 outcome = (tf.constant(False), tf.constant(0.0, tf.float64))
                 if self.statistics is not None:
@@ -358,7 +412,7 @@ class Window:
             grads_and_vars=None, op=None, norm=norm, applied=applied, statistics=statistics
         )
 
-    def rescaled_if_short(self, steps, count=None):
+    def rescaled_if_short(self, steps: int, count: tf.Tensor | None = None) -> Added:
         """The totals of accumulators that hold their sum divided by ``steps``, as an `Added`.
 
         For the ways in that scale each micro-batch's loss by 1 / steps. A
@@ -372,7 +426,7 @@ class Window:
             count = tf.identity(self.counter)
         slots = self.slots
 
-        def rescaled():
+        def rescaled() -> list[tf.Tensor]:
             values = []
             for slot in slots:
                 factor = tf.cast(steps, slot.dtype) / tf.cast(count, slot.dtype)
@@ -382,7 +436,7 @@ class Window:
                     values.append(slot.touched.read_value())
             return values
 
-        def as_they_are():
+        def as_they_are() -> list[tf.Tensor]:
             return [tf.identity(t) for slot in slots for t in slot.totals()]
 
         with tf.compat.v1.name_scope(self.scope):
@@ -402,7 +456,13 @@ class Window:
             micro_batches=None,
         )
 
-    def _apply_in_branch(self, optimizer, global_step, caller_scope, totals=None):
+    def _apply_in_branch(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None,
+        caller_scope: str,
+        totals: typing.Callable[[], Added] | None = None,
+    ) -> tuple[tf.Tensor, ...]:
         """The apply as a ``tf.cond`` branch: (applied, norm, statistics...) once it has run.
 
         ``applied`` is False when the window was skipped as non-finite.
@@ -418,7 +478,13 @@ class Window:
         with tf.control_dependencies([result.op]):
             return tuple(tf.identity(t) for t in outcome)
 
-    def add(self, gradients, weight=None, name=None, run_with=()):
+    def add(
+        self,
+        gradients: typing.Sequence[Gradient],
+        weight: tf.Tensor | None = None,
+        name: str | None = None,
+        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
+    ) -> Added:
         """Adds one micro-batch, its gradients scaled by ``weight`` if weighted.
 
         A micro-batch of weight 0 adds nothing, whatever its gradient holds:
@@ -444,11 +510,13 @@ class Window:
                         weight = self._normalized(weight)
                     weight_after = self.weight_total.assign_add(weight, use_locking=True)
                 stateful.append(weight_after)
-            if self.square_norms is not None:
+            if self.statistics is not None and self.square_norms is not None:  # made together
                 square = self.statistics.square_norm(gradients)
                 if weight is not None:
                     square = tf.math.multiply_no_nan(square, weight)
-                    counted_after = self.weighted_micro_batches.assign_add(
+                    # Made with the statistics of a weighted window.
+                    counted = typing.cast(tf.Variable, self.weighted_micro_batches)
+                    counted_after = counted.assign_add(
                         tf.cast(weight > 0, tf.int64), use_locking=True
                     )
                     stateful.append(counted_after)
@@ -469,7 +537,7 @@ class Window:
                 micro_batches=counted_after,
             )
 
-    def _normalized(self, weight):
+    def _normalized(self, weight: tf.Tensor) -> tf.Tensor:
         """``weight`` times the window's power of two, chosen by its first positive weight.
 
         The weighted mean sum(w_i g_i) / sum(w_i) does not change when every
@@ -481,13 +549,14 @@ class Window:
         accumulator's dtype nor round to 0 there.
         """
         fresh = tf.logical_and(tf.equal(tf.identity(self.weight_total), 0.0), weight > 0)
-        scale = self.weight_scale.assign(
+        # Only a window with a weight scale normalizes (see add).
+        scale = typing.cast(tf.Variable, self.weight_scale).assign(
             tf.where(fresh, _power_of_two_below_inverse(weight), tf.identity(self.weight_scale)),
             use_locking=True,
         )
         return weight * scale
 
-    def reset(self, name=None):
+    def reset(self, name: str | None = None) -> tf.Operation:
         """Empties the window: the counter (and the totals) to 0, sparse touched rows to zero.
 
         A dense accumulator keeps what it holds: the window's first add
@@ -496,7 +565,7 @@ class Window:
         with tf.compat.v1.name_scope(self.scope):
             return tf.group(*[slot.reset() for slot in self.slots], self._reset_totals(), name=name)
 
-    def _read_totals(self):
+    def _read_totals(self) -> Added:
         """The window's totals as the variables hold them, in the shape of an `Added`."""
         return Added(
             op=None,
@@ -507,7 +576,14 @@ class Window:
             micro_batches=self.weighted_micro_batches,
         )
 
-    def apply(self, optimizer, global_step=None, name=None, totals=None, nonempty=False):
+    def apply(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None = None,
+        name: str | None = None,
+        totals: Added | None = None,
+        nonempty: bool = False,
+    ) -> Applied:
         """Builds the apply: mean (or sum) through ``optimizer``, then reset.
 
         Args:
@@ -529,7 +605,7 @@ class Window:
         """
         after_add = totals is not None
         with tf.compat.v1.name_scope(self.scope):
-            totals = totals if after_add else self._read_totals()
+            totals = self._read_totals() if totals is None else totals
             per_slot, count, weight = totals.per_slot, totals.count, totals.weight
             count = tf.identity(count)  # a value, not a reference
             # The statistics' sums: of the squared norms, and (weighted) of
@@ -563,16 +639,16 @@ class Window:
                 # it): only the summed count is checked, so the apply fails
                 # on every worker or on none. The statistics' sums ride in
                 # the same all-reduce.
-                per_slot = [
+                filled = [
                     slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
                 ]
                 # An empty window's dense accumulators hold what its last
                 # window left (its first add assigns): it sends zeros.
                 holds = tf.greater(count, 0)
-                per_slot = [slot.masked(t, holds) for slot, t in zip(self.slots, per_slot)]
+                local = [slot.masked(t, holds) for slot, t in zip(self.slots, filled)]
                 scalars = [t for t in (square, counted) if t is not None]
                 per_slot, count, weight, scalars = self.cross_replica.reduce(
-                    per_slot, count, weight, scalars
+                    local, count, weight, scalars
                 )
                 if square is not None:
                     square, counted = scalars[0], (scalars[1:] or [None])[0]
@@ -593,7 +669,8 @@ class Window:
                 if denominator is not None:
                     squares = [q / tf.square(tf.cast(denominator, tf.float64)) for q in squares]
                 norm = tf.sqrt(tf.add_n(squares), name="global_norm")
-                statistics, observed = None, []
+                statistics: GradientStatistics | None = None
+                observed: list[tf.Operation] = []
                 if self.statistics is not None:
                     counted = count if counted is None else counted
                     statistics, observed = self.statistics.observe(squares, counted, weight, square)
@@ -601,7 +678,7 @@ class Window:
                 if self.clip_norm is not None:
                     factor = self.clip_norm / tf.maximum(norm, self.clip_norm)
 
-                def grads():
+                def grads() -> list[Gradient]:
                     return [
                         slot.finish(total, denominator, factor)
                         for slot, (total, _) in zip(self.slots, sums)
@@ -630,7 +707,13 @@ class Window:
                 statistics=statistics,
             )
 
-    def _apply_if_finite(self, optimizer, make_grads, global_step, norm):
+    def _apply_if_finite(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        make_grads: typing.Callable[[], list[Gradient]],
+        global_step: tf.Variable | None,
+        norm: tf.Tensor,
+    ) -> tuple[tf.Operation, tf.Tensor]:
         """Hands the window to the optimizer, unless it must be skipped.
 
         The global norm is finite exactly when every gradient element is. A
@@ -672,7 +755,7 @@ class Window:
                 return update, tf.identity(applied)
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
 
-        def apply():
+        def apply() -> tf.Tensor:
             # The caller's name scope again, so that the optimizer's non-slot
             # variables (Adam's beta powers) do not take the cond's name.
             branch_graph = tf.compat.v1.get_default_graph()
@@ -681,7 +764,7 @@ class Window:
             with tf.control_dependencies([op]):
                 return tf.constant(True)
 
-        def skip():
+        def skip() -> tf.Tensor:
             with tf.control_dependencies([count_skip()]):
                 return tf.constant(False)
 
@@ -689,7 +772,7 @@ class Window:
             applied = tf.cond(finite, apply, skip, name="apply_if_finite")
             return applied.op, applied
 
-    def _reset_totals(self):
+    def _reset_totals(self) -> tf.Operation:
         resets = [self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)]
         if self.weight_total is not None:
             resets.append(
@@ -712,7 +795,12 @@ class Window:
         return tf.group(*resets)
 
 
-def _apply_one_at_a_time(shared, make_grads, var_list, global_step):
+def _apply_one_at_a_time(
+    shared: SharedApply,
+    make_grads: typing.Callable[[], list[Gradient]],
+    var_list: typing.Sequence[tf.Variable],
+    global_step: tf.Variable | None,
+) -> tf.Operation:
     """Builds the optimizer's apply of ``make_grads()``, one gradient alive at a time.
 
     Each gradient (a variable's mean, made from its accumulator) is a new
@@ -735,12 +823,12 @@ def _apply_one_at_a_time(shared, make_grads, var_list, global_step):
     built = graph.get_operations()[first:]
     inside = set(built)
 
-    def before(op):
+    def before(op: tf.Operation) -> typing.List[tf.Operation]:
         return [t.op for t in op.inputs] + list(op.control_inputs)
 
     # The ops built here that each gradient needs, and of those, the ones
     # only it needs (what a wait may hold back without holding back another).
-    needs = []
+    needs: typing.List[typing.Set[tf.Operation]] = []
     for grad in grads:
         found, stack = set(), [_values(grad).op]
         while stack:
@@ -753,7 +841,7 @@ def _apply_one_at_a_time(shared, make_grads, var_list, global_step):
     own = [a - shared_ops for a in needs]
     owner = {op: k for k, ops in enumerate(own) for op in ops}
     # Which gradients' own ops each op built here depends on.
-    reads = {}
+    reads: typing.Dict[tf.Operation, typing.Set[int]] = {}
     for op in built:
         found = {owner[op]} if op in owner else set()
         for dependency in before(op):
@@ -769,7 +857,7 @@ def _apply_one_at_a_time(shared, make_grads, var_list, global_step):
     return update
 
 
-def unfolded_zeros(shape, dtype):
+def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
     """Zeros of a static ``shape``, built so that no graph optimization makes them a constant.
 
     ``tf.zeros`` of a static shape is a ``Fill`` that Grappler folds into a
@@ -780,7 +868,7 @@ def unfolded_zeros(shape, dtype):
     return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
 
 
-def _check_weight(weight):
+def _check_weight(weight: tf.Tensor) -> tf.Operation:
     """An assert that the float64 ``weight`` is finite and non-negative, naming what it is."""
     what = tf.where(
         tf.math.is_nan(weight),
@@ -803,7 +891,7 @@ def _check_weight(weight):
     )
 
 
-def _power_of_two_below_inverse(weight):
+def _power_of_two_below_inverse(weight: tf.Tensor) -> tf.Tensor:
     """A power of two p with weight * p in [1, 2), built from its exponent bits (exact)."""
     # Off by one power where log() rounds across one: still a power of two, still exact.
     exponent = tf.cast(tf.floor(tf.math.log(weight) / np.log(2.0)), tf.int64)
@@ -811,7 +899,7 @@ def _power_of_two_below_inverse(weight):
     return tf.bitcast(tf.bitwise.left_shift(biased, 52), tf.float64)
 
 
-def state_variable(make_initial_value, name):
+def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: str) -> tf.Variable:
     """Creates a non-trainable global variable that tf1_accum owns.
 
     A `Window` built under ``replica_device_setter`` then moves its state to
@@ -831,7 +919,9 @@ def state_variable(make_initial_value, name):
         )
 
 
-def per_step_loss(loss, options, steps, variables):
+def per_step_loss(
+    loss: tf.Tensor, options: WindowOptions, steps: int, variables: typing.Iterable[tf.Variable]
+) -> tuple[tf.Tensor, bool]:
     """``(loss, prescaled)``: ``loss`` divided by ``steps`` where that pays, else as it is.
 
     Where a window's count is known ahead (``steps``: the dataset loop,
@@ -861,7 +951,11 @@ def per_step_loss(loss, options, steps, variables):
     return tf.multiply(loss, tf.constant(1.0 / steps, loss.dtype), name="per_step"), True
 
 
-def gradients(loss, optimizer, var_list):
+def gradients(
+    loss: tf.Tensor,
+    optimizer: tf.compat.v1.train.Optimizer,
+    var_list: typing.Sequence[tf.Variable] | None,
+) -> list[tuple[Gradient, tf.Variable]]:
     """Returns ``(gradient, variable)`` pairs of ``loss``, without the None gradients.
 
     The ways in that compute the gradients themselves take them here; all of
@@ -874,7 +968,13 @@ def gradients(loss, optimizer, var_list):
     return _validate.usable_gradients(pairs, loss)
 
 
-def exclusive(mutex, scope, build, state, name=None):
+def exclusive(
+    mutex: tf.Tensor,
+    scope: str,
+    build: typing.Callable[[], tuple[typing.Any, typing.Any]],
+    state: typing.Callable[[], typing.Iterable[tf.Variable]],
+    name: str | None = None,
+) -> tuple[typing.Any, typing.Any]:
     """Builds what ``build()`` makes so that its runs hold a window's mutex.
 
     Every op that reads or changes the window's state (an add, an apply,
@@ -927,7 +1027,9 @@ def exclusive(mutex, scope, build, state, name=None):
     section = _section(created, finished, lock.op)
     _lock_before_state_reads(lock.op, section, state())
 
-    def after_release(t):
+    def after_release(
+        t: tf.Tensor | tf.Operation | None,
+    ) -> tf.Tensor | tf.Operation | None:
         if t is None:
             return None
         if isinstance(t, tf.Operation):
@@ -944,7 +1046,9 @@ def exclusive(mutex, scope, build, state, name=None):
 
 
 @contextlib.contextmanager
-def reference_control_flow(variables, references=False):
+def reference_control_flow(
+    variables: typing.Iterable[tf.Variable | None], references: bool = False
+) -> typing.Iterator[None]:
     """Builds ``tf.cond`` and ``tf.while_loop`` as version 1 control flow if needed.
 
     Version 2 control flow (functional ``If`` and ``While``, on by default
@@ -972,7 +1076,11 @@ def reference_control_flow(variables, references=False):
         tf.compat.v1.enable_control_flow_v2()
 
 
-def _section(created, finished, lock_op):
+def _section(
+    created: typing.Sequence[tf.Operation],
+    finished: typing.Sequence[tf.Tensor | tf.Operation],
+    lock_op: tf.Operation,
+) -> list[tf.Operation]:
     """The ops of ``created`` that running ``finished`` runs: the locked section.
 
     The others were built for other runs: a ``SyncReplicasOptimizer``'s chief
@@ -994,16 +1102,18 @@ def _section(created, finished, lock_op):
     return list(section.values())
 
 
-def _makes_state(op):
+def _makes_state(op: tf.Operation) -> bool:
     """Whether ``op`` creates a resource or a variable: takes no input, returns a handle."""
     return not op.inputs and any(
         t.dtype == tf.resource or t.dtype != t.dtype.base_dtype for t in op.outputs
     )
 
 
-def _ancestors(ops, names):
+def _ancestors(
+    ops: typing.Iterable[tf.Operation], names: typing.Container[str]
+) -> dict[str, tf.Operation]:
     """``ops`` and what they depend on, among the ops named in ``names``, by name."""
-    found = {}
+    found: dict[str, tf.Operation] = {}
     stack = list(ops)
     while stack:
         op = stack.pop()
@@ -1014,7 +1124,11 @@ def _ancestors(ops, names):
     return found
 
 
-def _lock_before_state_reads(lock_op, created, state):
+def _lock_before_state_reads(
+    lock_op: tf.Operation,
+    created: typing.Iterable[tf.Operation],
+    state: typing.Iterable[tf.Variable],
+) -> None:
     """Makes every op of ``created`` that reads the window's state wait for the lock.
 
     ``tf.control_dependencies([lock])`` reaches every op built inside it,
@@ -1032,7 +1146,7 @@ def _lock_before_state_reads(lock_op, created, state):
             op._add_control_input(lock_op)
 
 
-def _worker_device(pairs):
+def _worker_device(pairs: Pairs) -> str | None:
     """The gradients' device when the variables live on another job, else None.
 
     Under ``replica_device_setter`` variables go to ``/job:ps`` and every
@@ -1048,7 +1162,7 @@ def _worker_device(pairs):
     return None
 
 
-def _make_local(variables):
+def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
     """Moves ``variables`` from the global to the local variables collection.
 
     Each worker's ``local_init_op`` then initializes its own; the
@@ -1064,7 +1178,7 @@ def _make_local(variables):
         graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
 
 
-def _scales_loss(optimizer):
+def _scales_loss(optimizer: object) -> bool:
     """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer.
 
     Only a dynamic loss scale checks gradients for overflow; a fixed one
@@ -1078,7 +1192,7 @@ def _scales_loss(optimizer):
     return False
 
 
-def _write_of(total):
+def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
     """What an add's ``total`` waits on: the write itself, not a read of what it wrote.
 
     A resource variable's ``scatter_add`` returns an unread variable whose
@@ -1089,11 +1203,11 @@ def _write_of(total):
     return getattr(total, "_parent_op", total)
 
 
-def _values(gradient):
+def _values(gradient: Gradient) -> tf.Tensor:
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
-def _square_norms(values):
+def _square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
     """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
 
     A sparse gradient holds each touched row once, so the norm of its values
@@ -1106,10 +1220,10 @@ def _square_norms(values):
     exceeds the float32 range still has a finite norm.
     """
 
-    def squares(widen):
+    def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
         return [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
 
-    def at_least_float32(v):
+    def at_least_float32(v: tf.Tensor) -> tf.Tensor:
         return tf.cast(v, tf.float32) if v.dtype.base_dtype.size < 4 else v
 
     fast = squares(at_least_float32)
@@ -1124,7 +1238,7 @@ def _square_norms(values):
     return list(wide) if isinstance(wide, (list, tuple)) else [wide]
 
 
-def _accumulator_dtype(dtype):
+def _accumulator_dtype(dtype: tf.DType) -> tf.DType:
     """Float16 and bfloat16 sums lose precision: accumulate them in float32."""
     dtype = dtype.base_dtype
     return tf.float32 if dtype in (tf.float16, tf.bfloat16) else dtype
@@ -1134,12 +1248,12 @@ class _VariableAccumulator:
     """The accumulator of one variable with a dense gradient."""
 
     @staticmethod
-    def create(gradient, var):
+    def create(gradient: Gradient, var: tf.Variable) -> _VariableAccumulator:
         if isinstance(gradient, tf.IndexedSlices):
             return _SparseAccumulator(var)
         return _VariableAccumulator(var)
 
-    def __init__(self, var):
+    def __init__(self, var: tf.Variable) -> None:
         self.var = var
         self.shape = var.shape.as_list()
         self.dtype = _accumulator_dtype(var.dtype)
@@ -1150,7 +1264,9 @@ class _VariableAccumulator:
                 lambda: unfolded_zeros(self.shape, self.dtype), "accumulator"
             )
 
-    def add(self, gradient, weight=None, first=None):
+    def add(
+        self, gradient: Gradient, weight: tf.Tensor | None = None, first: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, ...]:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
 
         ``first`` (a bool tensor: the window holds no micro-batch yet) makes
@@ -1170,18 +1286,25 @@ class _VariableAccumulator:
             )
         return (total,)
 
-    def totals(self):
+    def totals(self) -> tuple[tf.Tensor, ...]:
         """Reads what `add` returns: the accumulator's value, in a tuple."""
         return (self.accumulator.read_value(),)
 
-    def window_sum(self, totals=None):
+    def window_sum(
+        self, totals: tuple[tf.Tensor, ...] | None = None
+    ) -> tuple[Gradient, tf.Tensor | None]:
         """``(sum, None)``: what the window holds, as the accumulator holds it.
 
         ``totals`` is what `add` returned, or None to read the accumulator.
         """
         return (self.accumulator.read_value() if totals is None else totals[0]), None
 
-    def finish(self, total, denominator=None, factor=None):
+    def finish(
+        self,
+        total: Gradient,
+        denominator: tf.Tensor | None = None,
+        factor: tf.Tensor | None = None,
+    ) -> Gradient:
         """The gradient the optimizer takes: ``total / denominator * factor``, in its dtype."""
         if denominator is not None:
             total = total / tf.cast(denominator, self.dtype)
@@ -1189,12 +1312,12 @@ class _VariableAccumulator:
             total = total * tf.cast(factor, self.dtype)
         return tf.cast(total, self.var.dtype.base_dtype)
 
-    def masked(self, totals, holds):
+    def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """``totals`` where the window ``holds`` a micro-batch, else zeros (even for NaN)."""
         keep = tf.cast(holds, self.dtype)
         return tuple(tf.math.multiply_no_nan(t, keep) for t in totals)
 
-    def reset(self, rows=None):
+    def reset(self, rows: tf.Tensor | None = None) -> tf.Operation:
         """Nothing to do: the window's next add assigns (see `add`).
 
         Writing zeros would cost a pass over the parameters and, worse, a
@@ -1204,7 +1327,7 @@ class _VariableAccumulator:
         del rows
         return tf.no_op()
 
-    def _scaled(self, values, weight):
+    def _scaled(self, values: tf.Tensor, weight: tf.Tensor | None) -> tf.Tensor:
         values = tf.cast(values, self.dtype)
         if weight is None:
             return values
@@ -1221,14 +1344,16 @@ class _SparseAccumulator(_VariableAccumulator):
     accumulator are always zero.
     """
 
-    def __init__(self, var):
+    def __init__(self, var: tf.Variable) -> None:
         super().__init__(var)
         with tf.compat.v1.name_scope(var.op.name + "/"):
             self.touched = state_variable(
                 lambda: unfolded_zeros(self.shape[:1], self.dtype), "accumulator_touched"
             )
 
-    def add(self, gradient, weight=None, first=None):
+    def add(
+        self, gradient: Gradient, weight: tf.Tensor | None = None, first: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, ...]:
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
 
         The rows a window touches are zeroed by its reset, so the accumulator
@@ -1252,29 +1377,36 @@ class _SparseAccumulator(_VariableAccumulator):
             touched,
         )
 
-    def totals(self):
+    def totals(self) -> tuple[tf.Tensor, ...]:
         return (self.accumulator.read_value(), self.touched.read_value())
 
-    def _rows(self, touched=None):
+    def _rows(self, touched: tf.Tensor | None = None) -> tf.Tensor:
         touched = self.touched.read_value() if touched is None else touched
         return tf.reshape(tf.where(touched > 0), [-1])
 
-    def window_sum(self, totals=None):
+    def window_sum(
+        self, totals: tuple[tf.Tensor, ...] | None = None
+    ) -> tuple[Gradient, tf.Tensor | None]:
         """``(IndexedSlices of the touched rows' sums, those rows)``."""
         accumulator, touched = (self.accumulator, None) if totals is None else totals
         rows = self._rows(touched)
         dense_shape = tf.constant(self.shape, tf.int64)
         return tf.IndexedSlices(tf.gather(accumulator, rows), rows, dense_shape), rows
 
-    def finish(self, total, denominator=None, factor=None):
+    def finish(
+        self,
+        total: Gradient,
+        denominator: tf.Tensor | None = None,
+        factor: tf.Tensor | None = None,
+    ) -> Gradient:
         values = super().finish(total.values, denominator, factor)
         return tf.IndexedSlices(values, total.indices, total.dense_shape)
 
-    def masked(self, totals, holds):
+    def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
         del holds  # untouched rows are zero, and an empty window touches none
         return totals
 
-    def reset(self, rows=None):
+    def reset(self, rows: tf.Tensor | None = None) -> tf.Operation:
         rows = self._rows() if rows is None else rows
         row_shape = tf.constant(self.shape[1:], tf.int32)
         zeros = tf.zeros(tf.concat([tf.shape(rows), row_shape], 0), self.dtype)
