@@ -18,7 +18,7 @@ import typing
 import numpy as np
 import tensorflow as tf
 
-from tf1_accum import _checks
+from tf1_accum import _validate
 from tf1_accum import _keras
 from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._window import window_options
@@ -61,7 +61,7 @@ def _check_wrapped(optimizer):
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
             "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers."
-            f"legacy.Adam, ...), got {_checks.describe(optimizer)}. A tf.compat.v1."
+            f"legacy.Adam, ...), got {_validate.describe(optimizer)}. A tf.compat.v1."
             "train optimizer goes in tf1_accum.AccumulationOptimizer instead (model."
             "save() keeps none of its state); to save with model.save(), use its "
             "tf_keras.optimizers.legacy counterpart here."
@@ -72,14 +72,14 @@ def _check_wrapped(optimizer):
     if _keras.is_legacy_keras_optimizer(optimizer):
         name = type(optimizer).__name__
         raise TypeError(
-            f"optimizer must be a tf_keras legacy optimizer, got {_checks.describe(optimizer)}, "
+            f"optimizer must be a tf_keras legacy optimizer, got {_validate.describe(optimizer)}, "
             f"a Keras 2 optimizer of another package. Use tf_keras.optimizers.legacy.{name} "
             "(from the tf_keras package, the Keras of TF_USE_LEGACY_KERAS=1), or wrap "
             "this one in tf1_accum.AccumulationOptimizer."
         )
     raise TypeError(
         "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-        f"...), got {_checks.describe(optimizer)}.{_keras.refusal_hint(optimizer)}"
+        f"...), got {_validate.describe(optimizer)}.{_keras.refusal_hint(optimizer)}"
     )
 
 
@@ -171,7 +171,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         **kwargs: typing.Any,
     ) -> None:
         _check_wrapped(optimizer)
-        _checks.check_steps(steps)
+        _validate.check_steps(steps)
         window_options(average, None, clip_norm, skip_nonfinite, [])
         if kwargs:
             raise TypeError(
@@ -253,7 +253,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 graph, or weights set before (by ``load_model``) do not match
                 the window.
         """
-        _checks.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
+        _validate.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
         graph = tf.compat.v1.get_default_graph()
         if any(g is graph for g, _, _ in self._built):
             raise ValueError(

@@ -435,7 +435,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
-                cross_replica=self._cross_replica and self._cross_replica._reducer(),
+                cross_replica=(
+                    None if self._cross_replica is None else self._cross_replica._reducer()
+                ),
             )
         # The train op and the flush each hold the window's mutex while they
         # run (see Window.exclusive): threads running the train op on one
