@@ -139,6 +139,10 @@ class WayIn:
         if capability in self.cannot:
             pytest.skip(f"{self.name}: {self.cannot[capability]}")
 
+    def make_input(self, data):
+        """What `build` makes of ``data`` for the model: placeholders shaped like a micro-batch."""
+        return placeholders_for(data[0])
+
     def build(self, model_fn, optimizer, data, steps, *, weight=None, global_step=None, **options):
         """Builds the way on the model that ``model_fn`` makes.
 
@@ -199,7 +203,7 @@ class _Built(WayIn):
     fused = False
 
     def build(self, model_fn, optimizer, data, steps, *, weight=None, global_step=None, **options):
-        inputs = placeholders_for(data[0])
+        inputs = self.make_input(data)
         loss = model_fn(inputs)
         acc = tf1_accum.build_accumulation(
             loss,
@@ -270,7 +274,7 @@ class Optimizer(WayIn):
     cannot = {"report_window_loss": "its loss is a micro-batch's"}
 
     def build(self, model_fn, optimizer, data, steps, *, weight=None, global_step=None, **options):
-        inputs = placeholders_for(data[0])
+        inputs = self.make_input(data)
         loss = model_fn(inputs)
         wrapper = tf1_accum.AccumulationOptimizer(
             optimizer, steps, weight=None if weight is None else weight(inputs), **options
@@ -308,11 +312,14 @@ class Dataset(WayIn):
         "feed_window_ops": "its window is one run, fed nothing",
     }
 
+    def make_input(self, data):
+        return dataset_of(data)
+
     def build(self, model_fn, optimizer, data, steps, *, weight=None, global_step=None, **options):
         acc = tf1_accum.build_dataset_accumulation(
             model_fn,
             optimizer,
-            dataset_of(data),
+            self.make_input(data),
             steps,
             global_step=global_step,
             weight=weight,

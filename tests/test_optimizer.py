@@ -11,6 +11,7 @@ from _helpers import assert_same_values
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -424,35 +425,63 @@ def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
             assert opt.applied.graph is graph
 
 
-@pytest.mark.parametrize("way", ["build_accumulation", "minimize", "apply_gradients"])
-def test_a_global_step_of_another_graph_is_refused_before_anything_is_built(way):
-    """It was refused after about 120 ops, without naming global_step, and slots stayed taken."""
-    with tf.Graph().as_default():
-        other_step = v1.train.get_or_create_global_step()
+_ANOTHER_GRAPHS_STEP = (
+    r"global_step must be a variable of the loss's graph, got global_step of "
+    r"another graph\. Create it in the graph you build in"
+)
 
-    def build(step):
-        optimizer = v1.train.AdamOptimizer(0.1)
-        if way == "build_accumulation":
-            return tf1_accum.build_accumulation(model.loss, optimizer, global_step=step)
-        opt = tf1_accum.AccumulationOptimizer(optimizer, 2)
-        if way == "minimize":
-            return opt.minimize(model.loss, global_step=step)
-        pairs = [(tf.ones_like(v), v) for v in v1.trainable_variables()]
-        return opt.apply_gradients(pairs, global_step=step)
 
-    with tf.Graph().as_default() as graph:
-        model = Model(tf.float32, False)
-        ops = len(graph.get_operations())
-        with pytest.raises(
-            ValueError,
-            match=r"global_step must be a variable of the loss's graph, got global_step of "
-            r"another graph\. Create it in the graph you build in",
-        ):
-            build(other_step)
-        if way != "apply_gradients":
-            assert len(graph.get_operations()) == ops
-        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
-        build(v1.train.get_or_create_global_step())
-        names = {v.op.name for v in tf1_accum.plain_variables()}
+def _assert_adam_state_made_once():
+    names = {v.op.name for v in tf1_accum.plain_variables()}
     assert {"w1/Adam", "w1/Adam_1", "beta1_power", "beta2_power"} <= names
     assert not any(name.endswith(("Adam_2", "power_1")) for name in names)
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_global_step_of_another_graph_is_refused_before_anything_is_built(way):
+    """It was refused after about 120 ops, without naming global_step, and slots stayed taken.
+
+    The refusal adds no op to those of the model and its input.
+    """
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+    data = make_batches(tf.float32, False, 2, 3)
+    with tf.Graph().as_default() as graph:
+        made = {}
+
+        def model_fn(inputs):
+            if "model" not in made:  # the refused build made it: the next one reuses it
+                made["model"] = Model(tf.float32, False, inputs=inputs[0], labels=inputs[1])
+                made["ops"] = len(graph.get_operations())
+            return made["model"].loss
+
+        step = v1.train.get_or_create_global_step()
+        ops = len(graph.get_operations())
+        with tf.Graph().as_default() as scratch:
+            way.make_input(data)  # the way's input: placeholders, or the dataset loop's data
+        ops += len(scratch.get_operations())
+        with pytest.raises(ValueError, match=_ANOTHER_GRAPHS_STEP):
+            way.build(model_fn, v1.train.AdamOptimizer(0.1), data, 2, global_step=other_step)
+        # Nothing besides the input and the model (if the way made it first).
+        assert len(graph.get_operations()) == made.get("ops", ops)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        way.build(model_fn, v1.train.AdamOptimizer(0.1), data, 2, global_step=step)
+        _assert_adam_state_made_once()
+
+
+def test_apply_gradients_refuses_a_global_step_of_another_graph_before_making_state():
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+    with tf.Graph().as_default():
+        Model(tf.float32, False)
+        pairs = [(tf.ones_like(v), v) for v in v1.trainable_variables()]
+
+        def build(step):
+            opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.1), 2)
+            return opt.apply_gradients(pairs, global_step=step)
+
+        with pytest.raises(ValueError, match=_ANOTHER_GRAPHS_STEP):
+            build(other_step)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        build(v1.train.get_or_create_global_step())
+        _assert_adam_state_made_once()
