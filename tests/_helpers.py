@@ -43,6 +43,12 @@ OPTIMIZERS = {
 # difference over the largest magnitude, see relative_error) between
 # accumulated and large-batch training.
 RTOL = {tf.float64: 1e-10, tf.float32: 1e-5}
+# The same, 1e-6 in float32, where the accumulated window and the large batch
+# add the same float32 numbers in another order and nothing else differs (the
+# equivalence grid, weighted windows, loss scaling): the largest error
+# measured there is 5.5e-7, in every graph mode. Float32 tests not measured
+# against 1e-6 (Keras, Horovod, threads, the distributed ways) keep RTOL.
+RTOL_TIGHT = {tf.float64: 1e-10, tf.float32: 1e-6}
 
 VOCAB = 30  # embedding rows; ids are drawn from the first 20 only
 FEATURES = 4
@@ -305,7 +311,7 @@ def check_equivalence(optimizer_name, dtype, sparse, path, windows=3, n=4, b=5):
         assert_same_values(
             got,
             want,
-            RTOL[dtype],
+            RTOL_TIGHT[dtype],
             f"{optimizer_name}, {dtype.name}, {'sparse' if sparse else 'dense'}, "
             f"{path}: window {w}",
         )
@@ -323,7 +329,7 @@ def check_short_window(optimizer_name, path, sizes=(4, 4, 2), dtype=tf.float64, 
     )
     assert len(actual) == len(expected) == len(sizes)
     for w, (got, want) in enumerate(zip(actual, expected)):
-        assert_same_values(got, want, RTOL[dtype], f"{path}: window {w} of sizes {sizes}")
+        assert_same_values(got, want, RTOL_TIGHT[dtype], f"{path}: window {w} of sizes {sizes}")
         assert got["global_step"] == w + 1
 
 

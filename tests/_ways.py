@@ -113,7 +113,9 @@ class WayIn:
             need: ``"fetch_at_apply"`` (``run_window(fetch=...)`` evaluates a
             tensor in the apply run), ``"observe_micro_batches"``
             (``run_window(between=...)`` is called between the micro-batches
-            of a window), ``"report_window_loss"`` (``Built.window_loss``).
+            of a window), ``"report_window_loss"`` (``Built.window_loss``),
+            ``"feed_window_ops"`` (`window_ops`: a program can run the
+            window's ops itself, fed one micro-batch each).
         keeps_window_on_error: a micro-batch run that fails leaves the window
             open, holding the micro-batches before it (False: the way
             discards the whole window, as ``run_accumulation`` does).

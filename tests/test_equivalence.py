@@ -2,7 +2,7 @@
 
 N accumulated micro-batches, then the apply, must equal one step of the plain
 optimizer on the N micro-batches joined, window after window, for every
-optimizer, in float64 (1e-10 relative) and float32 (1e-5), with dense and
+optimizer, in float64 (1e-10 relative) and float32 (1e-6), with dense and
 with sparse (embedding) gradients, through each way in:
 
 * ``ops``: ``build_accumulation``'s ``accum_op`` per micro-batch, then ``apply_op``;

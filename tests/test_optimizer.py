@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 import tf1_accum
-from _helpers import RTOL
+from _helpers import RTOL_TIGHT
 from _helpers import Model
 from _helpers import assert_same_values
 from _helpers import concat
@@ -119,7 +119,7 @@ def test_minimize_accumulates_each_gradient_divided_by_steps(how, dtype, divided
         expected = (2.0 * 0.5) * expected
     if divided:
         expected = expected / steps
-    np.testing.assert_allclose(got, expected, rtol=RTOL[dtype])
+    np.testing.assert_allclose(got, expected, rtol=RTOL_TIGHT[dtype])
 
 
 def test_monitored_training_session_with_its_hooks(tmp_path):
@@ -157,7 +157,7 @@ def test_monitored_training_session_with_its_hooks(tmp_path):
         with v1.Session() as sess:
             v1.train.Saver().restore(sess, path)  # the plain graph reads the checkpoint
             restored = values_by_name(sess, v1.global_variables())
-    assert_same_values(restored, expected, RTOL[tf.float32], "after MonitoredTrainingSession")
+    assert_same_values(restored, expected, RTOL_TIGHT[tf.float32], "after MonitoredTrainingSession")
     assert restored["global_step"] == updates
 
 
@@ -184,7 +184,7 @@ def test_outermost_over_a_mixed_precision_loss_scale_optimizer():
             for window in (batches[:3], batches[3:]):
                 sess.run(train_op, model.feed(concat(window)))
             expected = values_by_name(sess, v1.global_variables())
-    assert_same_values(got, expected, RTOL[tf.float32], "loss-scaled Adam, 2 windows")
+    assert_same_values(got, expected, RTOL_TIGHT[tf.float32], "loss-scaled Adam, 2 windows")
 
 
 @pytest.mark.parametrize(
@@ -412,7 +412,7 @@ def test_two_minimize_calls_flush_op_flushes_both_windows():
     assert set(got) == set(expected)
     for name in ("a/w1", "b/w1"):
         assert not np.allclose(before[name], expected[name]), name
-    assert_same_values(got, expected, RTOL[dtype], "flush_op after two minimize calls")
+    assert_same_values(got, expected, RTOL_TIGHT[dtype], "flush_op after two minimize calls")
 
 
 def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import tf1_accum
 from _helpers import OPTIMIZERS
-from _helpers import RTOL
+from _helpers import RTOL_TIGHT
 from _helpers import Model
 from _helpers import assert_same_values
 from _helpers import make_batches
@@ -56,7 +56,10 @@ def test_weighted_micro_batches_equal_one_batch_of_32(optimizer_name, dtype, spa
     actual = _weighted_training(optimizer_name, dtype, sparse, windows, way)
     for w, (got, want) in enumerate(zip(actual, expected)):
         assert_same_values(
-            got, want, RTOL[dtype], f"{optimizer_name}, {dtype.name}, {way}, weighted: window {w}"
+            got,
+            want,
+            RTOL_TIGHT[dtype],
+            f"{optimizer_name}, {dtype.name}, {way}, weighted: window {w}",
         )
 
 
@@ -522,5 +525,7 @@ def test_tiny_weights_train_a_float32_model_exactly(weight_dtype, factor, loss_s
     expected = _plain_scaled(tf.float32, loss_scale, windows)
     actual = _scaled_weight_training(tf.float32, weight_dtype, factor, loss_scale, windows, way)
     for w, (got, want) in enumerate(zip(actual, expected)):
-        assert_same_values(got, want, RTOL[tf.float32], f"{factor:g} weights, {way}: window {w}")
+        assert_same_values(
+            got, want, RTOL_TIGHT[tf.float32], f"{factor:g} weights, {way}: window {w}"
+        )
     assert got["global_step"] == 2
