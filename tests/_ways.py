@@ -24,7 +24,6 @@ The ways:
 import typing
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 import tf1_accum
@@ -139,6 +138,8 @@ class WayIn:
     def require(self, capability):
         """Skips the test, saying why, if this way lacks ``capability``."""
         if capability in self.cannot:
+            import pytest  # only here: worker processes import this module without pytest
+
             pytest.skip(f"{self.name}: {self.cannot[capability]}")
 
     def make_input(self, data):
