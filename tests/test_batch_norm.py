@@ -16,12 +16,12 @@ import tf1_accum
 from _helpers import FEATURES
 from _helpers import HIDDEN
 from _helpers import make_batches
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
 MOMENTUM = 0.75  # 1 - momentum is exact in float32, in which the layer computes it
 STEPS = 3
-PATHS = ["ops", "helper", "fused", "optimizer", "dataset"]
 
 
 def _model(inputs=None, labels=None):
@@ -61,46 +61,25 @@ def _expected_statistics(batches):
     return mean, variance
 
 
-def _train(path, windows, update_ops=None):
-    """Trains through ``path``; returns the moving statistics after each window."""
+def _train(way, windows, update_ops=None):
+    """Trains through ``way``; returns the moving statistics after each window."""
     kwargs = {} if update_ops is None else {"update_ops": update_ops}
     with tf.Graph().as_default() as graph:
         step = v1.train.get_or_create_global_step()
-        opt = v1.train.AdamOptimizer(0.05)
-        if path == "dataset":
-            batches = [b for window in windows for b in window]
-            dataset = tf.data.Dataset.from_tensor_slices(
-                tuple(np.stack(part) for part in zip(*batches))
-            )
-            acc = tf1_accum.build_dataset_accumulation(
-                lambda b: _model(b[0], b[1])[2], opt, dataset, STEPS, global_step=step, **kwargs
-            )
-        else:
-            x, y, loss = _model()
-            if path == "optimizer":
-                wrapper = tf1_accum.AccumulationOptimizer(opt, STEPS, **kwargs)
-                train_op = wrapper.minimize(loss, global_step=step)
-            else:
-                acc = tf1_accum.build_accumulation(
-                    loss, opt, global_step=step, fused=path == "fused", **kwargs
-                )
+        built = way.build(
+            lambda b: _model(b[0], b[1])[2],
+            v1.train.AdamOptimizer(0.05),
+            [b for window in windows for b in window],
+            STEPS,
+            global_step=step,
+            **kwargs,
+        )
         moving = _moving(graph)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             results = []
             for window in windows:
-                feeds = [{x: b[0], y: b[1]} for b in window] if path != "dataset" else None
-                if path == "ops":
-                    for feed in feeds:
-                        sess.run(acc.accum_op, feed)
-                    sess.run(acc.apply_op)
-                elif path in ("helper", "fused"):
-                    tf1_accum.run_accumulation(sess, acc, feeds)
-                elif path == "optimizer":
-                    for feed in feeds:
-                        sess.run(train_op, feed)
-                else:
-                    sess.run(acc.train_op)
+                way.run_window(sess, built, window)
                 results.append(sess.run(moving))
             assert sess.run(step) == len(windows)  # the windows were applied
     return results
@@ -111,16 +90,16 @@ def _windows(count=2):
     return [batches[i * STEPS : (i + 1) * STEPS] for i in range(count)]
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_moving_statistics_see_each_micro_batch_once(path):
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_moving_statistics_see_each_micro_batch_once(way):
     windows = _windows()
-    got = _train(path, windows)
+    got = _train(way, windows)
     for w, (mean, variance) in enumerate(got):
         seen = [b for window in windows[: w + 1] for b in window]
         want_mean, want_variance = _expected_statistics(seen)
-        np.testing.assert_allclose(mean, want_mean, rtol=1e-12, err_msg=f"{path}, window {w}")
+        np.testing.assert_allclose(mean, want_mean, rtol=1e-12, err_msg=f"{way}, window {w}")
         np.testing.assert_allclose(
-            variance, want_variance, rtol=1e-12, err_msg=f"{path}, window {w}"
+            variance, want_variance, rtol=1e-12, err_msg=f"{way}, window {w}"
         )
     # Neither the large batch's statistics nor one update too many.
     big = _expected_statistics([tuple(np.concatenate(p) for p in zip(*windows[0]))])
@@ -129,9 +108,9 @@ def test_moving_statistics_see_each_micro_batch_once(path):
     assert not np.allclose(got[0][0], extra[0], rtol=1e-3)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_an_empty_list_runs_no_update(path):
-    mean, variance = _train(path, _windows(1), update_ops=[])[0]
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_an_empty_list_runs_no_update(way):
+    mean, variance = _train(way, _windows(1), update_ops=[])[0]
     np.testing.assert_array_equal(mean, np.zeros(FEATURES))
     np.testing.assert_array_equal(variance, np.ones(FEATURES))
 

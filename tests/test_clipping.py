@@ -1,4 +1,4 @@
-"""clip_norm: the window's gradient is clipped by its global norm, in every path."""
+"""clip_norm: the window's gradient is clipped by its global norm, in every way in."""
 
 import numpy as np
 import pytest
@@ -12,6 +12,7 @@ from _helpers import assert_same_values
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -41,68 +42,63 @@ def _plain_clipped(optimizer_name, dtype, sparse, windows):
     return values, norms
 
 
-def _accumulated_clipped(optimizer_name, dtype, sparse, windows, path):
-    n = len(windows[0])
+def _accumulated_clipped(optimizer_name, dtype, sparse, windows, way, fetch_norm=False):
+    """Values after each window, and the norms read in the apply runs (if ``fetch_norm``)."""
     with tf.Graph().as_default():
         step = v1.train.get_or_create_global_step()
-        opt = OPTIMIZERS[optimizer_name](dtype)
-        if path == "dataset":
-            batches = [b for window in windows for b in window]
-            dataset = tf.data.Dataset.from_tensor_slices(
-                tuple(np.stack(part) for part in zip(*batches))
-            )
-            acc = tf1_accum.build_dataset_accumulation(
-                lambda b: Model(dtype, sparse, inputs=b[0], labels=b[1]).loss,
-                opt,
-                dataset,
-                n,
-                global_step=step,
-                clip_norm=CLIP,
-            )
-        else:
-            model = Model(dtype, sparse)
-            if path == "optimizer":
-                wrapper = tf1_accum.AccumulationOptimizer(opt, n, clip_norm=CLIP)
-                train_op = wrapper.minimize(model.loss, global_step=step)
-            else:
-                acc = tf1_accum.build_accumulation(
-                    model.loss, opt, global_step=step, clip_norm=CLIP, fused=path == "fused"
-                )
+        built = way.build(
+            lambda b: Model(dtype, sparse, inputs=b[0], labels=b[1]).loss,
+            OPTIMIZERS[optimizer_name](dtype),
+            [b for window in windows for b in window],
+            len(windows[0]),
+            global_step=step,
+            clip_norm=CLIP,
+        )
+        fetch = built.global_norm if fetch_norm else None
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             values, norms = [], []
             for window in windows:
-                if path == "dataset":
-                    _, norm = sess.run([acc.train_op, acc.global_norm])
-                elif path == "optimizer":
-                    for batch in window:
-                        _, norm = sess.run([train_op, wrapper.global_norm], model.feed(batch))
-                elif path == "ops":
-                    for batch in window:
-                        sess.run(acc.accum_op, model.feed(batch))
-                    _, norm = sess.run([acc.apply_op, acc.global_norm])
-                else:  # fused: the norm is not fetched in this path
-                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
-                    norm = None
+                norms.append(way.run_window(sess, built, window, fetch=fetch))
                 values.append(values_by_name(sess, v1.global_variables()))
-                norms.append(norm)
     return values, norms
 
 
-@pytest.mark.parametrize("path", ["ops", "fused", "optimizer", "dataset"])
+def _clipped_windows(optimizer_name, sparse):
+    """Two windows of 4 micro-batches, and large-batch training on them clipped."""
+    batches = make_batches(tf.float64, sparse, 8, 5)
+    windows = [batches[:4], batches[4:]]
+    expected, expected_norms = _plain_clipped(optimizer_name, tf.float64, sparse, windows)
+    assert min(expected_norms) > 2 * CLIP  # the clipping really acts
+    return windows, expected, expected_norms
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
-def test_clipped_window_equals_clipped_large_batch(optimizer_name, sparse, path):
-    dtype = tf.float64
-    batches = make_batches(dtype, sparse, 8, 5)
-    windows = [batches[:4], batches[4:]]
-    expected, expected_norms = _plain_clipped(optimizer_name, dtype, sparse, windows)
-    actual, norms = _accumulated_clipped(optimizer_name, dtype, sparse, windows, path)
-    assert min(expected_norms) > 2 * CLIP  # the clipping really acts
+def test_clipped_window_equals_clipped_large_batch(optimizer_name, sparse, way):
+    windows, expected, _ = _clipped_windows(optimizer_name, sparse)
+    actual, _ = _accumulated_clipped(optimizer_name, tf.float64, sparse, windows, way)
     for w, (got, want) in enumerate(zip(actual, expected)):
-        assert_same_values(got, want, RTOL[dtype], f"{optimizer_name}, {path}, clipped: window {w}")
-        if norms[w] is not None:
-            np.testing.assert_allclose(norms[w], expected_norms[w], rtol=1e-12)
+        assert_same_values(
+            got, want, RTOL[tf.float64], f"{optimizer_name}, {way}, clipped: window {w}"
+        )
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.parametrize("optimizer_name", ["sgd", "adam"])
+def test_the_apply_reports_the_norm_before_clipping(optimizer_name, sparse, way):
+    way.require("fetch_at_apply")
+    windows, expected, expected_norms = _clipped_windows(optimizer_name, sparse)
+    actual, norms = _accumulated_clipped(
+        optimizer_name, tf.float64, sparse, windows, way, fetch_norm=True
+    )
+    for w, (got, want) in enumerate(zip(actual, expected)):
+        assert_same_values(
+            got, want, RTOL[tf.float64], f"{optimizer_name}, {way}, clipped: window {w}"
+        )
+    np.testing.assert_allclose(norms, expected_norms, rtol=1e-12)
 
 
 def test_global_norm_without_clipping_and_zero_in_accumulating_runs():

@@ -21,6 +21,8 @@ from _helpers import assert_same_values
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
+from _ways import BY_NAME
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -147,7 +149,6 @@ STYLES = {
 # Optimizers whose apply_gradients leaves global_step alone: plain training
 # increments it by hand, as BERT's loop does.
 IGNORES_GLOBAL_STEP = {"bert", "lars"}
-WAYS = ["ops", "fused", "optimizer", "dataset"]
 SIZES = (3, 3, 2)  # three windows, the last one short
 STEPS = 3
 
@@ -170,37 +171,22 @@ def _plain(style, windows, sparse=False):
     return values
 
 
-def _dataset(batches):
-    return tf.data.Dataset.from_tensor_slices(tuple(np.stack(part) for part in zip(*batches)))
-
-
 def _accumulated(style, way, windows, sparse=False):
     """Trains through ``way``; values of the plain variables after each window.
 
-    Asserts that no variable moves before a window's apply, and that the
-    optimizer's state exists once, made outside any control flow.
+    Asserts that no variable moves before a window's apply (where the way
+    runs micro-batches one by one), and that the optimizer's state exists
+    once, made outside any control flow.
     """
-    batches = [b for window in windows for b in window]
     with tf.Graph().as_default() as graph:
         step = v1.train.get_or_create_global_step()
-        opt = STYLES[style]()
-        if way == "dataset":
-            acc = tf1_accum.build_dataset_accumulation(
-                lambda b: Model(tf.float64, sparse, inputs=b[0], labels=b[1]).loss,
-                opt,
-                _dataset(batches),
-                STEPS,
-                global_step=step,
-            )
-        else:
-            model = Model(tf.float64, sparse)
-            if way == "optimizer":
-                wrapper = tf1_accum.AccumulationOptimizer(opt, STEPS)
-                train_op = wrapper.minimize(model.loss, global_step=step)
-            else:
-                acc = tf1_accum.build_accumulation(
-                    model.loss, opt, global_step=step, fused=way == "fused"
-                )
+        built = way.build(
+            lambda b: Model(tf.float64, sparse, inputs=b[0], labels=b[1]).loss,
+            STYLES[style](),
+            [b for window in windows for b in window],
+            STEPS,
+            global_step=step,
+        )
         names = [v.op.name for v in v1.global_variables()]
         assert len(names) == len(set(names)), names
         for v in v1.global_variables():
@@ -212,25 +198,17 @@ def _accumulated(style, way, windows, sparse=False):
             values = []
             for w, window in enumerate(windows):
                 before = values_by_name(sess, plain)
-                if way == "dataset":
-                    sess.run(acc.train_op)
-                elif way == "fused":
-                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in window])
-                else:
-                    for i, batch in enumerate(window):
-                        if i:
-                            moved = values_by_name(sess, plain)
-                            assert_same_values(moved, before, 0.0, f"window {w}, before apply")
-                        sess.run(acc.accum_op if way == "ops" else train_op, model.feed(batch))
-                    if way == "ops":
-                        sess.run(acc.apply_op)
-                    elif len(window) < STEPS:
-                        sess.run(wrapper.flush_op)
+
+                def unmoved(w=w, before=before):
+                    moved = values_by_name(sess, plain)
+                    assert_same_values(moved, before, 0.0, f"window {w}, before apply")
+
+                way.run_window(sess, built, window, between=unmoved)
                 values.append(values_by_name(sess, plain))
     return values
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAYS, ids=str)
 @pytest.mark.parametrize("style", sorted(STYLES))
 def test_equals_large_batch_training_and_global_step_counts_updates(style, way):
     batches = make_batches(tf.float64, False, sum(SIZES), 4)
@@ -252,7 +230,7 @@ def test_sparse_gradients_through_the_optimizer(style):
     starts = np.cumsum((0,) + SIZES)
     windows = [batches[a:b] for a, b in zip(starts[:-1], starts[1:])]
     expected = _plain(style, windows, sparse=True)[1:]
-    got = _accumulated(style, "optimizer", windows, sparse=True)
+    got = _accumulated(style, BY_NAME["optimizer"], windows, sparse=True)
     for w, (values, want) in enumerate(zip(got, expected)):
         assert_same_values(values, want, RTOL[tf.float64], f"{style}, sparse: window {w}")
         assert values["global_step"] == w + 1
@@ -263,7 +241,7 @@ def _poisoned(batch):
     return inputs, np.full_like(labels, np.nan)
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAYS, ids=str)
 @pytest.mark.parametrize("style", ["bert", "lamb", "adam"])
 def test_a_skipped_window_moves_nothing_not_even_global_step(style, way):
     batches = make_batches(tf.float64, False, 2 * STEPS, 4)
@@ -315,25 +293,16 @@ class NewStateEachCall(AdamWeightDecay):
 
 
 def _build(way, opt):
-    step = v1.train.get_or_create_global_step()
-    if way == "dataset":
-        batches = make_batches(tf.float64, False, 2, 3)
-        tf1_accum.build_dataset_accumulation(
-            lambda b: Model(tf.float64, False, inputs=b[0], labels=b[1]).loss,
-            opt,
-            _dataset(batches),
-            2,
-            global_step=step,
-        )
-        return
-    model = Model(tf.float64, False)
-    if way == "optimizer":
-        tf1_accum.AccumulationOptimizer(opt, 2).minimize(model.loss, global_step=step)
-    else:
-        tf1_accum.build_accumulation(model.loss, opt, global_step=step, fused=way == "fused")
+    way.build(
+        lambda b: Model(tf.float64, False, inputs=b[0], labels=b[1]).loss,
+        opt,
+        make_batches(tf.float64, False, 2, 3),
+        2,
+        global_step=v1.train.get_or_create_global_step(),
+    )
 
 
-@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("way", WAYS, ids=str)
 def test_state_made_from_a_tensor_inside_the_apply_is_refused_at_build_time(way):
     with tf.Graph().as_default():
         with pytest.raises(
@@ -344,7 +313,7 @@ def test_state_made_from_a_tensor_inside_the_apply_is_refused_at_build_time(way)
             _build(way, TensorInitialValue())
 
 
-@pytest.mark.parametrize("way", ["fused", "optimizer"])
+@pytest.mark.parametrize("way", [BY_NAME["fused"], BY_NAME["optimizer"]], ids=str)
 def test_different_state_in_each_build_is_refused_at_build_time(way):
     with tf.Graph().as_default():
         with pytest.raises(
@@ -370,10 +339,10 @@ def test_a_model_variable_is_not_handed_to_a_later_build():
 
     with tf.Graph().as_default():
         with pytest.raises(ValueError, match="the first build created no variable 'w2'"):
-            _build("optimizer", ReadsAnotherVariable(0.1))
+            _build(BY_NAME["optimizer"], ReadsAnotherVariable(0.1))
 
 
-@pytest.mark.parametrize("way", ["fused", "optimizer"])
+@pytest.mark.parametrize("way", [BY_NAME["fused"], BY_NAME["optimizer"]], ids=str)
 @pytest.mark.parametrize("style", ["lamb", "adam"])
 def test_an_optimizer_that_increments_global_step_advances_it_once_in_every_window(style, way):
     """Forward, gradients, the optimizer's increment and the library's share one run.

@@ -2,7 +2,7 @@
 
 N accumulated micro-batches, then the apply, must equal one step of the plain
 optimizer on the N micro-batches joined, window after window, for every
-optimizer, in float64 (1e-10 relative) and float32 (1e-5), with dense and
+optimizer, in float64 (1e-10 relative) and float32 (1e-6), with dense and
 with sparse (embedding) gradients, through each way in:
 
 * ``ops``: ``build_accumulation``'s ``accum_op`` per micro-batch, then ``apply_op``;
@@ -12,23 +12,25 @@ with sparse (embedding) gradients, through each way in:
 * ``dataset``: ``build_dataset_accumulation``'s train op, one window per run.
 
 Where the way in runs one micro-batch at a time (``ops``, ``optimizer``), no
-variable may move before the apply. The plain reference is trained once per
-process and configuration (tests/_helpers.py).
+variable may move before the apply. The ways are those of tests/_ways.py; the
+plain reference is trained once per process and configuration
+(tests/_helpers.py).
 """
 
 import pytest
 import tensorflow as tf
 
 from _helpers import OPTIMIZERS
-from _helpers import WAYS_IN
 from _helpers import check_equivalence
 from _helpers import check_short_window
+from _ways import BY_NAME
+from _ways import WAYS
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=lambda d: d.name)
 @pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
-@pytest.mark.parametrize("way", WAYS_IN)
+@pytest.mark.parametrize("way", WAYS, ids=str)
 def test_equals_large_batch_training(way, optimizer_name, dtype, sparse):
     check_equivalence(optimizer_name, dtype, sparse, path=way)
 
@@ -52,7 +54,7 @@ def test_a_short_last_window_is_applied_with_its_true_count(way, optimizer_name,
     check_short_window(optimizer_name, way, sizes=sizes, sparse=sparse, b=b)
 
 
-@pytest.mark.parametrize("way", ["fused", "optimizer"])
+@pytest.mark.parametrize("way", [BY_NAME["fused"], BY_NAME["optimizer"]], ids=str)
 def test_many_windows_in_one_run_each_never_race(way):
     """Where forward, gradients and update share one session.run, order holds.
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import tf1_accum
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -29,38 +29,19 @@ ROOT = HERE.parent
 STEPS = 3  # micro-batches per window
 
 
-def _model():
+def _model(x, labels):
     rng = np.random.RandomState(0)
-    x = v1.placeholder(tf.float32, [None, 4], name="x")
-    labels = v1.placeholder(tf.float32, [None, 1], name="labels")
     w1 = v1.get_variable("w1", initializer=rng.randn(4, 6).astype(np.float32))
     b1 = v1.get_variable("b1", initializer=np.zeros(6, np.float32))
     w2 = v1.get_variable("w2", initializer=rng.randn(6, 1).astype(np.float32))
     y = tf.identity(tf.matmul(tf.tanh(tf.matmul(x, w1) + b1), w2), name="y")
     loss = tf.reduce_mean((y - labels) ** 2)
-    return x, labels, y, loss
+    return y, loss
 
 
-def _build(way, loss):
-    """Builds ``way``; returns the names of (accumulate op, last op, apply op or None), counter."""
-    step = v1.train.get_or_create_global_step()
-    if way == "AccumulationOptimizer":
-        opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.05), steps=STEPS)
-        train_op = opt.minimize(loss, global_step=step)
-        return train_op.name, train_op.name, None, opt.micro_step
-    fused = way == "build_accumulation fused"
-    acc = tf1_accum.build_accumulation(
-        loss, v1.train.AdamOptimizer(0.05), global_step=step, fused=fused
-    )
-    if fused:
-        return acc.accum_op.name, acc.accum_apply_op.name, None, acc.counter
-    return acc.accum_op.name, acc.accum_op.name, acc.apply_op.name, acc.counter
-
-
-@pytest.mark.parametrize(
-    "way", ["build_accumulation", "build_accumulation fused", "AccumulationOptimizer"]
-)
+@pytest.mark.parametrize("way", WAYS, ids=str)
 def test_exported_model_serves_and_resumes_mid_window_in_a_fresh_process(way, tmp_path):
+    way.require("feed_window_ops")
     rng = np.random.RandomState(1)
     batches = [
         (rng.randn(5, 4).astype(np.float32), rng.randn(5, 1).astype(np.float32))
@@ -68,17 +49,28 @@ def test_exported_model_serves_and_resumes_mid_window_in_a_fresh_process(way, tm
     ]
     examples = rng.randn(7, 4).astype(np.float32)
     with tf.Graph().as_default():
-        x, labels, y, loss = _model()
-        accumulate, last, apply, counter = _build(way, loss)
-        graph = tf.compat.v1.get_default_graph()
+        made = {}
+
+        def model_fn(inputs):
+            made["y"], loss = _model(*inputs)
+            return loss
+
+        built = way.build(
+            model_fn,
+            v1.train.AdamOptimizer(0.05),
+            batches,
+            STEPS,
+            global_step=v1.train.get_or_create_global_step(),
+        )
+        (x, labels), y, counter = built.inputs, made["y"], built.counter
+        accumulate, last, apply = way.window_ops(built)
 
         def run_window(window_batches, apply_at_end=True):
             for i, (inputs, targets) in enumerate(window_batches):
                 end = apply_at_end and i == len(window_batches) - 1
-                op = graph.get_operation_by_name(last if end else accumulate)
-                sess.run(op, {x: inputs, labels: targets})
-            if apply_at_end and apply:
-                sess.run(graph.get_operation_by_name(apply))
+                sess.run(last if end else accumulate, {x: inputs, labels: targets})
+            if apply_at_end and apply is not None:
+                sess.run(apply)
 
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
@@ -103,9 +95,9 @@ def test_exported_model_serves_and_resumes_mid_window_in_a_fresh_process(way, tm
         "labels": labels.name,
         "y": y.name,
         "counter": counter.op.name,
-        "accumulate": accumulate,
-        "last": last,
-        "apply": apply,
+        "accumulate": accumulate.name,
+        "last": last.name,
+        "apply": None if apply is None else apply.name,
     }
     (tmp_path / "names.json").write_text(json.dumps(names))
     remaining = {}

@@ -5,12 +5,13 @@ import pytest
 import tensorflow as tf
 
 import tf1_accum
-from _helpers import RTOL
+from _helpers import RTOL_TIGHT
 from _helpers import Model
 from _helpers import assert_same_values
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -118,7 +119,7 @@ def test_minimize_accumulates_each_gradient_divided_by_steps(how, dtype, divided
         expected = (2.0 * 0.5) * expected
     if divided:
         expected = expected / steps
-    np.testing.assert_allclose(got, expected, rtol=RTOL[dtype])
+    np.testing.assert_allclose(got, expected, rtol=RTOL_TIGHT[dtype])
 
 
 def test_monitored_training_session_with_its_hooks(tmp_path):
@@ -156,7 +157,7 @@ def test_monitored_training_session_with_its_hooks(tmp_path):
         with v1.Session() as sess:
             v1.train.Saver().restore(sess, path)  # the plain graph reads the checkpoint
             restored = values_by_name(sess, v1.global_variables())
-    assert_same_values(restored, expected, RTOL[tf.float32], "after MonitoredTrainingSession")
+    assert_same_values(restored, expected, RTOL_TIGHT[tf.float32], "after MonitoredTrainingSession")
     assert restored["global_step"] == updates
 
 
@@ -183,7 +184,7 @@ def test_outermost_over_a_mixed_precision_loss_scale_optimizer():
             for window in (batches[:3], batches[3:]):
                 sess.run(train_op, model.feed(concat(window)))
             expected = values_by_name(sess, v1.global_variables())
-    assert_same_values(got, expected, RTOL[tf.float32], "loss-scaled Adam, 2 windows")
+    assert_same_values(got, expected, RTOL_TIGHT[tf.float32], "loss-scaled Adam, 2 windows")
 
 
 @pytest.mark.parametrize(
@@ -411,7 +412,7 @@ def test_two_minimize_calls_flush_op_flushes_both_windows():
     assert set(got) == set(expected)
     for name in ("a/w1", "b/w1"):
         assert not np.allclose(before[name], expected[name]), name
-    assert_same_values(got, expected, RTOL[dtype], "flush_op after two minimize calls")
+    assert_same_values(got, expected, RTOL_TIGHT[dtype], "flush_op after two minimize calls")
 
 
 def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
@@ -424,35 +425,63 @@ def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
             assert opt.applied.graph is graph
 
 
-@pytest.mark.parametrize("way", ["build_accumulation", "minimize", "apply_gradients"])
-def test_a_global_step_of_another_graph_is_refused_before_anything_is_built(way):
-    """It was refused after about 120 ops, without naming global_step, and slots stayed taken."""
-    with tf.Graph().as_default():
-        other_step = v1.train.get_or_create_global_step()
+_ANOTHER_GRAPHS_STEP = (
+    r"global_step must be a variable of the loss's graph, got global_step of "
+    r"another graph\. Create it in the graph you build in"
+)
 
-    def build(step):
-        optimizer = v1.train.AdamOptimizer(0.1)
-        if way == "build_accumulation":
-            return tf1_accum.build_accumulation(model.loss, optimizer, global_step=step)
-        opt = tf1_accum.AccumulationOptimizer(optimizer, 2)
-        if way == "minimize":
-            return opt.minimize(model.loss, global_step=step)
-        pairs = [(tf.ones_like(v), v) for v in v1.trainable_variables()]
-        return opt.apply_gradients(pairs, global_step=step)
 
-    with tf.Graph().as_default() as graph:
-        model = Model(tf.float32, False)
-        ops = len(graph.get_operations())
-        with pytest.raises(
-            ValueError,
-            match=r"global_step must be a variable of the loss's graph, got global_step of "
-            r"another graph\. Create it in the graph you build in",
-        ):
-            build(other_step)
-        if way != "apply_gradients":
-            assert len(graph.get_operations()) == ops
-        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
-        build(v1.train.get_or_create_global_step())
-        names = {v.op.name for v in tf1_accum.plain_variables()}
+def _assert_adam_state_made_once():
+    names = {v.op.name for v in tf1_accum.plain_variables()}
     assert {"w1/Adam", "w1/Adam_1", "beta1_power", "beta2_power"} <= names
     assert not any(name.endswith(("Adam_2", "power_1")) for name in names)
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_global_step_of_another_graph_is_refused_before_anything_is_built(way):
+    """It was refused after about 120 ops, without naming global_step, and slots stayed taken.
+
+    The refusal adds no op to those of the model and its input.
+    """
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+    data = make_batches(tf.float32, False, 2, 3)
+    with tf.Graph().as_default() as graph:
+        made = {}
+
+        def model_fn(inputs):
+            if "model" not in made:  # the refused build made it: the next one reuses it
+                made["model"] = Model(tf.float32, False, inputs=inputs[0], labels=inputs[1])
+                made["ops"] = len(graph.get_operations())
+            return made["model"].loss
+
+        step = v1.train.get_or_create_global_step()
+        ops = len(graph.get_operations())
+        with tf.Graph().as_default() as scratch:
+            way.make_input(data)  # the way's input: placeholders, or the dataset loop's data
+        ops += len(scratch.get_operations())
+        with pytest.raises(ValueError, match=_ANOTHER_GRAPHS_STEP):
+            way.build(model_fn, v1.train.AdamOptimizer(0.1), data, 2, global_step=other_step)
+        # Nothing besides the input and the model (if the way made it first).
+        assert len(graph.get_operations()) == made.get("ops", ops)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        way.build(model_fn, v1.train.AdamOptimizer(0.1), data, 2, global_step=step)
+        _assert_adam_state_made_once()
+
+
+def test_apply_gradients_refuses_a_global_step_of_another_graph_before_making_state():
+    with tf.Graph().as_default():
+        other_step = v1.train.get_or_create_global_step()
+    with tf.Graph().as_default():
+        Model(tf.float32, False)
+        pairs = [(tf.ones_like(v), v) for v in v1.trainable_variables()]
+
+        def build(step):
+            opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.1), 2)
+            return opt.apply_gradients(pairs, global_step=step)
+
+        with pytest.raises(ValueError, match=_ANOTHER_GRAPHS_STEP):
+            build(other_step)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+        build(v1.train.get_or_create_global_step())
+        _assert_adam_state_made_once()

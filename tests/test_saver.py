@@ -23,6 +23,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 
 import tf1_accum
+from _ways import BY_NAME
 
 v1 = tf.compat.v1
 
@@ -37,26 +38,34 @@ def _values(count, seed=0):
     return values, np.concatenate([[0.0], np.cumsum(values)])
 
 
+# The ways whose windows a thread feeds op by op here; the others run the
+# same ops (see _ways.WayIn.window_ops).
+SAVER_WAYS = (BY_NAME["ops"], BY_NAME["optimizer"])
+
+
 class _Graph:
     """The model and one way in, built in a graph of its own."""
 
     def __init__(self, way, size=SIZE, max_to_keep=None):
         self.graph = tf.Graph()
         with self.graph.as_default():
-            self.x = v1.placeholder(tf.float64, [])
-            self.w = v1.get_variable("w", initializer=np.zeros(size))
-            self.u = v1.get_variable("u", initializer=np.float64(U0))
-            loss = tf.reduce_sum(self.w) * self.x + self.u
-            optimizer = v1.train.GradientDescentOptimizer(1.0)
-            if way == "AccumulationOptimizer":
-                opt = tf1_accum.AccumulationOptimizer(optimizer, STEPS, average=False)
-                self.optimizer = opt
-                self.train_op = opt.minimize(loss, global_step=v1.train.get_or_create_global_step())
-                self.counter = opt.micro_step
-                self.apply_op = None
-            else:
-                acc = tf1_accum.build_accumulation(loss, optimizer, average=False)
-                self.train_op, self.apply_op, self.counter = acc.accum_op, acc.apply_op, acc.counter
+
+            def model_fn(inputs):
+                (self.x,) = inputs
+                self.w = v1.get_variable("w", initializer=np.zeros(size))
+                self.u = v1.get_variable("u", initializer=np.float64(U0))
+                return tf.reduce_sum(self.w) * self.x + self.u
+
+            built = way.build(
+                model_fn,
+                v1.train.GradientDescentOptimizer(1.0),
+                [(np.float64(0.0),)],
+                STEPS,
+                global_step=v1.train.get_or_create_global_step(),
+                average=False,
+            )
+            self.window, self.counter = built.window, built.counter
+            self.accumulate, self.last, self.apply_op = way.window_ops(built)
             self.saver = tf1_accum.Saver(max_to_keep=max_to_keep)
             self.init = v1.global_variables_initializer()
         self.sess = v1.Session(graph=self.graph)
@@ -64,8 +73,9 @@ class _Graph:
 
     def feed(self, value, index):
         """Runs micro-batch ``index`` (from 0), and the apply when its window is full."""
-        self.sess.run(self.train_op, {self.x: value})
-        if self.apply_op is not None and (index + 1) % STEPS == 0:
+        end = (index + 1) % STEPS == 0
+        self.sess.run(self.last if end else self.accumulate, {self.x: value})
+        if end and self.apply_op is not None:
             self.sess.run(self.apply_op)
 
 
@@ -98,7 +108,7 @@ def _read(path):
     )
 
 
-@pytest.mark.parametrize("way", ["build_accumulation", "AccumulationOptimizer"])
+@pytest.mark.parametrize("way", SAVER_WAYS, ids=str)
 def test_checkpoints_saved_while_a_thread_accumulates_are_whole(way, tmp_path):
     count = 20000  # more than the feeder runs while 100 checkpoints are written
     values = _values(count)
@@ -140,7 +150,7 @@ def test_checkpoints_saved_while_a_thread_accumulates_are_whole(way, tmp_path):
         pending = int(other.sess.run(other.counter))
         end = n + STEPS - pending
         for index in range(n, end):
-            other.sess.run(other.train_op, {other.x: values[0][index]})
+            other.sess.run(other.accumulate, {other.x: values[0][index]})
         if other.apply_op is not None:  # saved after its window's last add, or later
             other.sess.run(other.apply_op)
         np.testing.assert_array_equal(other.sess.run(other.w), np.full(SIZE, -values[1][end]))
@@ -159,7 +169,7 @@ ACTIONS = st.one_of(
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     actions=st.lists(ACTIONS, min_size=1, max_size=10),
-    way=st.sampled_from(["build_accumulation", "AccumulationOptimizer"]),
+    way=st.sampled_from(SAVER_WAYS),
 )
 def test_threads_checkpoints_and_restores_keep_applied_plus_pending_equal_to_fed(
     actions, way, tmp_path_factory
@@ -222,7 +232,7 @@ def test_monitored_training_session_saves_with_it_from_the_savers_collection(tmp
     """In SAVERS, it is the saver of MonitoredTrainingSession and of the wrapper's hook."""
     values = _values(3 * STEPS)
     partial = 2 * STEPS + 2  # two windows, and two micro-batches of the third
-    model = _Graph("AccumulationOptimizer", size=10, max_to_keep=5)  # the hook saves again
+    model = _Graph(BY_NAME["optimizer"], size=10, max_to_keep=5)  # the hook saves again
     model.sess.close()
     with model.graph.as_default():
         v1.add_to_collection(v1.GraphKeys.SAVERS, model.saver)
@@ -230,17 +240,17 @@ def test_monitored_training_session_saves_with_it_from_the_savers_collection(tmp
             checkpoint_dir=str(tmp_path),
             save_checkpoint_steps=1,
             save_summaries_steps=None,
-            hooks=[model.optimizer.make_session_run_hook()],
+            hooks=[model.window.make_session_run_hook()],
         ) as sess:
             for index in range(partial):
-                sess.run(model.train_op, {model.x: values[0][index]})
+                sess.run(model.accumulate, {model.x: values[0][index]})
     path = tf.train.latest_checkpoint(str(tmp_path))
     assert _fed(values, *_read(path)) == partial  # the hook saved the partial window
-    resumed = _Graph("AccumulationOptimizer", size=10)
+    resumed = _Graph(BY_NAME["optimizer"], size=10)
     resumed.saver.restore(resumed.sess, path)
     assert resumed.sess.run(resumed.counter) == 2
     for index in range(partial, 3 * STEPS):
-        resumed.sess.run(resumed.train_op, {resumed.x: values[0][index]})
+        resumed.feed(values[0][index], index)
     w, u, counter = resumed.sess.run([resumed.w, resumed.u, resumed.counter])
     resumed.sess.close()
     assert counter == 0 and u == U0 - 3 * STEPS
@@ -249,7 +259,7 @@ def test_monitored_training_session_saves_with_it_from_the_savers_collection(tmp
 
 def test_built_again_it_locks_once():
     """A Scaffold calls build() on its saver again: a second lock made the save hang."""
-    model = _Graph("build_accumulation", size=10)
+    model = _Graph(BY_NAME["ops"], size=10)
     with model.graph.as_default():
         model.saver.build()
     locks = [op for op in model.graph.get_operations() if op.type == "MutexLock"]

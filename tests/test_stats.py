@@ -14,6 +14,8 @@ from _statistics import assert_statistics
 from _statistics import dense
 from _statistics import numpy_ema
 from _statistics import numpy_statistics
+from _ways import BY_NAME
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -445,54 +447,79 @@ def test_nonfinite_window_leaves_the_moving_average():
     assert ema_skipped == ema_first
 
 
-@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
-def test_optimizer_statistics_equal_the_builders(weighted):
-    n = 3
+STATS_STEPS = 3
+
+
+def _statistics_batches(weighted):
     sizes = [3, 6, 4, 5, 2, 7] if weighted else [4] * 6
-    batches = make_batches(tf.float64, False, len(sizes), sizes)
-    got = {}
-    for path in ("ops", "optimizer"):
-        with tf.Graph().as_default():
-            model = Model(tf.float64, False)
-            size = tf.cast(tf.shape(model.labels)[0], tf.float64) if weighted else None
-            kwargs = {"statistics": True, "micro_batch_size": None if weighted else 4}
-            opt = OPTIMIZERS["momentum"](tf.float64)
-            if path == "ops":
-                acc = tf1_accum.build_accumulation(model.loss, opt, weight=size, **kwargs)
-                stats = acc.statistics
-            else:
-                wrapper = tf1_accum.AccumulationOptimizer(opt, n, weight=size, **kwargs)
-                train_op = wrapper.minimize(model.loss)
-                stats = wrapper.statistics
-            with v1.Session() as sess:
-                sess.run(v1.global_variables_initializer())
-                windows = []
-                for k, batch in enumerate(batches):
-                    if path == "ops":
-                        sess.run(acc.accum_op, model.feed(batch))
-                        if (k + 1) % n == 0:
-                            windows.append(sess.run([acc.apply_op, stats])[1])
-                        continue
-                    _, value = sess.run([train_op, stats], model.feed(batch))
-                    if (k + 1) % n == 0:
-                        windows.append(value)
-                    else:  # an accumulating run: no statistics
-                        assert value.micro_batches == 0 and value.summary_op == b""
-                        assert np.isnan(value.noise_scale) and np.isnan(value.global_norm)
-        got[path] = windows
-    assert len(got["ops"]) == len(got["optimizer"]) == 2
-    for w, (want, have) in enumerate(zip(got["ops"], got["optimizer"])):
+    return make_batches(tf.float64, False, len(sizes), sizes)
+
+
+def _window_statistics(way, weighted):
+    """The statistics ``way`` reads in the apply runs of two windows of 3 micro-batches."""
+    batches = _statistics_batches(weighted)
+    with tf.Graph().as_default():
+        built = way.build(
+            lambda b: Model(tf.float64, False, inputs=b[0], labels=b[1]).loss,
+            OPTIMIZERS["momentum"](tf.float64),
+            batches,
+            STATS_STEPS,
+            weight=(lambda b: tf.cast(tf.shape(b[1])[0], tf.float64)) if weighted else None,
+            statistics=True,
+            micro_batch_size=None if weighted else 4,
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            return [
+                way.run_window(sess, built, batches[k : k + STATS_STEPS], fetch=built.statistics)
+                for k in range(0, len(batches), STATS_STEPS)
+            ]
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_statistics_equal_the_builders_in_every_way_in(weighted, way):
+    way.require("fetch_at_apply")
+    want_windows = _window_statistics(BY_NAME["ops"], weighted)
+    got = _window_statistics(way, weighted)
+    assert len(got) == len(want_windows) == 2
+    for w, (want, have) in enumerate(zip(want_windows, got)):
         for field in tf1_accum.GradientStatistics._fields:
             if field != "summary_op":
                 np.testing.assert_allclose(
                     getattr(have, field),
                     getattr(want, field),
                     rtol=1e-10,
-                    err_msg=f"window {w}: {field}",
+                    err_msg=f"{way}, window {w}: {field}",
                 )
-        assert have.micro_batches == n and np.isfinite(have.noise_scale_ema)
-    summary = v1.Summary.FromString(got["optimizer"][1].summary_op)
+        assert have.micro_batches == STATS_STEPS and np.isfinite(have.noise_scale_ema)
+    summary = v1.Summary.FromString(got[1].summary_op)
     assert len(summary.value) == 7 + 3
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_optimizer_statistics_in_accumulating_runs_are_empty(weighted):
+    batches = _statistics_batches(weighted)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        size = tf.cast(tf.shape(model.labels)[0], tf.float64) if weighted else None
+        wrapper = tf1_accum.AccumulationOptimizer(
+            OPTIMIZERS["momentum"](tf.float64),
+            STATS_STEPS,
+            weight=size,
+            statistics=True,
+            micro_batch_size=None if weighted else 4,
+        )
+        train_op = wrapper.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for k, batch in enumerate(batches):
+                _, value = sess.run([train_op, wrapper.statistics], model.feed(batch))
+                if (k + 1) % STATS_STEPS:  # an accumulating run: no statistics
+                    assert value.micro_batches == 0 and value.summary_op == b""
+                    assert np.isnan(value.noise_scale) and np.isnan(value.global_norm)
+                else:
+                    assert value.micro_batches == STATS_STEPS
 
 
 def test_optimizer_statistics_options():

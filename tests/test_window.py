@@ -8,6 +8,7 @@ import tensorflow as tf
 import tf1_accum
 from _imports import find_cycle
 from _imports import package_imports
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -54,7 +55,7 @@ def _mixed_values(sess):
     return {v.op.name: sess.run(v) for v in tf1_accum.plain_variables()}
 
 
-@pytest.mark.parametrize("way", ["ops", "helper", "fused", "optimizer", "dataset"])
+@pytest.mark.parametrize("way", WAYS, ids=str)
 def test_reference_and_resource_variables_in_one_graph_train_as_plain_training(way):
     """A reference variable needs version 1 conditionals: every way in builds them.
 
@@ -79,41 +80,17 @@ def test_reference_and_resource_variables_in_one_graph_train_as_plain_training(w
 
     with tf.Graph().as_default():
         step = v1.train.get_or_create_global_step()
-        momentum = v1.train.MomentumOptimizer(0.1, 0.9)
-        if way == "dataset":
-            flat = [b for window in windows for b in window]
-            data = tf.data.Dataset.from_tensor_slices(tuple(np.stack(part) for part in zip(*flat)))
-            acc = tf1_accum.build_dataset_accumulation(
-                _mixed_loss, momentum, data, steps=3, global_step=step
-            )
-        else:
-            x = v1.placeholder(tf.float64, [None, 4])
-            y = v1.placeholder(tf.float64, [None, 1])
-            loss = _mixed_loss((x, y))
-            if way == "optimizer":
-                wrapper = tf1_accum.AccumulationOptimizer(momentum, steps=3)
-                train_op = wrapper.minimize(loss, global_step=step)
-            else:
-                acc = tf1_accum.build_accumulation(
-                    loss, momentum, global_step=step, fused=way == "fused"
-                )
+        built = way.build(
+            _mixed_loss,
+            v1.train.MomentumOptimizer(0.1, 0.9),
+            [b for window in windows for b in window],
+            3,
+            global_step=step,
+        )
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             for w, window in enumerate(windows):
-                feeds = [] if way == "dataset" else [{x: bx, y: by} for bx, by in window]
-                if way == "dataset":
-                    sess.run(acc.train_op)
-                elif way == "ops":
-                    for feed in feeds:
-                        sess.run(acc.accum_op, feed)
-                    sess.run(acc.apply_op)
-                elif way == "optimizer":
-                    for feed in feeds:
-                        sess.run(train_op, feed)
-                    if len(feeds) < wrapper.steps:
-                        sess.run(wrapper.flush_op)
-                else:
-                    tf1_accum.run_accumulation(sess, acc, feeds)
+                way.run_window(sess, built, window)
                 got = _mixed_values(sess)
                 assert got["global_step"] == w + 1
                 for name, want in expected[w].items():
@@ -164,28 +141,9 @@ def test_the_import_graph_sees_every_form_of_import(tmp_path):
     assert find_cycle({**graph, "ring.e": set()}) is None
 
 
-def _linear_model():
-    x = v1.placeholder(tf.float64, [None, 2], name="x")
-    w = v1.get_variable("w", initializer=np.array([1.0, -2.0]))
-    return x, tf.reduce_mean(tf.tensordot(x, w, 1) ** 2)
-
-
-def _build(way, **options):
-    """Builds one way in with window ``options`` in a graph of its own."""
-    with tf.Graph().as_default():
-        _, loss = _linear_model()
-        sgd = v1.train.GradientDescentOptimizer(0.1)
-        if way == "build_accumulation":
-            return tf1_accum.build_accumulation(loss, sgd, **options)
-        if way == "optimizer":
-            return tf1_accum.AccumulationOptimizer(sgd, 2, **options).minimize(loss)
-        data = tf.data.Dataset.from_tensor_slices(np.ones((4, 3, 2))).batch(2)
-        return tf1_accum.build_dataset_accumulation(_linear_model_of, sgd, data, 2, **options)
-
-
 def _linear_model_of(batch):
     w = v1.get_variable("w", initializer=np.array([1.0, -2.0]))
-    return tf.reduce_mean(tf.tensordot(batch, w, 1) ** 2)
+    return tf.reduce_mean(tf.tensordot(batch[0], w, 1) ** 2)
 
 
 @pytest.mark.parametrize(
@@ -198,7 +156,11 @@ def _linear_model_of(batch):
         ({"update_ops": "op"}, TypeError, r"update_ops must be None"),
     ],
 )
-@pytest.mark.parametrize("way", ["build_accumulation", "optimizer", "dataset"])
+@pytest.mark.parametrize("way", WAYS, ids=str)
 def test_every_way_in_checks_the_window_options_with_one_text(way, options, error, message):
-    with pytest.raises(error, match=message):
-        _build(way, **options)
+    with tf.Graph().as_default():
+        sgd = v1.train.GradientDescentOptimizer(0.1)
+        data = [(np.ones((2, 2)),)] * 4
+        with pytest.raises(error, match=message):
+            way.build(_linear_model_of, sgd, data, 2, **options)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
