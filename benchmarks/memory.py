@@ -1,16 +1,26 @@
-"""Peak memory of accumulation, read from TensorFlow's allocator, in parameter bytes.
+"""Peak memory of accumulation, read from TensorFlow, in parameter bytes.
 
 Each configuration runs in a subprocess of its own (its peak mixes with no
 other): it builds its graph, initializes the variables, runs one window
 untraced, then traces ``--windows`` more with
-``RunOptions(trace_level=FULL_TRACE)``. Its peak is the largest
-``allocator_bytes_in_use`` that any node of those runs reports (the bytes
-TensorFlow's CPU allocator holds: variables, optimizer state, constants that
-kernels keep, and every tensor alive at that moment), not the process's
-resident set, which moves by more than the figures measured here. Peaks are
-given above plain training of one micro-batch of B, in units of P, the bytes
-of the trainable parameters, so that a figure carries from this model to a
-larger one.
+``RunOptions(trace_level=FULL_TRACE)``. Two peaks come from the traces, in
+units of P, the bytes of the trainable parameters, above plain training of
+one micro-batch of B (so that a figure carries from this model to a larger
+one):
+
+* exact: the bytes of every variable of the graph and of the constants that
+  the kernels of every run keep (from the runs' partition graphs), plus the
+  most bytes a traced run holds at once of the tensors it allocates and
+  releases (the allocation records, in time order). It counts what the
+  program holds and nothing else; the targets are judged on it.
+* allocator: the largest ``allocator_bytes_in_use`` that any node of those
+  runs reports. It also holds the allocator's own slack (a freed block
+  reused for a smaller tensor counts whole), which the order of
+  allocations sets, and Grappler's temporary tensors and the executor's
+  scheduling change that order at random: it moves by up to a parameter
+  copy from process to process, in plain training too.
+
+The process's resident set moves by more than either.
 
 The ways table (the default) measures, at one N and B on the 1.57 M-parameter
 MLP of ``_models.py`` with Adam:
@@ -27,8 +37,8 @@ MLP of ``_models.py`` with Adam:
   accumulation adds its accumulators, not a dense copy of the table.
 
 Each configuration runs ``--repetitions`` times, and the table shows the
-largest peak (the executor's scheduling moves a peak by a fraction of P) and
-the spread, for each graph mode of ``--graph-modes``. Targets: every way in
+largest of each peak and the allocator's spread, for each graph mode of
+``--graph-modes``. Targets: every way in
 at most plain + 1.15 P, with ``clip_norm=`` or ``statistics=True`` at most
 + 1.30 P.
 
@@ -88,9 +98,14 @@ def peers_installed():
 class TracedSession:
     """A session whose runs are traced.
 
-    ``peak`` is the largest ``allocator_bytes_in_use`` seen; ``run_bytes`` the
-    most bytes a traced run held at once of what it allocated itself, from
-    the allocation records (requested sizes, in time order, frees subtracted).
+    ``peak`` is the largest ``allocator_bytes_in_use`` seen. ``transient`` is
+    the most bytes a traced run held at once of the tensors it allocated and
+    released again, from the allocation records (requested sizes, in time
+    order). A buffer a run allocates and keeps (a gradient a variable adopts
+    on assign, replacing a buffer of the same size that the records of that
+    run cannot show being released) is left out. ``constants`` is the bytes
+    of the constants that the kernels of every run so far keep for the
+    session's life, from each run's partition graphs.
     """
 
     def __init__(self, sess, tf):
@@ -98,29 +113,59 @@ class TracedSession:
         self.tf = tf
         self.tracing = False
         self.peak = 0
-        self.run_bytes = 0
+        self.transient = 0
+        self._graphs = {}
+
+    @property
+    def constants(self):
+        return sum(self._graphs.values())
 
     def run(self, fetches, feed_dict=None, **kwargs):
-        if not self.tracing:
-            return self.sess.run(fetches, feed_dict, **kwargs)
         v1 = self.tf.compat.v1
         metadata = v1.RunMetadata()
-        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+        options = v1.RunOptions(output_partition_graphs=True)
+        if self.tracing:
+            options.trace_level = v1.RunOptions.FULL_TRACE
         result = self.sess.run(fetches, feed_dict, options=options, run_metadata=metadata)
+        for graph in metadata.partition_graphs:
+            key = graph.SerializeToString(deterministic=True)
+            if key not in self._graphs:
+                self._graphs[key] = _constant_bytes(self.tf, graph)
+        if self.tracing:
+            self._read(metadata)
+        return result
+
+    def _read(self, metadata):
         records = []
         for device in metadata.step_stats.dev_stats:
             for node in device.node_stats:
                 for memory in node.memory:
                     self.peak = max(self.peak, memory.allocator_bytes_in_use)
-                    records += [(r.alloc_micros, r.alloc_bytes) for r in memory.allocation_records]
+                    allocated = sum(r.alloc_bytes for r in memory.allocation_records)
+                    # A node's allocations that are all released again
+                    # within the run sum to zero.
+                    if allocated == 0:
+                        records += [
+                            (r.alloc_micros, r.alloc_bytes) for r in memory.allocation_records
+                        ]
         live = 0
         for _, change in sorted(records):
             live += change
-            self.run_bytes = max(self.run_bytes, live)
-        return result
+            self.transient = max(self.transient, live)
 
     def __getattr__(self, name):
         return getattr(self.sess, name)
+
+
+def _constant_bytes(tf, graph):
+    """Bytes of the constants in one partition graph (their kernels keep them)."""
+    total = 0
+    for node in graph.node:
+        if node.op in ("Const", "HostConst"):
+            tensor = node.attr["value"].tensor
+            count = int(np.prod([d.size for d in tensor.tensor_shape.dim] or [1]))
+            total += count * tf.dtypes.as_dtype(tensor.dtype).size
+    return total
 
 
 def embedding_data(n, b):
@@ -251,7 +296,7 @@ def child(args):
         json.dumps(
             {
                 "peak": sess.peak,
-                "exact": state_bytes + sess.run_bytes,
+                "exact": state_bytes + sess.constants + sess.transient,
                 "param_bytes": param_bytes,
             }
         )
@@ -357,11 +402,11 @@ def ways_table(args):
         f"# largest of {args.repetitions} runs"
         + ("" if mlp is None else f"; MLP P = {mlp / 1e6:.2f} MB")
         + ("" if sparse is None else f", embedding model P = {sparse / 1e6:.2f} MB")
-        + f", N={args.steps}, B={args.micro_batch}, Adam. 'exact': the variables' bytes plus "
-        "the most a run holds of what it allocates (allocation records); 'allocator': "
-        "allocator_bytes_in_use, which also holds the allocator's own slack. 'above' is above "
-        "plain training of B (the dataset loop: on its tf.data pipeline); targets are judged "
-        "on the exact figure"
+        + f", N={args.steps}, B={args.micro_batch}, Adam. 'exact': the bytes of the variables "
+        "and of the constants kernels keep, plus the most a run holds at once of the tensors it "
+        "allocates and releases (allocation records); 'allocator': allocator_bytes_in_use, "
+        "which also holds the allocator's own slack. 'above' is above plain training of B (the "
+        "dataset loop: on its tf.data pipeline); targets are judged on the exact figure"
     )
     headers = [
         "mode",
