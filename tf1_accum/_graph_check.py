@@ -581,8 +581,11 @@ class _Checker:
         starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
         starts += [(op.inputs[_value_index(op)].op, op) for op in again]
         # Variables carry what was accumulated; only the writes that run
-        # again carry this run's feed.
-        stop = lambda o: o in self.writes and o not in again  # noqa: E731
+        # again carry this run's feed. A gradient may wait for the update of
+        # another variable (a window makes one mean at a time): an order, not
+        # something the gradient is computed from.
+        applying = set(updates)
+        stop = lambda o: (o in self.writes and o not in again) or o in applying  # noqa: E731
         needs_feed = {}
         for start, user in starts:
             reached = self.reaches([start], stop, control=True)
