@@ -10,10 +10,16 @@ The classes are recognized by name along their MRO, so neither tf_keras nor
 Keras is imported here: the library imports without them.
 """
 
+from __future__ import annotations
+
 import re
 import sys
+import typing
 
 import tensorflow as tf
+
+if typing.TYPE_CHECKING:
+    from tf1_accum._window import Gradient
 
 # Keras optimizer class name -> the tf.compat.v1.train optimizer doing the same job.
 _KERAS_TO_V1 = {
@@ -26,7 +32,7 @@ _KERAS_TO_V1 = {
 }
 
 
-def is_legacy_keras_optimizer(optimizer):
+def is_legacy_keras_optimizer(optimizer: object) -> bool:
     """Whether ``optimizer`` is a Keras 2 ``OptimizerV2`` (tf_keras.optimizers.legacy.*)."""
     return any(
         cls.__name__ == "OptimizerV2" and "optimizer_v2" in cls.__module__
@@ -34,15 +40,16 @@ def is_legacy_keras_optimizer(optimizer):
     )
 
 
-def _is_keras_3(optimizer):
+def _is_keras_3(optimizer: object) -> bool:
     package = type(optimizer).__module__.split(".")[0]
     if package != "keras":
         return False
     version = getattr(sys.modules.get("keras"), "__version__", "0")
-    return int(re.match(r"\d*", version).group() or 0) >= 3
+    leading = re.match(r"\d*", version)  # matches every string, if only with ""
+    return leading is not None and int(leading.group() or 0) >= 3
 
 
-def refusal_hint(optimizer):
+def refusal_hint(optimizer: object) -> str:
     """What to use instead of a Keras optimizer that builds no graph-mode ops; "" if not Keras."""
     name = type(optimizer).__name__
     module = type(optimizer).__module__
@@ -62,7 +69,7 @@ def refusal_hint(optimizer):
     )
 
 
-def adapt(optimizer):
+def adapt(optimizer: object) -> tf.compat.v1.train.Optimizer | None:
     """Returns ``optimizer`` as a ``tf.compat.v1.train.Optimizer``, or None if it cannot be."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return optimizer
@@ -83,7 +90,7 @@ def adapt(optimizer):
     return None
 
 
-def _scales_loss(optimizer):
+def _scales_loss(optimizer: object) -> bool:
     """Whether ``optimizer`` is tf_keras's ``LossScaleOptimizer`` (or a subclass)."""
     return any(
         cls.__name__ in ("LossScaleOptimizer", "BaseLossScaleOptimizer")
@@ -92,14 +99,16 @@ def _scales_loss(optimizer):
     )
 
 
-def given(optimizer):
+def given(optimizer: object) -> typing.Any:  # a tf.compat.v1 or a Keras optimizer
     """The optimizer the user passed: the Keras optimizer behind an adapter."""
     if isinstance(optimizer, KerasOptimizerAdapter):
         return optimizer.keras_optimizer
     return optimizer
 
 
-def check_variables(optimizer, var_list):
+def check_variables(
+    optimizer: tf.compat.v1.train.Optimizer, var_list: typing.Iterable[tf.Variable]
+) -> None:
     """Checks that a Keras optimizer is asked to train resource variables only.
 
     Raises:
@@ -129,16 +138,26 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
     ``global_step`` once, if given and if it is not that same variable.
     """
 
-    def __init__(self, keras_optimizer):
+    def __init__(self, keras_optimizer: typing.Any) -> None:
         super().__init__(use_locking=False, name=keras_optimizer._name)
         self.keras_optimizer = keras_optimizer
 
-    def compute_gradients(self, loss, var_list=None, **kwargs):
+    def compute_gradients(
+        self,
+        loss: tf.Tensor,
+        var_list: typing.Sequence[tf.Variable] | None = None,
+        **kwargs: typing.Any,
+    ) -> list[tuple[Gradient | None, tf.Variable]]:
         pairs = super().compute_gradients(loss, var_list=var_list, **kwargs)
         check_variables(self, [v for _, v in pairs])
         return pairs
 
-    def apply_gradients(self, grads_and_vars, global_step=None, name=None):
+    def apply_gradients(
+        self,
+        grads_and_vars: typing.Iterable[tuple[Gradient | None, tf.Variable]],
+        global_step: tf.Variable | None = None,
+        name: str | None = None,
+    ) -> tf.Operation:
         grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
         check_variables(self, [v for _, v in grads_and_vars])
         update = self.keras_optimizer.apply_gradients(grads_and_vars, name=name)
@@ -147,15 +166,15 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
         with tf.control_dependencies([update]):
             return tf.group(global_step.assign_add(1, read_value=False), name=name)
 
-    def get_slot(self, var, name):
+    def get_slot(self, var: tf.Variable, name: str) -> tf.Variable | None:
         try:
             return self.keras_optimizer.get_slot(var, name)
         except KeyError:  # Keras raises where TF1 returns None
             return None
 
-    def get_slot_names(self):
+    def get_slot_names(self) -> list[str]:
         return self.keras_optimizer.get_slot_names()
 
-    def variables(self):
+    def variables(self) -> list[tf.Variable]:
         graph = tf.compat.v1.get_default_graph()
         return [v for v in self.keras_optimizer.variables() if v.graph is graph]

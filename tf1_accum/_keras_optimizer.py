@@ -31,7 +31,13 @@ except ImportError as error:
         "which is not installed. Install it with: pip install tf_keras."
     ) from error
 
-_LegacyOptimizer = tf_keras.optimizers.legacy.Optimizer
+if typing.TYPE_CHECKING:
+    # tf_keras ships no type information: to mypy, its optimizer is a class of
+    # unknown base (KerasAccumulationOptimizer's base, and isinstance's class).
+    class _LegacyOptimizer(typing.Any): ...
+
+else:
+    _LegacyOptimizer = tf_keras.optimizers.legacy.Optimizer
 
 _SAVE_FORMATS = (
     "Save the model in the HDF5 format, model.save('model.h5') (or "
@@ -40,7 +46,7 @@ _SAVE_FORMATS = (
 )
 
 
-def _in_saved_model_save():
+def _in_saved_model_save() -> bool:
     """Whether tf_keras is saving a model in the SavedModel format right now."""
     try:
         from tf_keras.src.saving.legacy.saved_model import utils
@@ -49,7 +55,7 @@ def _in_saved_model_save():
     return bool(utils.in_tf_saved_model_scope())
 
 
-def _check_wrapped(optimizer):
+def _check_wrapped(optimizer: typing.Any) -> None:
     """Checks that ``optimizer`` is a tf_keras legacy optimizer this class can wrap."""
     if getattr(type(optimizer), "_tf1_accum_accumulates", False):
         raise TypeError(
@@ -185,8 +191,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         self._average = bool(average)
         self._clip_norm = clip_norm
         self._skip_nonfinite = bool(skip_nonfinite)
-        self._built = []  # (graph, AccumulationOptimizer, state variables), per train op
-        self._pending = None  # weights set before the window existed (load_model)
+        # (graph, AccumulationOptimizer, state variables), per train op.
+        self._built: list[tuple[tf.Graph, AccumulationOptimizer, list[tf.Variable]]] = []
+        # Weights set before the window existed (load_model).
+        self._pending: list[np.ndarray] | None = None
 
     @property
     def optimizer(self) -> typing.Any:
@@ -204,7 +212,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return self._optimizer.iterations
 
     @iterations.setter
-    def iterations(self, variable):
+    def iterations(self, variable: tf.Variable) -> None:
         self._optimizer.iterations = variable
 
     @property
@@ -213,12 +221,12 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return self._optimizer.learning_rate
 
     @learning_rate.setter
-    def learning_rate(self, value):
+    def learning_rate(self, value: typing.Any) -> None:
         self._optimizer.learning_rate = value
 
     lr = learning_rate
 
-    def _accumulation(self, what):
+    def _accumulation(self, what: str) -> AccumulationOptimizer:
         """The `AccumulationOptimizer` built in the default graph; raises if none."""
         graph = tf.compat.v1.get_default_graph()
         for built_graph, accumulation, _ in reversed(self._built):
@@ -229,7 +237,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             "builds it (or call apply_gradients() first)."
         )
 
-    def _state(self):
+    def _state(self) -> list[tf.Variable]:
         """The window's variables in the default graph, in the order they are saved."""
         graph = tf.compat.v1.get_default_graph()
         return [v for g, _, state in self._built if g is graph for v in state]
@@ -244,7 +252,12 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         """The ``int64`` count of micro-batches accumulated since the last update."""
         return self._accumulation("micro_step").micro_step
 
-    def apply_gradients(self, grads_and_vars, name=None, experimental_aggregate_gradients=True):
+    def apply_gradients(
+        self,
+        grads_and_vars: typing.Iterable[tuple[tf.Tensor | None, tf.Variable]],
+        name: str | None = None,
+        experimental_aggregate_gradients: bool = True,
+    ) -> tf.Operation:
         """Builds the accumulating train op; what ``model.fit`` runs for each micro-batch.
 
         Raises:
@@ -281,7 +294,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             self.set_weights(pending)
         return train_op
 
-    def _create_all_weights(self, var_list):
+    def _create_all_weights(self, var_list: typing.Sequence[tf.Variable]) -> None:
         self._optimizer._create_all_weights(var_list)
 
     def variables(self) -> list[tf.Variable]:
@@ -360,7 +373,9 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         }
 
     @classmethod
-    def from_config(cls, config, custom_objects=None):
+    def from_config(
+        cls, config: dict[str, typing.Any], custom_objects: dict[str, typing.Any] | None = None
+    ) -> KerasAccumulationOptimizer:
         config = copy.deepcopy(config)  # tf_keras's deserialize edits the dict it is given
         optimizer = tf_keras.optimizers.deserialize(
             config.pop("optimizer"), custom_objects=custom_objects, use_legacy_optimizer=True
