@@ -14,7 +14,10 @@ it, and says what to do instead (the "Real programs" guide lists them all):
   every micro-batch on top of the wrapper's own increment.
 """
 
+from __future__ import annotations
+
 import re
+import typing
 import warnings
 
 import tensorflow as tf
@@ -23,8 +26,12 @@ from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._window import state_variable
 
+if typing.TYPE_CHECKING:
+    from tf1_accum._window import Gradient
+    from tf1_accum._window import Pairs
 
-def refuse_accumulating_optimizer(optimizer, what):
+
+def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
     """Refuses an `AccumulationOptimizer` as the optimizer of a way in that accumulates.
 
     Args:
@@ -73,7 +80,7 @@ _CLIP_SCOPE = re.compile(r"^(clip_by_global_norm|clip_by_norm|clip_by_value)(?:_
 _PASS_THROUGH = frozenset({"Identity", "Cast", "Reshape", "CheckNumerics"})
 
 
-def _clipped_by(gradient):
+def _clipped_by(gradient: Gradient) -> str | None:
     """The clipping function whose output ``gradient`` is, or None."""
     if isinstance(gradient, tf.IndexedSlices):
         gradient = gradient.values
@@ -91,7 +98,7 @@ def _clipped_by(gradient):
     return None
 
 
-def warn_if_clipped(pairs, clip_norm):
+def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
     """Warns when the gradients given to `AccumulationOptimizer.apply_gradients` were clipped.
 
     ``tf.clip_by_global_norm(grads, c)`` in front of the wrapper's
@@ -100,7 +107,7 @@ def warn_if_clipped(pairs, clip_norm):
     the large batch's gradient, the window's mean. The ``clip_norm=`` option
     of the wrapper does that.
     """
-    found = {}
+    found: dict[str, list[str]] = {}
     for gradient, var in pairs:
         how = _clipped_by(gradient)
         if how is not None:
@@ -155,7 +162,7 @@ class WindowStart:
     step its window started at.
     """
 
-    def __init__(self, global_step, counter, scope):
+    def __init__(self, global_step: tf.Variable, counter: tf.Variable, scope: str) -> None:
         self.global_step = global_step
         self.counter = counter
         self.scope = scope
@@ -171,12 +178,12 @@ class WindowStart:
             global_vars[:] = [v for v in global_vars if v is not self.variable]
             graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, self.variable)
 
-    def check(self, steps):
+    def check(self, steps: int) -> tf.Operation:
         """The op to run before a micro-batch is added: record, or check, the step."""
         with tf.compat.v1.name_scope(self.scope):
             return self._check(steps)
 
-    def _check(self, steps):
+    def _check(self, steps: int) -> tf.Operation:
         count = tf.identity(self.counter.read_value(), name="micro_batches_before")
         step = tf.identity(self.global_step.read_value(), name="global_step_now")
         start = tf.identity(self.variable.read_value(), name="global_step_at_start")
@@ -209,7 +216,7 @@ class WindowStart:
         return tf.group(record, name="record_global_step")
 
 
-def uninitialized_hint(error, graph):
+def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
     """A hint for an error of a run that read tf1_accum's state uninitialized; "" otherwise.
 
     A program that makes ``global_variables_initializer()`` before building

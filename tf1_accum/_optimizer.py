@@ -19,6 +19,10 @@ from tf1_accum._window import Window
 from tf1_accum._window import per_step_loss
 from tf1_accum._window import window_options
 
+if typing.TYPE_CHECKING:
+    from tf1_accum._window import Applied
+    from tf1_accum._window import Pairs
+
 
 class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps an optimizer so that its train op accumulates ``steps`` micro-batches.
@@ -194,10 +198,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._steps = int(steps)
         self._minimizing = False  # minimize() guards the whole build, gradients included
         self._prescaled = False  # minimize() scaled the loss by 1 / steps (per_step_loss)
-        self._windows = []
-        self._trains = []  # the Applied of each train op built, aligned with _windows
-        self._flushes = []  # the Applied of each flush
-        self._step_starts = []  # the _migration.WindowStart of each train op given global_step
+        self._windows: list[Window] = []
+        # The Applied of each train op built, aligned with _windows.
+        self._trains: list[Applied] = []
+        self._flushes: list[Applied] = []  # the Applied of each flush
+        # The WindowStart of each train op given global_step.
+        self._step_starts: list[_migration.WindowStart] = []
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -225,7 +231,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         return self._last_window("micro_step").counter
 
-    def _last_window(self, what):
+    def _last_window(self, what: str) -> Window:
         """The window of the one train op built in the last graph; raises if none, or several."""
         if not self._windows:
             raise ValueError(
@@ -416,7 +422,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         with guard:
             return self._build(pairs, global_step, name, graph, update_ops)
 
-    def _build(self, pairs, global_step, name, graph, update_ops):
+    def _build(
+        self,
+        pairs: Pairs,
+        global_step: tf.Variable | None,
+        name: str | None,
+        graph: tf.Graph,
+        update_ops: list[tf.Operation] | None,
+    ) -> tf.Operation:
         options = self._options
         # Gradients already divided by steps: a full window holds its mean.
         prescaled = self._prescaled
@@ -447,7 +460,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             if global_step is not None:
                 start = _migration.WindowStart(global_step, window.counter, scope)
 
-            def accumulate_and_apply():
+            def accumulate_and_apply() -> tuple[Applied, None]:
                 # With global_step: each run first checks that nothing else moved it.
                 checked = [] if start is None else [start.check(self._steps)]
                 with tf.control_dependencies(checked):
@@ -552,7 +565,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return super().minimize(loss, global_step, var_list, *args, **kwargs)
 
     @contextlib.contextmanager
-    def _building_in_minimize(self, prescaled):
+    def _building_in_minimize(self, prescaled: bool) -> typing.Iterator[None]:
         self._minimizing, self._prescaled = True, prescaled
         try:
             yield
@@ -679,7 +692,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._last_window("make_scaffold")
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
-    def _built_windows(self, graph):
+    def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
         """(counter, flush op) of each train op built in ``graph``."""
         return [
             (window.counter, flushed.op)
