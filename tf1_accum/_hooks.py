@@ -1,7 +1,10 @@
 """The session hook for loops a framework owns: no micro-batch is lost at exit."""
 
+from __future__ import annotations
+
 import logging
 import re
+import typing
 import warnings
 import weakref
 
@@ -24,21 +27,21 @@ class _UnmovedStepFilter(logging.Filter):
     everything through.
     """
 
-    def __init__(self, session):
+    def __init__(self, session: tf.compat.v1.Session) -> None:
         super().__init__()
         self._session = weakref.ref(session)
 
-    def active(self):
+    def active(self) -> bool:
         session = self._session()
         return session is not None and not getattr(session, "_closed", False)
 
-    def filter(self, record):
+    def filter(self, record: logging.LogRecord) -> bool:
         if not self.active():
             return True
         return not str(record.msg).startswith("It seems that global step")
 
 
-def _filter_unmoved_step_warnings(session):
+def _filter_unmoved_step_warnings(session: tf.compat.v1.Session) -> _UnmovedStepFilter:
     """Adds an `_UnmovedStepFilter` for ``session`` to TensorFlow's logger.
 
     Filters of sessions closed already (ended by an error) are taken off.
@@ -58,14 +61,19 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
     Made by `AccumulationOptimizer.make_session_run_hook`, which documents it.
     """
 
-    def __init__(self, built_windows, flush_at_end):
+    def __init__(
+        self,
+        built_windows: typing.Callable[[tf.Graph], list[tuple[tf.Variable, tf.Operation]]],
+        flush_at_end: bool,
+    ) -> None:
         self._built_windows = built_windows  # graph -> [(counter, flush op)]
         self._flush_at_end = flush_at_end
-        self._counters = self._flushes = None
-        self._global_step = None
-        self._filter = None
+        self._counters: list[tf.Variable] | None = None
+        self._flushes: list[tf.Operation] | None = None
+        self._global_step: tf.Variable | None = None
+        self._filter: _UnmovedStepFilter | None = None
 
-    def begin(self):
+    def begin(self) -> None:
         graph = tf.compat.v1.get_default_graph()
         built = self._built_windows(graph)
         if not built:
@@ -79,12 +87,16 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         self._flushes = [flush for _, flush in built]
         self._global_step = tf.compat.v1.train.get_global_step(graph)
 
-    def after_create_session(self, session, coord):
+    def after_create_session(
+        self, session: tf.compat.v1.Session, coord: tf.train.Coordinator
+    ) -> None:
+        # begin() set them: a session calls it before any other method.
+        assert self._counters is not None
         self._filter = _filter_unmoved_step_warnings(session)
         # The CheckpointSaverHook of the session need not warn of these windows.
         _unhooked.keep_windows(session, self._counters)
 
-    def end(self, session):
+    def end(self, session: tf.compat.v1.Session) -> None:
         if self._filter is not None:
             tf.get_logger().removeFilter(self._filter)
             self._filter = None
@@ -95,11 +107,11 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
             session.run(self._flushes)
         self._save(session, pending)
 
-    def _save(self, session, pending):
+    def _save(self, session: tf.compat.v1.Session, pending: int) -> None:
         savers = session.graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
         saver = savers[0] if len(savers) == 1 else None
         last = saver.last_checkpoints if saver is not None else []
-        if not last or self._global_step is None:
+        if saver is None or not last or self._global_step is None:
             # Flushed, the window is applied: only a kept one is lost here.
             if not self._flush_at_end:
                 warnings.warn(

@@ -11,6 +11,8 @@ in one order, for the reads of its save and the writes of its restore.
 
 from __future__ import annotations
 
+import typing
+
 import tensorflow as tf
 
 from tf1_accum._state import MUTEX_COLLECTION
@@ -87,7 +89,12 @@ class Saver(tf.compat.v1.train.Saver):
             _locked(restore, created, mutexes, "restore")
 
 
-def _locked(last, created, mutexes, name):
+def _locked(
+    last: tf.Operation,
+    created: dict[str, tf.Operation],
+    mutexes: typing.Sequence[tf.Tensor],
+    name: str,
+) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held.
 
     The locks are taken one after the other, in the order of ``mutexes``
@@ -100,7 +107,7 @@ def _locked(last, created, mutexes, name):
     """
     section = _ancestors(last, created)
     with tf.control_dependencies(None):
-        locks = []
+        locks: list[tf.Tensor] = []
         for mutex in mutexes:
             on_device = tf.device(mutex.device) if mutex.device else _nothing()
             with on_device, tf.control_dependencies(locks[-1:]):
@@ -131,9 +138,9 @@ def _locked(last, created, mutexes, name):
     last._add_control_inputs(releases)
 
 
-def _ancestors(last, created):
+def _ancestors(last: tf.Operation, created: typing.Container[str]) -> list[tf.Operation]:
     """``last`` and the ops of ``created`` it depends on."""
-    found = {}
+    found: dict[str, tf.Operation] = {}
     stack = [last]
     while stack:
         op = stack.pop()
@@ -145,8 +152,8 @@ def _ancestors(last, created):
 
 
 class _nothing:
-    def __enter__(self):
+    def __enter__(self) -> None:
         return None
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> typing.Literal[False]:
         return False

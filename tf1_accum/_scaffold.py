@@ -9,6 +9,10 @@ and initializes tf1_accum's own; a checkpoint that holds them (written by a
 migrated run) it restores whole, partial window included.
 """
 
+from __future__ import annotations
+
+import typing
+
 import tensorflow as tf
 
 from tf1_accum._saver import Saver
@@ -23,7 +27,7 @@ class _PlainOrFullSaver(Saver):
     checkpoint written while threads accumulate is never torn.
     """
 
-    def __init__(self, max_to_keep):
+    def __init__(self, max_to_keep: int) -> None:
         super().__init__(
             sharded=True, max_to_keep=max_to_keep, allow_empty=True, save_relative_paths=True
         )
@@ -37,7 +41,7 @@ class _PlainOrFullSaver(Saver):
             self._state, name="initialize_accumulation_state"
         )
 
-    def restore(self, sess, save_path):
+    def restore(self, sess: tf.compat.v1.Session, save_path: str) -> None:
         """Restores ``save_path``; without tf1_accum's state, initializes that state instead.
 
         Raises:
@@ -60,7 +64,9 @@ class _PlainOrFullSaver(Saver):
         return None
 
 
-def make_scaffold(max_to_keep, scaffold_kwargs):
+def make_scaffold(
+    max_to_keep: int, scaffold_kwargs: dict[str, typing.Any]
+) -> tf.compat.v1.train.Scaffold:
     """Returns a ``Scaffold`` whose saver is a `_PlainOrFullSaver`, also in ``SAVERS``.
 
     Raises:

@@ -19,6 +19,7 @@ changes nothing else: the wrapped ``end`` runs as it was.
 from __future__ import annotations
 
 import functools
+import typing
 import warnings
 import weakref
 
@@ -38,12 +39,12 @@ _FIX = (
 )
 
 
-def keep_windows(session, counters):
+def keep_windows(session: tf.compat.v1.Session, counters: typing.Iterable[tf.Variable]) -> None:
     """Records that an accumulation hook of ``session`` keeps the windows of ``counters``."""
     _kept.setdefault(session, set()).update(c.name for c in counters)
 
 
-def watch_checkpoint_saver_hook():
+def watch_checkpoint_saver_hook() -> None:
     """Makes ``CheckpointSaverHook.end`` warn of a partial window it would leave out (once)."""
     hook_class = tf.compat.v1.train.CheckpointSaverHook
     if getattr(hook_class.end, "_tf1_accum_watched", False):
@@ -51,7 +52,7 @@ def watch_checkpoint_saver_hook():
     original = hook_class.end
 
     @functools.wraps(original)
-    def end(self, session):
+    def end(self: tf.compat.v1.train.CheckpointSaverHook, session: tf.compat.v1.Session) -> None:
         _warn_if_left_out(self, session)
         return original(self, session)
 
@@ -59,7 +60,9 @@ def watch_checkpoint_saver_hook():
     hook_class.end = end
 
 
-def _warn_if_left_out(saver_hook, session):
+def _warn_if_left_out(
+    saver_hook: tf.compat.v1.train.CheckpointSaverHook, session: tf.compat.v1.Session
+) -> None:
     """Warns when ``session`` ends mid-window and no accumulation hook keeps the window.
 
     Worded after what ``saver_hook.end`` does next: it saves the window when
