@@ -298,10 +298,10 @@ def check_graph(
     return findings
 
 
-def _fetch_ops(label, fetches):
+def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
     """Returns the ops of ``fetches`` (an op, a tensor, or a list of them)."""
     items = list(fetches) if isinstance(fetches, (list, tuple)) else [fetches]
-    ops = []
+    ops: list[tf.Operation] = []
     for item in items:
         if isinstance(item, tf.Operation):
             ops.append(item)
@@ -319,11 +319,11 @@ def _fetch_ops(label, fetches):
     return ops
 
 
-def _names(ops):
+def _names(ops: typing.Iterable[tf.Operation]) -> str:
     return ", ".join(op.name for op in ops)
 
 
-def _bodies(op):
+def _bodies(op: tf.Operation) -> list[tuple[tf.Graph, list[tf.Tensor]]]:
     """The function graphs of a version 2 ``If`` or ``While`` op, with their inputs.
 
     Returns ``(graph, [outer tensor for each of the graph's inputs])`` pairs.
@@ -342,27 +342,35 @@ def _bodies(op):
 class _Checker:
     """One run of the checks over one graph."""
 
-    def __init__(self, graph, apply_fetches, accum_fetches, accum_given):
+    def __init__(
+        self,
+        graph: tf.Graph,
+        apply_fetches: list[tf.Operation],
+        accum_fetches: list[tf.Operation],
+        accum_given: bool,
+    ) -> None:
         self.graph = graph
         self.apply_fetches = apply_fetches
         self.accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
         self.accum_given = accum_given
-        self.outer = {}  # function-graph input placeholder -> outer tensor
-        self.body_outputs = {}  # version 2 control-flow op -> its graphs' outputs
-        self.all_ops = []
+        # Function-graph input placeholder -> outer tensor.
+        self.outer: dict[tf.Operation, tf.Tensor] = {}
+        # Version 2 control-flow op -> its graphs' outputs.
+        self.body_outputs: dict[tf.Operation, list[list[tf.Tensor]]] = {}
+        self.all_ops: list[tf.Operation] = []
         self._scan(graph.get_operations())
         self.trainable = _variable_ops(graph, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
         self.owned = _variable_ops(graph, STATE_COLLECTION)
         self.metrics = _variable_ops(graph, tf.compat.v1.GraphKeys.METRIC_VARIABLES)
         self.steps = _variable_ops(graph, tf.compat.v1.GraphKeys.GLOBAL_STEP)
-        self.initializers = set()
+        self.initializers: set[tf.Operation] = set()
         for key in graph.get_all_collection_keys():
             for item in graph.get_collection(key):
                 initializer = getattr(item, "initializer", None)
                 if isinstance(initializer, tf.Operation):
                     self.initializers.add(initializer)
 
-    def _scan(self, ops):
+    def _scan(self, ops: typing.Iterable[tf.Operation]) -> None:
         """Lists every op, entering version 2 control-flow bodies."""
         for op in ops:
             self.all_ops.append(op)
@@ -376,7 +384,7 @@ class _Checker:
 
     # -- walking -----------------------------------------------------------
 
-    def inputs(self, op, control=True):
+    def inputs(self, op: tf.Operation, control: bool = True) -> list[tf.Operation]:
         """The ops ``op`` reads from, across function-graph boundaries.
 
         Without ``control``, only the ops its value is computed from: no
@@ -398,9 +406,9 @@ class _Checker:
             found += [t.op for outputs in self.body_outputs[op] for t in outputs]
         return found
 
-    def run_set(self, fetches):
+    def run_set(self, fetches: typing.Iterable[tf.Operation]) -> set[tf.Operation]:
         """Every op that fetching ``fetches`` may run, bodies included."""
-        seen = set()
+        seen: set[tf.Operation] = set()
         stack = list(fetches)
         while stack:
             op = stack.pop()
@@ -412,9 +420,14 @@ class _Checker:
                 stack += body.get_operations()
         return seen
 
-    def reaches(self, start_ops, stop, control):
+    def reaches(
+        self,
+        start_ops: typing.Iterable[tf.Operation],
+        stop: typing.Callable[..., bool],  # called with an op (classify's binds one more)
+        control: bool,
+    ) -> set[tf.Operation]:
         """Ops reached backwards from ``start_ops``, not walking past ``stop(op)``."""
-        seen = set()
+        seen: set[tf.Operation] = set()
         stack = list(start_ops)
         while stack:
             op = stack.pop()
@@ -426,7 +439,7 @@ class _Checker:
             stack += self.inputs(op, control)
         return seen
 
-    def variable_of(self, tensor):
+    def variable_of(self, tensor: tf.Tensor) -> tf.Operation | None:
         """The variable op that a ref or resource ``tensor`` stands for, or None."""
         op = tensor.op
         for _ in range(10000):
@@ -441,21 +454,21 @@ class _Checker:
         return None
 
     @staticmethod
-    def is_data(op):
+    def is_data(op: tf.Operation) -> bool:
         if op.type == "Placeholder":
             return True
         return "IteratorGetNext" in op.type or op.type == "OptionalGetValue"
 
-    def is_placeholder(self, op):
+    def is_placeholder(self, op: tf.Operation) -> bool:
         return op.type == "Placeholder" and op not in self.outer
 
     # -- what the ops do ---------------------------------------------------
 
-    def classify(self):
+    def classify(self) -> None:
         """Finds accumulate ops, accumulators and resets in the whole graph."""
-        self.accumulates = {}  # accumulate op -> variable op
-        self.fresh = set()  # accumulate ops that add fresh data
-        self.resets = {}  # variable op -> reset ops
+        self.accumulates: dict[tf.Operation, tf.Operation] = {}  # accumulate op -> variable op
+        self.fresh: set[tf.Operation] = set()  # accumulate ops that add fresh data
+        self.resets: dict[tf.Operation, list[tf.Operation]] = {}  # variable op -> reset ops
         for op in self.all_ops:
             if op.type in _ADDED:
                 var = self.variable_of(op.inputs[0])
@@ -480,8 +493,8 @@ class _Checker:
                 o in self.writes for graph, _ in _bodies(op) for o in graph.get_operations()
             ):
                 self.writes.add(op)
-        self.fed = set()  # accumulate ops that add what a placeholder is fed
-        self.constant_adds = set()  # counter increments: add a constant
+        self.fed: set[tf.Operation] = set()  # accumulate ops that add what a placeholder is fed
+        self.constant_adds: set[tf.Operation] = set()  # counter increments: add a constant
         for op in self.accumulates:
             value = op.inputs[_value_index(op)].op
             # What was written to a variable is state, not fresh data.
@@ -494,8 +507,9 @@ class _Checker:
                 o.type in _VARIABLE_OPS or o in self.writes or self.is_data(o) for o in reached
             ):
                 self.constant_adds.add(op)
-        self.accumulators = set()
-        self.summing = set()  # accumulators that fresh data is added to: sums
+        self.accumulators: set[tf.Operation] = set()
+        # Accumulators that fresh data is added to: sums.
+        self.summing: set[tf.Operation] = set()
         for op in self.fresh:
             var = self.accumulates[op]
             if not tf.as_dtype(var.get_attr("dtype")).is_floating:
@@ -506,7 +520,7 @@ class _Checker:
             if op.type in _ADDED:
                 self.summing.add(var)
         # Floating-point counters of micro-batches (an int global_step is not one).
-        self.counters = set()
+        self.counters: set[tf.Operation] = set()
         for op in self.constant_adds:
             var = self.accumulates[op]
             if (
@@ -516,12 +530,12 @@ class _Checker:
             ):
                 self.counters.add(var)
 
-    def run(self):
+    def run(self) -> list[GraphFinding]:
         self.classify()
         apply_set = self.run_set(self.apply_fetches)
         accum_set = self.run_set(self.accum_fetches)
         apply_name = _names(self.apply_fetches)
-        findings = []
+        findings: list[GraphFinding] = []
 
         reset_in_apply = {
             var for var, ops in self.resets.items() if any(o in apply_set for o in ops)
@@ -530,7 +544,7 @@ class _Checker:
         # accumulate ops matter below, not, say, those of a batch-norm moving
         # average that a fused step updates too.
         updates = [op for op in apply_set if _gradient_index(op) is not None]
-        used = set()
+        used: set[tf.Operation] = set()
         for update in updates:
             grad = update.inputs[_gradient_index(update)].op
             for op in self.reaches([grad], lambda o: o in self.writes, control=False):
@@ -540,7 +554,7 @@ class _Checker:
                     used.add(self.accumulates[op])
 
         # (ii) accumulate ops that the apply runs again.
-        again = set()
+        again: set[tf.Operation] = set()
         for op in apply_set:
             var = self.accumulates.get(op)
             if var is None or var not in self.accumulators or var not in used:
@@ -586,7 +600,7 @@ class _Checker:
         # something the gradient is computed from.
         applying = set(updates)
         stop = lambda o: (o in self.writes and o not in again) or o in applying  # noqa: E731
-        needs_feed = {}
+        needs_feed: dict[tf.Operation, tf.Operation] = {}  # placeholder -> its first user
         for start, user in starts:
             reached = self.reaches([start], stop, control=True)
             for op in reached:
@@ -649,7 +663,7 @@ class _Checker:
             for op in apply_set
             if op.type in _READ_OPS and op.inputs and op not in self.writes
         }
-        for var in sorted(read & self.counters, key=lambda v: v.name):
+        for var in sorted(self.counters & read, key=lambda v: v.name):
             if var in self.resets:
                 continue
             adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
@@ -670,17 +684,19 @@ class _Checker:
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
         return findings
 
-    def conditional(self, op):
+    def conditional(self, op: tf.Operation) -> bool:
         """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
         return op.graph is not self.graph or op._get_control_flow_context() is not None
 
-    def step_findings(self, apply_set, accum_set):
+    def step_findings(
+        self, apply_set: set[tf.Operation], accum_set: set[tf.Operation]
+    ) -> list[GraphFinding]:
         """(v) increments of the global step that do not follow the updates."""
         increments = {op for op, var in self.accumulates.items() if var in self.steps}
         if not increments:
             return []
         apply_name = _names(self.apply_fetches)
-        findings = []
+        findings: list[GraphFinding] = []
         # An apply that adds to a window's state unconditionally (its
         # accumulators, or its counter: a window whose first add assigns
         # adds to its accumulators on a branch) and resets it only on a
@@ -705,7 +721,7 @@ class _Checker:
         per_micro_batch = [(accum_set - apply_set, "a micro-batch's fetch (accum_ops)")]
         if per_micro_batch_apply:
             per_micro_batch.append((apply_set, f"{apply_name}, run once per micro-batch,"))
-        reported = set()
+        reported: set[tf.Operation] = set()
         for ops, what in per_micro_batch:
             for op in sorted(increments & ops, key=lambda o: o.name):
                 if self.conditional(op) or op in reported:
@@ -743,7 +759,7 @@ class _Checker:
                 )
         return findings
 
-    def summed_accumulator(self, op):
+    def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:
         """The summing accumulator whose value ``op`` outputs unchanged, or None."""
         for _ in range(10000):
             if op.type in _VARIABLE_OPS:
@@ -761,12 +777,12 @@ class _Checker:
         return None
 
 
-def _value_index(op):
+def _value_index(op: tf.Operation) -> int | None:
     """The index of the value an accumulate op adds or assigns."""
     return _ADDED.get(op.type, _ASSIGNED.get(op.type))
 
 
-def _gradient_index(op):
+def _gradient_index(op: tf.Operation) -> int | None:
     """The index of an optimizer update op's gradient input, or None."""
     if not op.type.startswith(("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")):
         return None
@@ -777,6 +793,6 @@ def _gradient_index(op):
     return None
 
 
-def _variable_ops(graph, key):
+def _variable_ops(graph: tf.Graph, key: str) -> set[tf.Operation]:
     """The variable ops of the variables in collection ``key``."""
     return {v.op for v in graph.get_collection(key) if hasattr(v, "op")}

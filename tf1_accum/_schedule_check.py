@@ -36,6 +36,12 @@ import tensorflow as tf
 
 from tf1_accum._window import APPLY_DUE_COLLECTION
 
+if typing.TYPE_CHECKING:
+    from tf1_accum._graph_check import _Checker
+
+# A finding, of the type the caller's ``finding`` makes (GraphFinding).
+_Finding = typing.TypeVar("_Finding")
+
 SCHEDULE_IN_MICRO_BATCHES = "schedule_in_micro_batches"
 
 # Ops that hand the global step on as a number of steps.
@@ -94,7 +100,11 @@ class _Size(typing.NamedTuple):
     epochs: float  # product of the repeat counts (math.inf: forever)
 
 
-def schedule_findings(checker, apply_set, finding):
+def schedule_findings(
+    checker: _Checker,
+    apply_set: set[tf.Operation],
+    finding: typing.Callable[[str, str, str], _Finding],
+) -> list[_Finding]:
     """The step counts in micro-batches, as ``finding(kind, op_name, message)`` results."""
     steps = _window_steps(checker.graph, apply_set)
     if steps is None or not checker.steps:
@@ -108,8 +118,8 @@ def schedule_findings(checker, apply_set, finding):
         return []
     updates = math.ceil(total.actual / steps)
     counts = _step_counts(checker, apply_set)
-    findings = []
-    reported = set()
+    findings: list[_Finding] = []
+    reported: set[float] = set()
     for value, op, var in sorted(counts, key=lambda c: (c[1].name, c[0])):
         if value in reported or value <= updates:
             continue
@@ -138,9 +148,9 @@ def schedule_findings(checker, apply_set, finding):
     return findings
 
 
-def _window_steps(graph, apply_set):
+def _window_steps(graph: tf.Graph, apply_set: set[tf.Operation]) -> int | None:
     """The N of the windows the apply runs, if they all have one and the same."""
-    found = set()
+    found: set[int] = set()
     for due in graph.get_collection(APPLY_DUE_COLLECTION):
         if due.op in apply_set:
             value = tf.get_static_value(due.op.inputs[1])
@@ -150,9 +160,11 @@ def _window_steps(graph, apply_set):
     return found.pop() if len(found) == 1 and min(found) > 1 else None
 
 
-def _step_counts(checker, apply_set):
+def _step_counts(
+    checker: _Checker, apply_set: set[tf.Operation]
+) -> list[tuple[float, tf.Operation, tf.Operation]]:
     """``(value, op, global step)`` of each constant an op of the apply compares the step with."""
-    derived = {}  # op -> the global step its output counts
+    derived: dict[tf.Operation, tf.Operation] = {}  # op -> the global step its output counts
     stack = [(var, var) for var in checker.steps]
     while stack:
         op, var = stack.pop()
@@ -163,7 +175,7 @@ def _step_counts(checker, apply_set):
             for consumer in output.consumers():
                 if consumer.type in _STEP_OPS and consumer in apply_set:
                     stack.append((consumer, var))
-    counts = []
+    counts: list[tuple[float, tf.Operation, tf.Operation]] = []
     for op in apply_set:
         if op.type not in _COMPARE_OPS | _DIVIDE_OPS or len(op.inputs) != 2:
             continue
@@ -178,7 +190,7 @@ def _step_counts(checker, apply_set):
     return counts
 
 
-def _whole_epochs(value, epoch, epochs):
+def _whole_epochs(value: float, epoch: _Size, epochs: int) -> int | None:
     """k when ``value`` is the micro-batches of k epochs (1 <= k <= ``epochs``), else None."""
     for k in range(1, epochs + 1):
         exact = epoch.exact * k
@@ -187,7 +199,7 @@ def _whole_epochs(value, epoch, epochs):
     return None
 
 
-def _pipeline(graph, iterator):
+def _pipeline(graph: tf.Graph, iterator: tf.Operation) -> tuple[_Size, _Size] | None:
     """``(total, one epoch)`` `_Size` of the dataset of ``iterator``, or None."""
     if iterator.type == "OneShotIterator":
         # Its dataset is copied into a function; the original is left unused.
@@ -212,12 +224,12 @@ def _pipeline(graph, iterator):
     return total, epoch
 
 
-def _static(tensor):
+def _static(tensor: tf.Tensor) -> typing.Any:  # a Python scalar, or None
     value = tf.get_static_value(tensor)
     return None if value is None or np.ndim(value) != 0 else value.item()
 
 
-def _size(op, repeats):
+def _size(op: tf.Operation, repeats: bool) -> _Size | None:
     """The `_Size` of dataset op ``op`` (``repeats=False``: each repeat once), or None."""
     if op.type == "TensorSliceDataset":
         shape = op.inputs[0].shape if op.inputs else None
