@@ -90,8 +90,11 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
     def after_create_session(
         self, session: tf.compat.v1.Session, coord: tf.train.Coordinator
     ) -> None:
-        # begin() set them: a session calls it before any other method.
-        assert self._counters is not None
+        if self._counters is None:
+            raise RuntimeError(
+                "AccumulationHook.after_create_session() ran before begin(): a "
+                "MonitoredTrainingSession calls begin() first."
+            )
         self._filter = _filter_unmoved_step_warnings(session)
         # The CheckpointSaverHook of the session need not warn of these windows.
         _unhooked.keep_windows(session, self._counters)
