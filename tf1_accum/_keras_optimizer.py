@@ -302,7 +302,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return list(self._optimizer.weights) + self._state()
 
     @property
-    def weights(self) -> list[tf.Variable]:
+    def weights(self) -> list:  # of tf.Variable (an alias in a generic reads badly in the docs)
         """As `variables`: what ``model.save()`` writes and ``load_model`` sets."""
         return self.variables()
 
