@@ -801,14 +801,16 @@ def _apply_one_at_a_time(
     var_list: typing.Sequence[tf.Variable],
     global_step: tf.Variable | None,
 ) -> tf.Operation:
-    """Builds the optimizer's apply of ``make_grads()``, one gradient alive at a time.
+    """Builds the optimizer's apply of ``make_grads()``, one large gradient alive at a time.
 
     Each gradient (a variable's mean, made from its accumulator) is a new
     tensor the size of its variable. Left to the executor, every one is
     computed as soon as the apply starts, and all of them are alive together
-    until the optimizer has used them: a parameter copy. Here each waits
-    until the optimizer's ops that read the one before it have run, so that
-    the apply holds one variable's gradient at a time. Where the optimizer
+    until the optimizer has used them: a parameter copy. Here each large
+    one (``_ONE_AT_A_TIME_FROM`` elements or more) waits until the
+    optimizer's ops that read the large one before it have run, so that the
+    apply holds one large gradient at a time; small ones cost little memory
+    and run at once. Where the optimizer
     reads one gradient in an op that also depends on another (a norm over all
     of them, say), the order would deadlock: the gradients are then left to
     the executor.
@@ -850,11 +852,26 @@ def _apply_one_at_a_time(
     users = [[c for c in _values(g).consumers() if c in inside] for g in grads]
     if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
         return update
-    for k, waited in enumerate(users[:-1]):
-        starts = [op for op in own[k + 1] if not any(d in own[k + 1] for d in before(op))]
+    # Only large gradients wait: a small one costs no memory worth an order,
+    # and running it at once keeps a small model's apply as quick as it was.
+    large = [k for k, var in enumerate(var_list) if _elements(var) >= _ONE_AT_A_TIME_FROM]
+    for k, following in zip(large, large[1:]):
+        waited = users[k]
+        starts = [op for op in own[following] if not any(d in own[following] for d in before(op))]
         for op in starts if waited else ():
             op._add_control_inputs(waited)
     return update
+
+
+# Gradients of at least this many elements (256 KiB of float32) are made one
+# at a time by the apply.
+_ONE_AT_A_TIME_FROM = 1 << 16
+
+
+def _elements(var: tf.Variable) -> int:
+    """The variable's element count (0 if its shape is not static)."""
+    count = var.shape.num_elements()
+    return 0 if count is None else count
 
 
 def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
