@@ -296,3 +296,15 @@ def test_after_a_session_that_failed_the_warning_is_back_without_the_hook(tmp_pa
     with pytest.raises(RuntimeError, match="the input pipeline failed"):
         _unmoved_step_warnings(str(tmp_path / "failed"), True, fail=True)
     assert len(_unmoved_step_warnings(str(tmp_path / "plain"), False)) == 5
+
+
+def test_a_hook_whose_begin_was_skipped_says_so():
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        opt = tf1_accum.AccumulationOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1), 2)
+        opt.minimize(model.loss)
+        hook = opt.make_session_run_hook()
+        with tf.compat.v1.Session() as sess:
+            expected = r"after_create_session\(\) ran before begin\(\)"
+            with pytest.raises(RuntimeError, match=expected):
+                hook.after_create_session(sess, None)
