@@ -78,50 +78,6 @@ def test_sum_with_average_false():
     assert_same_values(got, expected, 1e-12, "average=False")
 
 
-@pytest.mark.parametrize(
-    "how, dtype, divided",
-    [
-        ("minimize", tf.float64, True),
-        ("minimize", tf.float32, True),
-        # Gradients handed over by the caller are accumulated as they are.
-        ("apply_gradients", tf.float64, False),
-        # A weighted mean needs each micro-batch's own gradient.
-        ("weighted", tf.float64, False),
-    ],
-)
-def test_minimize_accumulates_each_gradient_divided_by_steps(how, dtype, divided):
-    """The accumulators of ``minimize`` hold the sum / steps: a full window holds its mean."""
-    steps = 4
-    batches = make_batches(dtype, False, 2, 3)
-    with tf.Graph().as_default() as graph:
-        model = Model(dtype, False)
-        w1 = graph.get_tensor_by_name("w1:0").op
-        w1 = [v for v in v1.global_variables() if v.op is w1][0]
-        weight = tf.constant(2.0, dtype) if how == "weighted" else None
-        opt = tf1_accum.AccumulationOptimizer(
-            v1.train.GradientDescentOptimizer(0.1), steps=steps, weight=weight
-        )
-        if how == "apply_gradients":
-            train_op = opt.apply_gradients(opt.compute_gradients(model.loss))
-        else:
-            train_op = opt.minimize(model.loss)
-        accumulator = [v for v in v1.global_variables() if v.op.name == "w1/accumulator"][0]
-        gradient = tf.gradients(model.loss, w1)[0]
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            expected = sum(sess.run(gradient, model.feed(b)) for b in batches)
-            for batch in batches:
-                sess.run(train_op, model.feed(batch))
-            got = sess.run(accumulator)
-    if how == "weighted":
-        # Each weight, times the power of two that brings the window's first
-        # to [1, 2): 2 * 0.5.
-        expected = (2.0 * 0.5) * expected
-    if divided:
-        expected = expected / steps
-    np.testing.assert_allclose(got, expected, rtol=RTOL_TIGHT[dtype])
-
-
 def test_monitored_training_session_with_its_hooks(tmp_path):
     n, updates = 3, 4
     batches = make_batches(tf.float32, False, n * updates + 5, 4)

@@ -164,3 +164,49 @@ def test_every_way_in_checks_the_window_options_with_one_text(way, options, erro
         with pytest.raises(error, match=message):
             way.build(_linear_model_of, sgd, data, 2, **options)
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtype, weighted):
+    """The accumulators hold the window's sum (weighted: of w_i g_i, times the window's
+    power of two), whichever way in built them; only the apply divides."""
+    way.require("feed_window_ops")
+    rng = np.random.RandomState(5)
+    data = [(rng.randn(3, 4).astype(dtype.as_numpy_dtype),) for _ in range(3)]
+    weights = [3.0, 0.5, 2.0]
+    start = rng.randn(4, 2).astype(dtype.as_numpy_dtype)
+
+    def loss_of(x, w):
+        return tf.reduce_mean(tf.tanh(tf.matmul(x, w)) ** 2)
+
+    def model_fn(inputs):
+        return loss_of(inputs[0], v1.get_variable("w", initializer=start))
+
+    with tf.Graph().as_default():
+        weight_in = v1.placeholder(dtype, [])
+        built = way.build(
+            model_fn,
+            v1.train.GradientDescentOptimizer(0.1),
+            data,
+            steps=4,
+            weight=(lambda inputs: tf.identity(weight_in)) if weighted else None,
+        )
+        w = [v for v in v1.global_variables() if v.op.name == "w"][0]
+        accumulator = [v for v in v1.global_variables() if v.op.name == "w/accumulator"][0]
+        gradient = tf.gradients(loss_of(built.inputs[0], w), w)[0]
+        accumulate = way.window_ops(built).accumulate
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            expected = np.zeros_like(start)
+            for batch, w_i in zip(data, weights):
+                feed = {**built.feed(batch), weight_in: w_i}
+                g = sess.run(gradient, feed)
+                expected = expected + (w_i * g if weighted else g)
+                sess.run(accumulate, feed)
+            got = sess.run(accumulator)
+            assert sess.run(built.counter) == len(data)
+    if weighted:
+        expected = expected * 0.5  # the power of two that brings the first weight, 3, to [1, 2)
+    np.testing.assert_allclose(got, expected, rtol=1e-10 if dtype == tf.float64 else 1e-6)

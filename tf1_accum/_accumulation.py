@@ -298,7 +298,7 @@ def build_accumulation(
         # Each op holds the window's mutex while it runs (see Window.exclusive):
         # runs from several threads take turns on the window.
         accum_op, _ = window.exclusive(
-            lambda: (window.accumulate(grads, weight, run_with=update_ops), None),
+            lambda: (window.add(grads, weight, run_with=update_ops).op, None),
             name="accumulate",
         )
         with tf.control_dependencies(None), window.control_flow(global_step):
@@ -311,8 +311,10 @@ def build_accumulation(
             with window.control_flow(global_step):
                 accum_apply_op, fused_applied = window.exclusive(
                     lambda: _op_first(
-                        window.accumulate_and_apply(
-                            grads, optimizer, global_step, weight=weight, run_with=update_ops
+                        window.apply(
+                            optimizer,
+                            global_step,
+                            after=window.add(grads, weight, run_with=update_ops),
                         )
                     ),
                     name="accumulate_and_apply",

@@ -15,7 +15,6 @@ from tf1_accum._window import Window
 from tf1_accum._window import WindowOptions
 from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
-from tf1_accum._window import per_step_loss
 from tf1_accum._window import reference_control_flow
 from tf1_accum._window import window_options
 
@@ -284,8 +283,9 @@ def _build(
     # What loss_fn adds to op collections is taken back: ops built inside the
     # loop cannot be fetched from outside it.
     kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
-    # What the loop's one call of loss_fn builds, for the apply after the loop.
-    built: dict[str, typing.Any] = {}
+    # tf.while_loop calls its body once, to trace it, and returns only
+    # tensors: the window built there leaves the body through this list.
+    made: list[_MadeInLoop] = []
 
     def build_window(batch: typing.Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
         """Calls loss_fn (and weight) on the micro-batch drawn; builds the window and its add.
@@ -316,26 +316,19 @@ def _build(
         _validate.check_loss(loss)
         _validate.check_weight(w, loss.graph)
         trainable = _validate.check_var_list(var_list, graph)
-        read = _validate.check_trainable(loss, trainable)
-        # The gradients are not built yet: the dtypes looked at are those of
-        # the variables the loss reads.
-        # Across workers the window's sums are all-reduced, then divided by
-        # the summed count: each micro-batch's gradient as it is.
-        scaled, prescaled = (
-            per_step_loss(loss, options, steps, read) if cross_replica is None else (loss, False)
-        )
-        pairs = optimizer.compute_gradients(scaled, var_list=trainable)
-        pairs = _validate.usable_gradients(pairs, loss)  # named as loss_fn returned it
+        _validate.check_trainable(loss, trainable)
+        pairs = optimizer.compute_gradients(loss, var_list=trainable)
+        pairs = _validate.usable_gradients(pairs, loss)
         with tf.compat.v1.name_scope(scope):
             window = Window(
                 pairs,
-                options._replace(average=False) if prescaled else options,
+                options,
                 scope,
                 statistics=_stats.WindowStatistics.for_window(options, pairs),
                 cross_replica=None if cross_replica is None else cross_replica._reducer(),
                 mutex=mutex,
             )
-        built.update(window=window, prescaled=prescaled, loss_dtype=loss.dtype.base_dtype)
+        made.append(_MadeInLoop(window, loss.dtype.base_dtype))
         grads = [g for g, _ in pairs]
         with tf.control_dependencies(added):
             count = window.add(grads, w).count
@@ -361,7 +354,7 @@ def _build(
     ) -> tuple[tf.Tensor, tf.experimental.Optional, tf.Tensor, tf.Tensor, tf.Tensor]:
         del count
         new_count, loss, w = build_window(element.get_value())
-        dtype = built["loss_dtype"]
+        dtype = made[0].loss_dtype
         if w is None:
             # weight_sum stays 0: the mean loss divides by ``drawn``.
             loss_sum = _plus(loss_sum, tf.cast(loss, dtype))
@@ -400,7 +393,7 @@ def _build(
                 back_prop=False,
                 name="draw",
             )
-        window = built["window"]
+        window = made[0].window
         with tf.compat.v1.name_scope(scope):
             # Nothing drawn (the data has ended): what a run that failed
             # midway left in the window is applied, if anything.
@@ -408,17 +401,13 @@ def _build(
         with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
             # The other branch: the iterator is exhausted, get_next() raises
             # OutOfRangeError.
-            applied = window.apply_if(
-                count > 0,
-                optimizer,
-                global_step,
-                caller_scope,
-                name="apply_or_stop",
-                before_idle=lambda: tf.nest.flatten(iterator.get_next()),
-                totals=(
-                    (lambda: window.rescaled_if_short(steps, count)) if built["prescaled"] else None
-                ),
-            )
+            with tf.compat.v1.name_scope(caller_scope + "/" if caller_scope else ""):
+                applied = window.apply(
+                    optimizer,
+                    global_step,
+                    when=count > 0,
+                    otherwise=lambda: tf.nest.flatten(iterator.get_next()),
+                )
         done = (applied.applied, applied.norm, applied.statistics, loss_sum, weight_sum, drawn)
         return done, None
 
@@ -431,10 +420,9 @@ def _build(
         + [global_step],
         references=_makes_references(variable_scope),
     ):
-        done, _ = exclusive(mutex, scope, draw_and_apply, lambda: built["window"]._state())
+        done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0].window._state())
     applied, norm, statistics, loss_sum, weight_sum, drawn = done
-    window = built["window"]
-    loss_dtype = built["loss_dtype"]
+    ((window, loss_dtype),) = made  # the body was traced once
     with tf.compat.v1.name_scope(scope):
         train_op = tf.group(applied, name="train")
         weight_sum = tf.cast(drawn if weight is None else weight_sum, loss_dtype)
@@ -451,6 +439,13 @@ def _build(
         statistics=statistics,
         applied=applied,
     )
+
+
+class _MadeInLoop(typing.NamedTuple):
+    """What the loop's one call of ``loss_fn`` built, for the apply after the loop."""
+
+    window: Window
+    loss_dtype: tf.DType
 
 
 def _initialized_outside_the_loop(

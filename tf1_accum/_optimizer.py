@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import typing
 
 import tensorflow as tf
@@ -16,12 +15,21 @@ from tf1_accum import _scaffold
 from tf1_accum import _stats
 from tf1_accum import _unhooked
 from tf1_accum._window import Window
-from tf1_accum._window import per_step_loss
+from tf1_accum._window import APPLY_DUE_COLLECTION
 from tf1_accum._window import window_options
 
 if typing.TYPE_CHECKING:
     from tf1_accum._window import Applied
     from tf1_accum._window import Pairs
+
+
+class _Build(typing.NamedTuple):
+    """What building one train op returned."""
+
+    window: Window
+    train: Applied  # the train op's apply, every steps-th run
+    flush: Applied  # flush_op's
+    start: typing.Optional[_migration.WindowStart]  # with global_step: its check
 
 
 class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
@@ -196,14 +204,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._cross_replica = cross_replica
         self._optimizer = optimizer
         self._steps = int(steps)
-        self._minimizing = False  # minimize() guards the whole build, gradients included
-        self._prescaled = False  # minimize() scaled the loss by 1 / steps (per_step_loss)
-        self._windows: list[Window] = []
-        # The Applied of each train op built, aligned with _windows.
-        self._trains: list[Applied] = []
-        self._flushes: list[Applied] = []  # the Applied of each flush
-        # The WindowStart of each train op given global_step.
-        self._step_starts: list[_migration.WindowStart] = []
+        # One entry per train op built, in order: what each build returned.
+        self._builds: list[_Build] = []
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -229,26 +231,41 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 several in the graph (each has its own window: build one
                 AccumulationOptimizer per train op).
         """
-        return self._last_window("micro_step").counter
+        return self._one_build("micro_step").window.counter
 
-    def _last_window(self, what: str) -> Window:
-        """The window of the one train op built in the last graph; raises if none, or several."""
-        if not self._windows:
+    def _built(self, graph: tf.Graph | None = None) -> list[_Build]:
+        """The train ops built in ``graph`` (the default graph, if None)."""
+        graph = graph or tf.compat.v1.get_default_graph()
+        return [b for b in self._builds if b.window.counter.graph is graph]
+
+    def _one_build(self, what: str) -> _Build:
+        """The one train op built in the default graph (or, outside it, in the only graph).
+
+        Raises ``ValueError`` if none was built, or several.
+        """
+        builds = self._built()
+        if not builds and len({id(b.window.counter.graph) for b in self._builds}) == 1:
+            builds = self._builds  # read outside the one graph it was built in
+        if not builds:
             raise ValueError(
                 f"{what} exists once the train op is built: call minimize() or "
-                "apply_gradients() first."
+                "apply_gradients() first"
+                + (
+                    ", in this graph (it was built in other graphs: enter the one "
+                    "you mean with graph.as_default())."
+                    if self._builds
+                    else "."
+                )
             )
-        graph = self._windows[-1].counter.graph
-        built = [w for w in self._windows if w.counter.graph is graph]
-        if len(built) > 1:
+        if len(builds) > 1:
             raise ValueError(
-                f"{what} is ambiguous: this AccumulationOptimizer built {len(built)} train "
+                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
                 "ops in this graph (minimize() or apply_gradients() called "
-                f"{len(built)} times), each accumulating its own window. Build one "
+                f"{len(builds)} times), each accumulating its own window. Build one "
                 "AccumulationOptimizer per train op (they may wrap one optimizer); "
                 "flush_op flushes every window of this one."
             )
-        return self._windows[-1]
+        return builds[0]
 
     @property
     def skipped_windows(self) -> tf.Variable:
@@ -259,7 +276,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 several in the graph (each has its own window: build one
                 AccumulationOptimizer per train op).
         """
-        return self._last_window("skipped_windows").skipped
+        return self._one_build("skipped_windows").window.skipped
 
     @property
     def global_norm(self) -> tf.Tensor:
@@ -273,8 +290,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 several in the graph (each has its own window: build one
                 AccumulationOptimizer per train op).
         """
-        self._last_window("global_norm")
-        return self._trains[-1].norm
+        return self._one_build("global_norm").train.norm
 
     @property
     def applied(self) -> tf.Tensor:
@@ -294,8 +310,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 several in the graph (each has its own window: build one
                 AccumulationOptimizer per train op).
         """
-        self._last_window("applied")
-        return self._trains[-1].applied
+        return self._one_build("applied").train.applied
 
     @property
     def statistics(self) -> _stats.GradientStatistics | None:
@@ -310,8 +325,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 several in the graph (each has its own window: build one
                 AccumulationOptimizer per train op).
         """
-        self._last_window("statistics")
-        return self._trains[-1].statistics
+        return self._one_build("statistics").train.statistics
 
     @property
     def flush_statistics(self) -> _stats.GradientStatistics | None:
@@ -326,8 +340,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 several in the graph (each has its own window: build one
                 AccumulationOptimizer per train op).
         """
-        self._last_window("flush_statistics")
-        return self._flushes[-1].statistics
+        return self._one_build("flush_statistics").flush.statistics
 
     @property
     def flush_op(self) -> tf.Operation:
@@ -345,10 +358,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         Raises:
             ValueError: If no train op was built yet.
         """
-        if not self._windows:
-            self._last_window("flush_op")
         # Each train op's flush runs the flushes built before it in its graph.
-        return self._flushes[-1].op
+        builds = self._built() or self._builds[-1:]
+        if not builds:
+            self._one_build("flush_op")
+        return builds[-1].flush.op
 
     def compute_gradients(
         self, *args: typing.Any, **kwargs: typing.Any
@@ -401,26 +415,23 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 its ``apply_gradients`` is built.
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
-        _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
+        graph = tf.compat.v1.get_default_graph()
+        _validate.check_global_step(global_step, graph)
         grads_and_vars = list(grads_and_vars)
         _validate.check_not_under_sync_replicas(grads_and_vars)
         pairs = _validate.usable_gradients(grads_and_vars)
-        _validate.check_shapes([v for _, v in pairs])
-        if not self._minimizing:  # minimize() hands over the gradients it computed
-            _migration.warn_if_clipped(pairs, self._options.clip_norm)
-        _keras.check_variables(self._optimizer, [v for _, v in pairs])
-        graph = tf.compat.v1.get_default_graph()
-        options = self._options
-        update_ops = _validate.check_update_ops(options.update_ops, graph)
-        if not callable(options.weight):
-            _validate.check_weight(options.weight, graph)
-        guard = (
-            contextlib.nullcontext()
-            if self._minimizing
-            else _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients")
-        )
-        with guard:
+        _migration.warn_if_clipped(pairs, self._options.clip_norm)
+        update_ops = self._checked_for(pairs, graph)
+        with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
             return self._build(pairs, global_step, name, graph, update_ops)
+
+    def _checked_for(self, pairs: Pairs, graph: tf.Graph) -> list[tf.Operation] | None:
+        """Checks the variables and the options against the gradients' graph; the update ops."""
+        _validate.check_shapes([v for _, v in pairs])
+        _keras.check_variables(self._optimizer, [v for _, v in pairs])
+        if not callable(self._options.weight):
+            _validate.check_weight(self._options.weight, graph)
+        return _validate.check_update_ops(self._options.update_ops, graph)
 
     def _build(
         self,
@@ -431,17 +442,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         update_ops: list[tf.Operation] | None,
     ) -> tf.Operation:
         options = self._options
-        # Gradients already divided by steps: a full window holds its mean.
-        prescaled = self._prescaled
-        if prescaled:
-            options = options._replace(average=False)
         weight = options.weight
         if callable(weight):
             weight = weight()
             _validate.check_weight(weight, graph)
         if update_ops is None:
             update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-        caller_scope = graph.get_name_scope()
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
@@ -464,48 +470,33 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 # With global_step: each run first checks that nothing else moved it.
                 checked = [] if start is None else [start.check(self._steps)]
                 with tf.control_dependencies(checked):
-                    applied = window.accumulate_and_apply_every(
-                        self._steps,
-                        [g for g, _ in pairs],
-                        self._optimizer,
-                        global_step,
-                        weight,
-                        run_with=update_ops,
-                    )
-                return applied, None
+                    added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
+                # The counter's increment waits for every add: the apply,
+                # reads and update, comes after this micro-batch's gradients.
+                with tf.compat.v1.name_scope(window.scope):
+                    due = tf.greater_equal(tf.identity(added.count), self._steps, name="due")
+                graph.add_to_collection(APPLY_DUE_COLLECTION, due)
+                return window.apply(self._optimizer, global_step, when=due), None
 
             train, _ = window.exclusive(accumulate_and_apply)
             # Built now, not when first asked for: a MonitoredSession
             # finalizes the graph before the end of training. After the
             # flushes of the train ops built before in this graph, in turn:
             # flush_op flushes every window.
-            earlier = [
-                f.op for w, f in zip(self._windows, self._flushes) if w.counter.graph is graph
-            ]
+            earlier = [b.flush.op for b in self._built(graph)]
             with tf.control_dependencies(None), tf.control_dependencies(earlier[-1:]):
-                steps = self._steps
-                rescaled = lambda: window.rescaled_if_short(steps)  # noqa: E731
-                flushed, _ = window.exclusive(
-                    lambda: (
-                        window.flush(
-                            self._optimizer,
-                            global_step,
-                            caller_scope,
-                            totals=rescaled if prescaled else None,
-                        ),
-                        None,
-                    ),
-                    name="flush",
-                )
-        self._windows.append(window)
+
+                def flush() -> tuple[Applied, None]:
+                    with tf.compat.v1.name_scope(window.scope):
+                        pending = tf.greater(tf.identity(window.counter), 0, name="pending")
+                    return window.apply(self._optimizer, global_step, when=pending), None
+
+                flushed, _ = window.exclusive(flush, name="flush")
+        self._builds.append(_Build(window, train, flushed, start))
         # A MonitoredTrainingSession or Estimator that ends mid-window without
         # make_session_run_hook's hook may leave the window out of every checkpoint.
         graph.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
         _unhooked.watch_checkpoint_saver_hook()
-        if start is not None:
-            self._step_starts.append(start)
-        self._trains.append(train)
-        self._flushes.append(flushed)
         with tf.compat.v1.name_scope(scope):
             return tf.group(train.applied, name="train")
 
@@ -514,8 +505,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         loss: tf.Tensor,
         global_step: tf.Variable | None = None,
         var_list: typing.Sequence[tf.Variable] | None = None,
-        *args: typing.Any,
-        **kwargs: typing.Any,
+        gate_gradients: int = tf.compat.v1.train.Optimizer.GATE_OP,
+        aggregation_method: typing.Any = None,
+        colocate_gradients_with_ops: bool = False,
+        name: str | None = None,
+        grad_loss: tf.Tensor | None = None,
     ) -> tf.Operation:
         """Computes the gradients of ``loss`` and returns the accumulating train op.
 
@@ -538,39 +532,32 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 ``update_ops`` is not in the graph of the loss, or no variable
                 has a gradient.
         """
-        if not callable(loss):  # a callable loss is for eager execution: TF checks it
-            _validate.check_graph_mode("AccumulationOptimizer.minimize")
-            _validate.check_loss(loss)
-            _validate.check_global_step(global_step, loss.graph)
-            if not callable(self._options.weight):
-                _validate.check_weight(self._options.weight, loss.graph)
-            _validate.check_update_ops(self._options.update_ops, loss.graph)
-            variables = _validate.check_var_list(var_list, loss.graph)
-            _validate.check_trainable(loss, variables)
-            _keras.check_variables(self._optimizer, variables)
-            # Checked: the gradients are built next. A failure from here on
-            # (no gradient after all, the wrapped optimizer's apply) puts the
-            # graph's collections back and says which ops remain.
-            guard = _validate.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize")
-            with guard:
-                # Across workers the window's sums are all-reduced, then divided
-                # by the summed count: each micro-batch's gradient as it is.
-                loss, prescaled = (
-                    per_step_loss(loss, self._options, self._steps, variables)
-                    if self._cross_replica is None
-                    else (loss, False)
-                )
-                with self._building_in_minimize(prescaled):
-                    return super().minimize(loss, global_step, var_list, *args, **kwargs)
-        return super().minimize(loss, global_step, var_list, *args, **kwargs)
-
-    @contextlib.contextmanager
-    def _building_in_minimize(self, prescaled: bool) -> typing.Iterator[None]:
-        self._minimizing, self._prescaled = True, prescaled
-        try:
-            yield
-        finally:
-            self._minimizing, self._prescaled = False, False
+        given = dict(
+            gate_gradients=gate_gradients,
+            aggregation_method=aggregation_method,
+            colocate_gradients_with_ops=colocate_gradients_with_ops,
+            grad_loss=grad_loss,
+        )
+        if callable(loss):  # a callable loss is for eager execution: TF checks it
+            return super().minimize(loss, global_step, var_list, name=name, **given)
+        _validate.check_graph_mode("AccumulationOptimizer.minimize")
+        _validate.check_loss(loss)
+        _validate.check_global_step(global_step, loss.graph)
+        if not callable(self._options.weight):
+            _validate.check_weight(self._options.weight, loss.graph)
+        _validate.check_update_ops(self._options.update_ops, loss.graph)
+        variables = _validate.check_var_list(var_list, loss.graph)
+        _validate.check_trainable(loss, variables)
+        _keras.check_variables(self._optimizer, variables)
+        # Checked: the gradients are built next. A failure from here on
+        # (no gradient after all, the wrapped optimizer's apply) puts the
+        # graph's collections back and says which ops remain.
+        with _validate.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize"):
+            grads_and_vars = self.compute_gradients(loss, var_list=var_list, **given)
+            pairs = _validate.usable_gradients(grads_and_vars)
+            update_ops = self._checked_for(pairs, loss.graph)
+            with loss.graph.as_default():
+                return self._build(pairs, global_step, name, loss.graph, update_ops)
 
     def get_slot(self, var: tf.Variable, name: str) -> tf.Variable | None:
         """The wrapped optimizer's slot ``name`` of ``var`` (as plain training names it)."""
@@ -592,9 +579,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         the whole optimizer. Variable names do not change, so checkpoints do
         not either; `plain_variables` still leaves tf1_accum's state out.
         """
-        graph = tf.compat.v1.get_default_graph()
-        state = [v for window in self._windows for v in window._state() if v.graph is graph]
-        state += [s.variable for s in self._step_starts if s.variable.graph is graph]
+        state = [v for b in self._built() for v in b.window._state()]
+        state += [b.start.variable for b in self._built() if b.start is not None]
         return list(self._optimizer.variables()) + state
 
     def make_session_run_hook(
@@ -689,13 +675,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ValueError: If no train op was built yet, or the graph already has
                 a saver in ``SAVERS``.
         """
-        self._last_window("make_scaffold")
+        self._one_build("make_scaffold")
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
         """(counter, flush op) of each train op built in ``graph``."""
-        return [
-            (window.counter, flushed.op)
-            for window, flushed in zip(self._windows, self._flushes)
-            if window.counter.graph is graph
-        ]
+        return [(b.window.counter, b.flush.op) for b in self._built(graph)]

@@ -150,6 +150,17 @@ class Applied(typing.NamedTuple):
     statistics: typing.Any = None  # a _stats.GradientStatistics, or None
 
 
+class Mean(typing.NamedTuple):
+    """The window's mean (or sum), as `Window.mean` builds it for one apply."""
+
+    gradients: typing.Callable[[], list]  # builds them, aligned with var_list
+    norm: tf.Tensor  # float64 global norm before clipping
+    statistics: typing.Any  # a _stats.GradientStatistics, or None
+    observed: typing.List[tf.Operation]  # the statistics' updates; the reset waits for them
+    rows: typing.List[typing.Optional[tf.Tensor]]  # sparse rows the reset clears
+    after: typing.List[tf.Tensor]  # what the update waits for: the add's count
+
+
 _NOTHING_ACCUMULATED = (
     "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
     "accum_op on at least one micro-batch before apply_op; no variable was "
@@ -235,18 +246,6 @@ class Window:
         if worker:
             _make_local(self._state())
 
-    @property
-    def average(self) -> bool:
-        return self.options.average
-
-    @property
-    def clip_norm(self) -> float | None:
-        return self.options.clip_norm
-
-    @property
-    def skip_nonfinite(self) -> bool:
-        return self.options.skip_nonfinite
-
     def _state(self) -> list[tf.Variable]:
         state = [self.counter, self.skipped, self.weight_total, self.weight_scale]
         state.append(self.square_norms)
@@ -281,223 +280,22 @@ class Window:
     def accumulators(self) -> list[tf.Variable]:
         return [slot.accumulator for slot in self.slots]
 
-    def accumulate(
-        self,
-        gradients: typing.Sequence[Gradient],
-        weight: tf.Tensor | None = None,
-        name: str | None = None,
-        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
-    ) -> tf.Operation:
-        """Adds one micro-batch's gradients (aligned with ``var_list``) and counts it."""
-        return self.add(gradients, weight, name, run_with).op
-
-    def accumulate_and_apply(
-        self,
-        gradients: typing.Sequence[Gradient],
-        optimizer: tf.compat.v1.train.Optimizer,
-        global_step: tf.Variable | None = None,
-        name: str | None = None,
-        weight: tf.Tensor | None = None,
-        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
-    ) -> Applied:
-        """Adds one micro-batch, then applies the window and resets it, in one op.
-
-        Forward pass, gradients and update share one ``session.run``, so the
-        order is built from dependencies Grappler keeps. With reference
-        variables, Grappler's arithmetic optimizer removes identity reads
-        together with the control dependencies on them, so "read after the
-        add" and "update after every gradient" are not built that way: the
-        apply reads what the adds return (data dependencies: the `Added`
-        totals, the statistics' sums included), the counter's increment waits
-        for every add, and the optimizer's update ops wait for the increment
-        (control dependencies between stateful ops).
-
-        Returns:
-            The `Applied` of the apply.
-        """
-        added = self.add(gradients, weight, run_with=run_with)
-        return self.apply(optimizer, global_step, name, totals=added)
-
-    def accumulate_and_apply_every(
-        self,
-        steps: int,
-        gradients: typing.Sequence[Gradient],
-        optimizer: tf.compat.v1.train.Optimizer,
-        global_step: tf.Variable | None = None,
-        weight: tf.Tensor | None = None,
-        run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
-    ) -> Applied:
-        """Adds one micro-batch; when it is the ``steps``-th, also applies and resets.
-
-        Returns the conditional's `Applied`: ``applied`` is False in runs that
-        only accumulate (and in windows skipped as non-finite), ``norm`` 0 and
-        the statistics idle (see ``_stats.WindowStatistics.idle``) there. The
-        apply sits in a ``tf.cond`` whose predicate reads the counter's
-        increment, which waits for every add: everything in the branch, reads
-        and update, comes after this micro-batch's gradients (the update of
-        one variable must not race a gradient that reads it). The optimizer
-        creates its slots inside ``init_scope``, outside the conditional.
-        """
-        caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
-        count = self.add(gradients, weight, run_with=run_with).count
-        with tf.compat.v1.name_scope(self.scope):
-            due = tf.greater_equal(tf.identity(count), steps, name="apply_due")
-        tf.compat.v1.add_to_collection(APPLY_DUE_COLLECTION, due)
-        return self.apply_if(due, optimizer, global_step, caller_scope, name="apply_if_due")
-
-    def flush(
-        self,
-        optimizer: tf.compat.v1.train.Optimizer,
-        global_step: tf.Variable | None,
-        caller_scope: str,
-        name: str | None = None,
-        totals: typing.Callable[[], Added] | None = None,
-    ) -> Applied:
-        """Applies a partial window with its true count and resets; nothing if empty.
-
-        Needs no feed: it reads only the window's state. Returns the
-        conditional's `Applied`, its ``op`` named ``name``: the statistics of
-        the flushed window (idle when there was nothing to flush). ``totals``
-        is as `apply_if`'s.
-        """
-        with tf.control_dependencies(None), tf.compat.v1.name_scope(self.scope):
-            result = self.apply_if(
-                tf.greater(tf.identity(self.counter), 0),
-                optimizer,
-                global_step,
-                caller_scope,
-                name="flush_if_any",
-                totals=totals,
-            )
-            return result._replace(op=tf.group(result.applied, name=name))
-
-    def apply_if(
-        self,
-        predicate: tf.Tensor,
-        optimizer: tf.compat.v1.train.Optimizer,
-        global_step: tf.Variable | None,
-        caller_scope: str,
-        name: str,
-        before_idle: typing.Callable[[], list] | None = None,
-        totals: typing.Callable[[], Added] | None = None,
-    ) -> Applied:
-        """The apply inside ``tf.cond(predicate, ...)``; returns its outputs as an `Applied`.
-
-        ``predicate`` must imply that the window holds a micro-batch (the
-        apply does not check the counter again).
-
-        ``before_idle``, if given, returns ops the other branch runs first.
-        ``totals``, if given, is called inside the applying branch and returns
-        the `Added` to apply (as `apply`'s ``totals``); by default the apply
-        reads the variables. The statistics leave the conditional as outputs
-        of it, flat.
-        """
-
-        def idle() -> tuple[tf.Tensor, ...]:
-            with tf.control_dependencies(before_idle() if before_idle else []):
-                outcome = (tf.constant(False), tf.constant(0.0, tf.float64))
-                if self.statistics is not None:
-                    outcome += tuple(tf.nest.flatten(self.statistics.idle()))
-                return outcome
-
-        outputs = tf.cond(
-            predicate,
-            lambda: self._apply_in_branch(optimizer, global_step, caller_scope, totals),
-            idle,
-            name=name,
-        )
-        applied, norm, *rest = outputs
-        statistics = None if self.statistics is None else self.statistics.pack(rest)
-        return Applied(
-            grads_and_vars=None, op=None, norm=norm, applied=applied, statistics=statistics
-        )
-
-    def rescaled_if_short(self, steps: int, count: tf.Tensor | None = None) -> Added:
-        """The totals of accumulators that hold their sum divided by ``steps``, as an `Added`.
-
-        For the ways in that scale each micro-batch's loss by 1 / steps. A
-        full window holds its mean, applied as it is. A shorter one (the end of
-        the data, a flush) holds ``count / steps`` of its mean: it is rescaled
-        in place, once, by ``steps / count``. The apply reads what the
-        conditional returns, so it comes after the rescale. ``count`` is the
-        window's count, by default read from the counter.
-        """
-        if count is None:
-            count = tf.identity(self.counter)
-        slots = self.slots
-
-        def rescaled() -> list[tf.Tensor]:
-            values = []
-            for slot in slots:
-                factor = tf.cast(steps, slot.dtype) / tf.cast(count, slot.dtype)
-                total = slot.accumulator.assign(slot.accumulator.read_value() * factor)
-                values.append(tf.identity(total))
-                if hasattr(slot, "touched"):
-                    values.append(slot.touched.read_value())
-            return values
-
-        def as_they_are() -> list[tf.Tensor]:
-            return [tf.identity(t) for slot in slots for t in slot.totals()]
-
-        with tf.compat.v1.name_scope(self.scope):
-            flat = tf.cond(count < steps, rescaled, as_they_are, name="rescale_if_short")
-        flat = list(flat) if isinstance(flat, (list, tuple)) else [flat]
-        per_slot = []
-        for slot in slots:
-            width = 2 if hasattr(slot, "touched") else 1
-            per_slot.append(tuple(flat[:width]))
-            flat = flat[width:]
-        return Added(
-            op=None,
-            per_slot=per_slot,
-            count=count,
-            weight=None,
-            square_norm=None,
-            micro_batches=None,
-        )
-
-    def _apply_in_branch(
-        self,
-        optimizer: tf.compat.v1.train.Optimizer,
-        global_step: tf.Variable | None,
-        caller_scope: str,
-        totals: typing.Callable[[], Added] | None = None,
-    ) -> tuple[tf.Tensor, ...]:
-        """The apply as a ``tf.cond`` branch: (applied, norm, statistics...) once it has run.
-
-        ``applied`` is False when the window was skipped as non-finite.
-
-        It re-enters the caller's name scope, so that the optimizer's non-slot
-        variables (Adam's beta powers) do not take the cond's name.
-        """
-        added = None if totals is None else totals()
-        branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
-        with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-            result = self.apply(optimizer, global_step, totals=added, nonempty=True)
-        outcome = [result.applied, result.norm] + tf.nest.flatten(result.statistics or ())
-        with tf.control_dependencies([result.op]):
-            return tuple(tf.identity(t) for t in outcome)
-
     def add(
         self,
         gradients: typing.Sequence[Gradient],
         weight: tf.Tensor | None = None,
-        name: str | None = None,
         run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
+        name: str | None = None,
     ) -> Added:
-        """Adds one micro-batch, its gradients scaled by ``weight`` if weighted.
+        """Adds one micro-batch's gradients (aligned with ``var_list``), times ``weight``.
 
-        A micro-batch of weight 0 adds nothing, whatever its gradient holds:
-        0 times a NaN or an Inf counts as 0 (an all-padding micro-batch of a
-        token-weighted loss is 0 / 0), and its sparse rows are not marked
-        touched. It is still counted by the counter.
-
-        ``run_with`` (batch-norm updates, say) become control dependencies of
-        every stateful op of the add: they run with this micro-batch, and
-        before anything an apply in the same run does.
+        A micro-batch of weight 0 adds nothing, whatever its gradient holds
+        (0 times a NaN counts as 0), and marks no sparse row; the counter
+        still counts it. ``run_with`` (batch-norm updates) run before every
+        stateful op of the add.
 
         Returns:
-            An `Added`: the add op, and the window's totals after the add.
+            An `Added`: the add op, and the window's totals right after it.
         """
         with tf.compat.v1.name_scope(self.scope), tf.control_dependencies(run_with):
             stateful = []
@@ -540,13 +338,10 @@ class Window:
     def _normalized(self, weight: tf.Tensor) -> tf.Tensor:
         """``weight`` times the window's power of two, chosen by its first positive weight.
 
-        The weighted mean sum(w_i g_i) / sum(w_i) does not change when every
-        weight is multiplied by one number, and multiplying by a power of two
-        is exact: the first micro-batch of positive weight (the total is still
-        0) sets the factor that brings its weight into [1, 2), and every
-        weight of the window is multiplied by it. Tiny weights (1e-30, or a
-        float64 1e-300 on a float32 model) then neither underflow in the
-        accumulator's dtype nor round to 0 there.
+        The weighted mean does not change when every weight is multiplied by
+        one power of two, and the multiply is exact: the factor brings the
+        window's first positive weight into [1, 2), so tiny weights neither
+        underflow nor round to 0 in the accumulator's dtype.
         """
         fresh = tf.logical_and(tf.equal(tf.identity(self.weight_total), 0.0), weight > 0)
         # Only a window with a weight scale normalizes (see add).
@@ -557,55 +352,28 @@ class Window:
         return weight * scale
 
     def reset(self, name: str | None = None) -> tf.Operation:
-        """Empties the window: the counter (and the totals) to 0, sparse touched rows to zero.
+        """Empties the window: the counter and totals to 0, sparse touched rows to zero.
 
-        A dense accumulator keeps what it holds: the window's first add
-        assigns (see `_VariableAccumulator.add`).
+        A dense accumulator keeps what it holds: the window's next add assigns.
         """
         with tf.compat.v1.name_scope(self.scope):
             return tf.group(*[slot.reset() for slot in self.slots], self._reset_totals(), name=name)
 
-    def _read_totals(self) -> Added:
-        """The window's totals as the variables hold them, in the shape of an `Added`."""
-        return Added(
-            op=None,
-            per_slot=[None] * len(self.slots),
-            count=self.counter,
-            weight=self.weight_total,
-            square_norm=self.square_norms,
-            micro_batches=self.weighted_micro_batches,
-        )
-
-    def apply(
-        self,
-        optimizer: tf.compat.v1.train.Optimizer,
-        global_step: tf.Variable | None = None,
-        name: str | None = None,
-        totals: Added | None = None,
-        nonempty: bool = False,
-    ) -> Applied:
-        """Builds the apply: mean (or sum) through ``optimizer``, then reset.
+    def mean(self, after: Added | None = None, nonempty: bool = False) -> Mean:
+        """The window's mean (its sum with ``average=False``), its norm and statistics.
 
         Args:
-            optimizer: the optimizer to apply through.
-            global_step: incremented once by the optimizer, if given.
-            name: name of the returned op.
-            totals: the `Added` of an add, to apply right after that add in
-                the same ``session.run``; None reads the variables.
-            nonempty: True where the window cannot be empty (the apply of
-                `apply_if`, whose predicate implies a micro-batch): the
-                apply then does not check the counter.
+            after: The `Added` of an add in the same ``session.run``: the
+                mean reads what it returned. None reads the variables.
+            nonempty: The caller's predicate implies a micro-batch (a
+                conditional apply): the counter is not checked.
 
         Returns:
-            An `Applied`: what the optimizer is handed, the op that applies it
-            and then resets the window, the float64 global norm of the
-            window's gradient before clipping, a bool tensor (whether the
-            optimizer was given the window: False when it was skipped as
-            non-finite) and the window's ``GradientStatistics`` (or None).
+            A `Mean`. Its ``gradients()`` builds the gradients themselves, to
+            be called where the optimizer takes them.
         """
-        after_add = totals is not None
         with tf.compat.v1.name_scope(self.scope):
-            totals = self._read_totals() if totals is None else totals
+            totals = self._read_totals() if after is None else after
             per_slot, count, weight = totals.per_slot, totals.count, totals.weight
             count = tf.identity(count)  # a value, not a reference
             # The statistics' sums: of the squared norms, and (weighted) of
@@ -617,28 +385,20 @@ class Window:
                 counted = tf.identity(counted)
             # Weights summing to zero leave 0 / 0: a NaN mean, which the
             # non-finite guard skips (and counts), as it would any NaN window.
-            # (With average=False the sum of such a window is 0, applied.)
             if self.cross_replica is None:
-                # An apply right after an add, or behind a predicate that
-                # implies an add (apply_if), cannot find the window empty:
-                # only the apply alone checks. A bare Assert: its message is
-                # a constant, and an assert_positive would wrap it in a
-                # conditional, a dozen ops more in the apply's run.
-                # After an add, what follows reads what the adds wrote: it
-                # waits for their count (which waits for every add).
-                checks = [count] if after_add else []
-                if not (after_add or nonempty):
+                # After an add, the mean waits for its count (which waits for
+                # every add); an apply alone checks that the window holds one.
+                checks = [count] if after is not None else []
+                if after is None and not nonempty:
                     checks.append(
                         tf.debugging.Assert(
                             tf.greater(count, 0), [_NOTHING_ACCUMULATED], name="nothing_accumulated"
                         )
                     )
             else:
-                # A worker with an empty window joins the all-reduce with
-                # zeros (failing before it would leave the others waiting in
-                # it): only the summed count is checked, so the apply fails
-                # on every worker or on none. The statistics' sums ride in
-                # the same all-reduce.
+                # Every worker joins the all-reduce, an empty window with
+                # zeros; the summed count is checked, so the apply fails on
+                # every worker or on none.
                 filled = [
                     slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
                 ]
@@ -656,14 +416,11 @@ class Window:
                     tf.compat.v1.assert_positive(count, message=_NOTHING_ACCUMULATED_ANYWHERE)
                 ]
             with tf.control_dependencies(checks):
-                if not self.average:
-                    denominator = None
-                else:
+                denominator = None
+                if self.options.average:
                     denominator = tf.identity(count if weight is None else weight)
-                # The window's sums, as the accumulators hold them: the norm and
-                # the statistics read them in place, and each variable's mean
-                # is made only where the optimizer takes it, one at a time
-                # (a mean of every variable at once would be a parameter copy).
+                # The norm and the statistics read the sums in place; each
+                # variable's mean is made only where the optimizer takes it.
                 sums = [slot.window_sum(t) for slot, t in zip(self.slots, per_slot)]
                 squares = _square_norms([_values(total) for total, _ in sums])
                 if denominator is not None:
@@ -675,37 +432,130 @@ class Window:
                     counted = count if counted is None else counted
                     statistics, observed = self.statistics.observe(squares, counted, weight, square)
                 factor = None
-                if self.clip_norm is not None:
-                    factor = self.clip_norm / tf.maximum(norm, self.clip_norm)
+                if self.options.clip_norm is not None:
+                    factor = self.options.clip_norm / tf.maximum(norm, self.options.clip_norm)
 
-                def grads() -> list[Gradient]:
-                    return [
-                        slot.finish(total, denominator, factor)
-                        for slot, (total, _) in zip(self.slots, sums)
-                    ]
+        def grads() -> list[Gradient]:
+            with tf.compat.v1.name_scope(self.scope):
+                return [
+                    slot.finish(total, denominator, factor)
+                    for slot, (total, _) in zip(self.slots, sums)
+                ]
 
+        return Mean(
+            gradients=grads,
+            norm=norm,
+            statistics=statistics,
+            observed=observed,
+            rows=[rows for _, rows in sums],
+            after=[] if after is None else [after.count],
+        )
+
+    def apply(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None = None,
+        *,
+        after: Added | None = None,
+        when: tf.Tensor | None = None,
+        otherwise: typing.Callable[[], list] | None = None,
+        name: str | None = None,
+    ) -> Applied:
+        """Applies the window's `mean` through ``optimizer``, then resets the window.
+
+        Args:
+            optimizer: The optimizer to apply through.
+            global_step: Incremented once per update, if given.
+            after: The `Added` of an add to apply right after, in the same
+                ``session.run`` (see `mean`).
+            when: A bool tensor: apply only where it holds, inside a
+                ``tf.cond``. It must imply that the window holds a
+                micro-batch. The `Applied` is then the conditional's: no
+                ``grads_and_vars``, ``applied`` and ``norm`` False and 0 where
+                it did not hold (the statistics idle).
+            otherwise: With ``when``: returns ops the other branch runs.
+            name: Name of the returned op.
+
+        Returns:
+            An `Applied`. ``applied`` is False where the window was skipped
+            as non-finite.
+        """
+        if when is None:
+            return self._apply(optimizer, global_step, after, name=name)
+        caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
+
+        def apply() -> tuple[tf.Tensor, ...]:
+            # The caller's name scope again, so that the optimizer's non-slot
+            # variables (Adam's beta powers) do not take the cond's name.
+            branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
+            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+                result = self._apply(optimizer, global_step, after, nonempty=True)
+            outcome = [result.applied, result.norm] + tf.nest.flatten(result.statistics or ())
+            with tf.control_dependencies([result.op]):
+                return tuple(tf.identity(t) for t in outcome)
+
+        def idle() -> tuple[tf.Tensor, ...]:
+            with tf.control_dependencies(otherwise() if otherwise else []):
+                outcome = (tf.constant(False), tf.constant(0.0, tf.float64))
+                if self.statistics is not None:
+                    outcome += tuple(tf.nest.flatten(self.statistics.idle()))
+                return outcome
+
+        with tf.compat.v1.name_scope(self.scope):
+            applied, norm, *rest = tf.cond(when, apply, idle, name="apply_when")
+            statistics = None if self.statistics is None else self.statistics.pack(rest)
+            return Applied(
+                grads_and_vars=None,
+                op=tf.group(applied, name=name),
+                norm=norm,
+                applied=applied,
+                statistics=statistics,
+            )
+
+    def _apply(
+        self,
+        optimizer: tf.compat.v1.train.Optimizer,
+        global_step: tf.Variable | None,
+        after: Added | None,
+        nonempty: bool = False,
+        name: str | None = None,
+    ) -> Applied:
+        """`apply` without a condition: the mean, the optimizer's update, the reset."""
+        mean = self.mean(after, nonempty)
         # What apply_op hands the optimizer, for a user to fetch; the apply
         # builds its own, inside the conditional that may skip it.
-        with tf.compat.v1.name_scope(self.scope):
-            grads_and_vars = [(grad, slot.var) for grad, slot in zip(grads(), self.slots)]
+        grads_and_vars = list(zip(mean.gradients(), self.var_list))
         # The optimizer builds its update in the caller's name scope, so that
         # its non-slot variables (Adam's beta powers) get the names plain
         # minimize() gives them.
-        with tf.control_dependencies([totals.count] if after_add else []):
-            update, applied = self._apply_if_finite(optimizer, grads, global_step, norm)
+        with tf.control_dependencies(mean.after):
+            update, applied = self._apply_if_finite(
+                optimizer, mean.gradients, global_step, mean.norm
+            )
         with tf.compat.v1.name_scope(self.scope):
-            with tf.control_dependencies([update] + observed):
+            with tf.control_dependencies([update] + mean.observed):
                 reset = tf.group(
-                    *[slot.reset(rows) for slot, (_, rows) in zip(self.slots, sums)],
+                    *[slot.reset(rows) for slot, rows in zip(self.slots, mean.rows)],
                     self._reset_totals(),
                 )
             return Applied(
                 grads_and_vars=grads_and_vars,
                 op=tf.group(update, reset, name=name),
-                norm=norm,
+                norm=mean.norm,
                 applied=applied,
-                statistics=statistics,
+                statistics=mean.statistics,
             )
+
+    def _read_totals(self) -> Added:
+        """The window's totals as the variables hold them, in the shape of an `Added`."""
+        return Added(
+            op=None,
+            per_slot=[None] * len(self.slots),
+            count=self.counter,
+            weight=self.weight_total,
+            square_norm=self.square_norms,
+            micro_batches=self.weighted_micro_batches,
+        )
 
     def _apply_if_finite(
         self,
@@ -742,7 +592,7 @@ class Window:
             tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
         )
         if (
-            not self.skip_nonfinite
+            not self.options.skip_nonfinite
             or _scales_loss(optimizer)
             or isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)
         ):
@@ -750,7 +600,7 @@ class Window:
                 _apply_one_at_a_time(shared, make_grads, self.var_list, global_step), count_skip()
             )
             # A dynamic loss scale applies exactly the finite windows.
-            applied = finite if self.skip_nonfinite and _scales_loss(optimizer) else True
+            applied = finite if self.options.skip_nonfinite and _scales_loss(optimizer) else True
             with tf.control_dependencies([update]):
                 return update, tf.identity(applied)
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
@@ -934,38 +784,6 @@ def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: st
             name=name,
             collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
         )
-
-
-def per_step_loss(
-    loss: tf.Tensor, options: WindowOptions, steps: int, variables: typing.Iterable[tf.Variable]
-) -> tuple[tf.Tensor, bool]:
-    """``(loss, prescaled)``: ``loss`` divided by ``steps`` where that pays, else as it is.
-
-    Where a window's count is known ahead (``steps``: the dataset loop,
-    `AccumulationOptimizer.minimize`), each micro-batch's loss is scaled by
-    1 / steps: its gradient arrives divided by ``steps``, the accumulators
-    hold the window's mean once it is full, and the apply divides nothing (a
-    pass over the parameters saved). A window cut short is rescaled once,
-    by ``steps / count`` (`Window.rescaled_if_short`). Only for the plain mean
-    (``options``: ``average``, no ``weight``, no statistics, which square
-    each micro-batch's own gradient as it is added) and only in float32 and
-    float64, for the loss and every one of ``variables``: a float16 or
-    bfloat16 1 / steps would be rounded to 3 significant digits, and every
-    gradient with it. ``prescaled`` is whether the loss was scaled: the
-    window is then built with ``average=False``.
-    """
-    wide = (tf.float32, tf.float64)
-    prescaled = (
-        options.average
-        and options.weight is None
-        and not options.statistics
-        and steps > 1
-        and loss.dtype.base_dtype in wide
-        and all(v.dtype.base_dtype in wide for v in variables)
-    )
-    if not prescaled:
-        return loss, False
-    return tf.multiply(loss, tf.constant(1.0 / steps, loss.dtype), name="per_step"), True
 
 
 def gradients(
