@@ -480,3 +480,18 @@ def test_a_weight_callable_that_returns_no_number_is_refused():
         with pytest.raises(TypeError, match="weight must be a real number tensor, got .* string"):
             opt.apply_gradients([(grad, w)])
         assert v1.global_variables() == [w]
+
+
+def test_a_failed_build_puts_back_every_collection_of_the_library():
+    from tf1_accum import _state
+    from tf1_accum import _unhooked
+    from tf1_accum import _validate
+    from tf1_accum import _window
+
+    names = {
+        _state.STATE_COLLECTION,
+        _state.MUTEX_COLLECTION,
+        _window.APPLY_DUE_COLLECTION,
+        _unhooked.TRAIN_OP_COUNTERS,
+    }
+    assert names == set(_validate._OWN_COLLECTIONS)

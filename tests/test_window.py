@@ -210,3 +210,91 @@ def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtyp
     if weighted:
         expected = expected * 0.5  # the power of two that brings the first weight, 3, to [1, 2)
     np.testing.assert_allclose(got, expected, rtol=1e-10 if dtype == tf.float64 else 1e-6)
+
+
+def _shrink_and_shift(gradient, variable, window):
+    """A transform that reads the variable and both fields of the window."""
+    shift = (
+        tf.cast(window.micro_batches, gradient.dtype) * 1e-3
+        + tf.cast(window.global_norm, gradient.dtype) * 1e-2
+    )
+    return gradient * 0.5 + shift * tf.sign(variable)
+
+
+@pytest.mark.parametrize(
+    "clip_norm, transform",
+    [
+        (None, _shrink_and_shift),
+        (0.05, None),
+        (0.05, [_shrink_and_shift, lambda g, v, w: g * 3.0]),
+    ],
+    ids=["transform", "clip_norm", "clip_then_two"],
+)
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
+    way, clip_norm, transform
+):
+    """The transforms run on each variable's mean, after clip_norm's clipping, with the
+    window's norm and count: the updates equal large-batch training that transforms its
+    own gradient the same way. The second window is short (flushed, or the data's end)."""
+    windows = _mixed_batches()
+    transforms = [] if transform is None else transform
+    transforms = transforms if isinstance(transforms, list) else [transforms]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [None, 4])
+        y = v1.placeholder(tf.float64, [None, 1])
+        count = v1.placeholder(tf.int64, [])
+        optimizer = v1.train.MomentumOptimizer(0.1, 0.9)
+        pairs = optimizer.compute_gradients(_mixed_loss((x, y)))
+        norm = tf.cast(tf.linalg.global_norm([g for g, _ in pairs]), tf.float64)
+        window = tf1_accum.WindowMean(norm, count)
+        if clip_norm is not None:
+            pairs = [(g * (clip_norm / tf.maximum(norm, clip_norm)), v) for g, v in pairs]
+        for t in transforms:
+            pairs = [(t(g, v, window), v) for g, v in pairs]
+        train_op = optimizer.apply_gradients(pairs)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            expected = []
+            for batches in windows:
+                xs, ys = (np.concatenate(part) for part in zip(*batches))
+                sess.run(train_op, {x: xs, y: ys, count: len(batches)})
+                expected.append(_mixed_values(sess))
+    with tf.Graph().as_default():
+        built = way.build(
+            _mixed_loss,
+            v1.train.MomentumOptimizer(0.1, 0.9),
+            [b for batches in windows for b in batches],
+            3,
+            clip_norm=clip_norm,
+            transform=transform,
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for w, batches in enumerate(windows):
+                way.run_window(sess, built, batches)
+                got = _mixed_values(sess)
+                for name, want in expected[w].items():
+                    np.testing.assert_allclose(
+                        got[name], want, rtol=1e-10, atol=0, err_msg=f"{way}, window {w}: {name}"
+                    )
+
+
+@pytest.mark.parametrize(
+    "transform, error, message",
+    [
+        ("clip", TypeError, r"transform must be a callable \(gradient, variable, window\)"),
+        ([abs, 3], TypeError, r"transform\[1\] must be a callable .*, got 3"),
+        (lambda g, v, w: g[:1], ValueError, r"must return the gradient's shape \[2\] for w, got"),
+        (lambda g, v, w: 1.0, TypeError, r"must return a tensor for the gradient of w, got"),
+    ],
+    ids=["string", "list_with_int", "shape", "float"],
+)
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_bad_transform_is_refused_and_leaves_no_state(way, transform, error, message):
+    with tf.Graph().as_default():
+        sgd = v1.train.GradientDescentOptimizer(0.1)
+        data = [(np.ones((2, 2)),)] * 4
+        with pytest.raises(error, match=message):
+            way.build(_linear_model_of, sgd, data, 2, transform=transform)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []

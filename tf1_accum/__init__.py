@@ -28,11 +28,13 @@ __all__ = (
     "STATE_COLLECTION",
     "Saver",
     "SizeChange",
+    "WindowMean",
     "broadcast_variables",
     "build_accumulation",
     "build_dataset_accumulation",
     "build_running_average",
     "check_graph",
+    "clip_by_global_norm",
     "plain_variables",
     "recommend_micro_batches",
     "run_accumulation",
@@ -54,11 +56,13 @@ _MODULES = {
     "STATE_COLLECTION": "_state",
     "Saver": "_saver",
     "SizeChange": "_split",
+    "WindowMean": "_options",
     "broadcast_variables": "_distributed",
     "build_accumulation": "_accumulation",
     "build_dataset_accumulation": "_dataset",
     "build_running_average": "_stats",
     "check_graph": "_graph_check",
+    "clip_by_global_norm": "_options",
     "plain_variables": "_state",
     "recommend_micro_batches": "_stats",
     "run_accumulation": "_session",
@@ -82,6 +86,8 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._horovod import HorovodAllReduce as HorovodAllReduce
     from tf1_accum._keras_optimizer import KerasAccumulationOptimizer as KerasAccumulationOptimizer
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
+    from tf1_accum._options import WindowMean as WindowMean
+    from tf1_accum._options import clip_by_global_norm as clip_by_global_norm
     from tf1_accum._session import run_accumulation as run_accumulation
     from tf1_accum._split import MemoryFit as MemoryFit
     from tf1_accum._split import SizeChange as SizeChange

@@ -14,7 +14,8 @@ from tf1_accum import _stats
 from tf1_accum._window import Applied
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
-from tf1_accum._window import window_options
+from tf1_accum._options import GradientTransform
+from tf1_accum._options import WindowOptions
 
 
 class Accumulation(typing.NamedTuple):
@@ -99,6 +100,7 @@ def build_accumulation(
     average: bool = True,
     weight: tf.Tensor | None = None,
     clip_norm: float | None = None,
+    transform: GradientTransform | typing.Sequence[GradientTransform] | None = None,
     skip_nonfinite: bool = True,
     update_ops: typing.Sequence[tf.Operation] | None = None,
     fused: bool = False,
@@ -177,6 +179,9 @@ def build_accumulation(
         clip_norm: Optional positive number: the window's gradient is clipped
             to this global norm just before the apply; ``global_norm`` is its
             norm before clipping.
+        transform: Optional gradient transform (or list of them), run on each
+            variable's mean after ``clip_norm``'s clipping: see
+            :ref:`window-options`.
         skip_nonfinite: True (the default) skips a window whose gradient
             holds a NaN or an Inf, and counts it in ``skipped_windows``; False
             applies it.
@@ -249,16 +254,16 @@ def build_accumulation(
     _migration.refuse_accumulating_optimizer(optimizer, "build_accumulation")
     graph = loss.graph
     _validate.check_global_step(global_step, graph)
-    options = window_options(
-        average,
-        weight,
-        clip_norm,
-        skip_nonfinite,
-        update_ops,
-        statistics,
-        micro_batch_size,
-        weight_kind="tensor",
-        graph=graph,
+    _validate.check_weight(weight, graph)
+    options = WindowOptions(
+        average=average,
+        weighted=weight is not None,
+        clip_norm=clip_norm,
+        transform=transform,
+        skip_nonfinite=skip_nonfinite,
+        update_ops=update_ops,
+        statistics=statistics,
+        micro_batch_size=micro_batch_size,
     )
     _validate.check_bool("fused", fused)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
@@ -267,9 +272,7 @@ def build_accumulation(
             "allows one apply_gradients call: build with fused=False (the default)."
         )
     _distributed.check_cross_replica(cross_replica)
-    update_ops = options.update_ops
-    if update_ops is None:
-        update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+    update_ops = options.update_ops_in(graph)
     var_list = _validate.check_var_list(var_list, graph)
     _validate.check_trainable(loss, var_list)
     _keras.check_variables(optimizer, var_list)

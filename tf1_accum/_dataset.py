@@ -12,11 +12,11 @@ from tf1_accum import _distributed
 from tf1_accum import _migration
 from tf1_accum import _stats
 from tf1_accum._window import Window
-from tf1_accum._window import WindowOptions
+from tf1_accum._options import GradientTransform
+from tf1_accum._options import WindowOptions
 from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
 from tf1_accum._window import reference_control_flow
-from tf1_accum._window import window_options
 
 # Collections of ops that model code may add to; ops that the loop body adds
 # live inside the loop and cannot be fetched from outside it.
@@ -79,6 +79,7 @@ def build_dataset_accumulation(
     average: bool = True,
     weight: typing.Callable[[typing.Any], tf.Tensor] | None = None,
     clip_norm: float | None = None,
+    transform: GradientTransform | typing.Sequence[GradientTransform] | None = None,
     skip_nonfinite: bool = True,
     update_ops: typing.Sequence[tf.Operation] | None = None,
     statistics: bool = False,
@@ -157,6 +158,9 @@ def build_dataset_accumulation(
             sum to 0).
         clip_norm: Optional positive number: the window's gradient is clipped
             to this global norm just before the apply.
+        transform: Optional gradient transform (or list of them), run on each
+            variable's mean after ``clip_norm``'s clipping: see
+            :ref:`window-options`.
         skip_nonfinite: True (the default) skips a window whose gradient holds
             a NaN or an Inf, and counts it in ``skipped_windows``.
         update_ops: None (the default) runs, with each micro-batch, the
@@ -228,15 +232,20 @@ def build_dataset_accumulation(
     _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
     _validate.check_steps(steps)
     _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
-    options = window_options(
-        average,
-        weight,
-        clip_norm,
-        skip_nonfinite,
-        update_ops,
-        statistics,
-        micro_batch_size,
-        weight_kind="callable of the element",
+    if weight is not None and not callable(weight):
+        raise TypeError(
+            "weight must be a callable taking one dataset element and returning its "
+            f"scalar weight, got {_validate.describe(weight)}."
+        )
+    options = WindowOptions(
+        average=average,
+        weighted=weight is not None,
+        clip_norm=clip_norm,
+        transform=transform,
+        skip_nonfinite=skip_nonfinite,
+        update_ops=update_ops,
+        statistics=statistics,
+        micro_batch_size=micro_batch_size,
     )
     _distributed.check_cross_replica(cross_replica)
     if options.update_ops:
@@ -254,7 +263,16 @@ def build_dataset_accumulation(
     # graph's collections are put back and the error says which ops remain.
     with _validate.restored_on_failure(graph, "build_dataset_accumulation"):
         return _build(
-            loss_fn, optimizer, dataset, steps, var_list, global_step, options, name, cross_replica
+            loss_fn,
+            optimizer,
+            dataset,
+            steps,
+            var_list,
+            global_step,
+            options,
+            weight,
+            name,
+            cross_replica,
         )
 
 
@@ -266,11 +284,11 @@ def _build(
     var_list: typing.Sequence[tf.Variable] | None,
     global_step: tf.Variable | None,
     options: WindowOptions,
+    weight: typing.Callable[[typing.Any], tf.Tensor] | None,
     name: str | None,
     cross_replica: _distributed.Engine | None = None,
 ) -> DatasetAccumulation:
     """Builds the loop; ``options`` is the checked `WindowOptions` (``update_ops`` None or [])."""
-    weight = options.weight
     run_updates = options.update_ops is None
     graph = tf.compat.v1.get_default_graph()
     caller_scope = graph.get_name_scope()

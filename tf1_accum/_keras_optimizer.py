@@ -21,7 +21,7 @@ import tensorflow as tf
 from tf1_accum import _validate
 from tf1_accum import _keras
 from tf1_accum._optimizer import AccumulationOptimizer
-from tf1_accum._window import window_options
+from tf1_accum._options import WindowOptions
 
 try:
     import tf_keras
@@ -178,7 +178,9 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ) -> None:
         _check_wrapped(optimizer)
         _validate.check_steps(steps)
-        window_options(average, None, clip_norm, skip_nonfinite, [])
+        WindowOptions(
+            average=average, clip_norm=clip_norm, skip_nonfinite=skip_nonfinite, update_ops=[]
+        )
         if kwargs:
             raise TypeError(
                 f"KerasAccumulationOptimizer takes no Keras option, got {sorted(kwargs)}: "

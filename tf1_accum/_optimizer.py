@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import typing
 
 import tensorflow as tf
@@ -16,11 +17,30 @@ from tf1_accum import _stats
 from tf1_accum import _unhooked
 from tf1_accum._window import Window
 from tf1_accum._window import APPLY_DUE_COLLECTION
-from tf1_accum._window import window_options
+from tf1_accum._options import GradientTransform
+from tf1_accum._options import WindowOptions
 
 if typing.TYPE_CHECKING:
     from tf1_accum._window import Applied
     from tf1_accum._window import Pairs
+
+
+def _check_weight(weight: object) -> None:
+    """Checks ``weight``: None, a scalar tensor, or a callable of no argument returning one."""
+    if callable(weight) and not isinstance(weight, tf.Tensor):
+        try:
+            inspect.signature(weight).bind()
+        except TypeError:
+            raise TypeError(
+                "weight must be a scalar tensor, or a callable with no argument that "
+                f"returns one when the train op is built, got {_validate.describe(weight)}, "
+                "which needs arguments."
+            ) from None
+        except ValueError:  # no signature to read (a builtin): called as it is
+            pass
+        return
+    # Before the loss is known, a weight tensor is checked in its own graph.
+    _validate.check_weight(weight, getattr(weight, "graph", None))
 
 
 class _Build(typing.NamedTuple):
@@ -124,6 +144,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         clip_norm: Optional positive number: the window's gradient is clipped
             to this global norm just before the apply; the ``global_norm``
             property is its norm before clipping.
+        transform: Optional gradient transform (or list of them), run on each
+            variable's mean after ``clip_norm``'s clipping: see
+            :ref:`window-options`.
         skip_nonfinite: True (the default) skips a window whose gradient holds
             a NaN or an Inf, and counts it in ``skipped_windows``.
         statistics: Also build the ``statistics`` and ``flush_statistics``
@@ -171,6 +194,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         average: bool = True,
         weight: tf.Tensor | typing.Callable[[], tf.Tensor] | None = None,
         clip_norm: float | None = None,
+        transform: GradientTransform | typing.Sequence[GradientTransform] | None = None,
         skip_nonfinite: bool = True,
         statistics: bool = False,
         micro_batch_size: int | None = None,
@@ -189,15 +213,17 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 "run_accumulation, whose apply_op pushes one window per update."
             )
         _validate.check_steps(steps)
-        self._options = window_options(
-            average,
-            weight,
-            clip_norm,
-            skip_nonfinite,
-            update_ops,
-            statistics,
-            micro_batch_size,
-            weight_kind="tensor or callable",
+        _check_weight(weight)
+        self._weight = weight
+        self._options = WindowOptions(
+            average=average,
+            weighted=weight is not None,
+            clip_norm=clip_norm,
+            transform=transform,
+            skip_nonfinite=skip_nonfinite,
+            update_ops=update_ops,
+            statistics=statistics,
+            micro_batch_size=micro_batch_size,
         )
         _distributed.check_cross_replica(cross_replica)
         super().__init__(use_locking=False, name=name)
@@ -425,13 +451,13 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
             return self._build(pairs, global_step, name, graph, update_ops)
 
-    def _checked_for(self, pairs: Pairs, graph: tf.Graph) -> list[tf.Operation] | None:
+    def _checked_for(self, pairs: Pairs, graph: tf.Graph) -> list[tf.Operation]:
         """Checks the variables and the options against the gradients' graph; the update ops."""
         _validate.check_shapes([v for _, v in pairs])
         _keras.check_variables(self._optimizer, [v for _, v in pairs])
-        if not callable(self._options.weight):
-            _validate.check_weight(self._options.weight, graph)
-        return _validate.check_update_ops(self._options.update_ops, graph)
+        if not callable(self._weight):
+            _validate.check_weight(self._weight, graph)
+        return self._options.update_ops_in(graph)
 
     def _build(
         self,
@@ -439,15 +465,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         global_step: tf.Variable | None,
         name: str | None,
         graph: tf.Graph,
-        update_ops: list[tf.Operation] | None,
+        update_ops: list[tf.Operation],
     ) -> tf.Operation:
         options = self._options
-        weight = options.weight
-        if callable(weight):
-            weight = weight()
-            _validate.check_weight(weight, graph)
-        if update_ops is None:
-            update_ops = graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+        weight = self._weight() if callable(self._weight) else self._weight
+        _validate.check_weight(weight, graph)
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
@@ -543,9 +565,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _validate.check_graph_mode("AccumulationOptimizer.minimize")
         _validate.check_loss(loss)
         _validate.check_global_step(global_step, loss.graph)
-        if not callable(self._options.weight):
-            _validate.check_weight(self._options.weight, loss.graph)
-        _validate.check_update_ops(self._options.update_ops, loss.graph)
+        if not callable(self._weight):
+            _validate.check_weight(self._weight, loss.graph)
+        self._options.update_ops_in(loss.graph)
         variables = _validate.check_var_list(var_list, loss.graph)
         _validate.check_trainable(loss, variables)
         _keras.check_variables(self._optimizer, variables)

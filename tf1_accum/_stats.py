@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum._window import WindowOptions
+from tf1_accum._options import WindowOptions
 from tf1_accum._window import state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.

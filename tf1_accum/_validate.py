@@ -181,13 +181,11 @@ def check_weight(weight: object, graph: tf.Graph) -> None:
         raise ValueError(f"weight {weight.name} is not in the graph of the loss.")
 
 
-def check_statistics_options(
-    statistics: object, micro_batch_size: object, weight: tf.Tensor | None
-) -> None:
-    """Checks ``statistics=`` and ``micro_batch_size=`` of a build."""
+def check_statistics_options(statistics: object, micro_batch_size: object, weighted: bool) -> None:
+    """Checks ``statistics=`` and ``micro_batch_size=``; ``weighted``: a weight was given."""
     check_bool("statistics", statistics)
     if micro_batch_size is None:
-        if statistics and weight is None:
+        if statistics and not weighted:
             raise ValueError(
                 "statistics=True needs the number of examples per micro-batch: pass "
                 "micro_batch_size= (a positive number), or weight= (a tensor computed "
@@ -210,7 +208,7 @@ def check_statistics_options(
             "micro_batch_size is used only by the gradient statistics: build with "
             "statistics=True, or leave it out."
         )
-    if weight is not None:
+    if weighted:
         raise ValueError(
             "Pass weight= or micro_batch_size=, not both: with weight=, the micro-batch "
             "size is the window's mean weight."
@@ -450,6 +448,14 @@ def _caller_stacklevel() -> int:
 # ops that remain in the graph. Read from the class's own namespace, not with
 # getattr: that would evaluate the deprecated GraphKeys.VARIABLES property,
 # and TensorFlow would log a deprecation warning on the user's import.
+# Collections of tf1_accum that a build may start (made before its first item).
+_OWN_COLLECTIONS = (
+    "tf1_accum_state",
+    "tf1_accum_mutexes",
+    "tf1_accum_apply_due",
+    "tf1_accum_train_op_counters",
+)
+
 _GUARDED_COLLECTIONS = tuple(
     sorted(
         {
@@ -479,7 +485,9 @@ def restored_on_failure(
     ``tf.compat.v1.layers`` under Keras 3 (the user's model code, called by
     the build) a note saying how to run it with Keras 2.
     """
-    keys = _GUARDED_COLLECTIONS + tuple(extra_collections)
+    # tf1_accum's own collections (its state, mutexes, apply predicates) too.
+    own = [key for key in graph.get_all_collection_keys() if key.startswith("tf1_accum_")]
+    keys = _GUARDED_COLLECTIONS + tuple(extra_collections) + _OWN_COLLECTIONS + tuple(own)
     kept = {key: list(graph.get_collection(key)) for key in keys}
     ops_before = len(graph.get_operations())
     try:

@@ -14,12 +14,17 @@ written back into the window for another build to read.
 from __future__ import annotations
 
 import contextlib
+import functools
 import typing
 
 import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._options import Gradient
+from tf1_accum._options import WindowMean
+from tf1_accum._options import WindowOptions
+from tf1_accum._options import transformed
 from tf1_accum._shared_apply import SharedApply
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
@@ -33,89 +38,8 @@ if typing.TYPE_CHECKING:
     from tf1_accum._stats import GradientStatistics
     from tf1_accum._stats import WindowStatistics
 
-#: A gradient: dense, or sparse rows.
-Gradient = typing.Union[tf.Tensor, tf.IndexedSlices]
 #: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
 Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
-
-
-class WindowOptions(typing.NamedTuple):
-    """The options of a window, as every way in takes them, checked by `window_options`.
-
-    Documented once, for users, in the concepts page (``docs/concepts.rst``,
-    "Window options"); the ways in refer there.
-    """
-
-    average: bool = True
-    weight: typing.Any = None  # a tensor, or a callable (see WEIGHT_KINDS)
-    clip_norm: typing.Optional[float] = None
-    skip_nonfinite: bool = True
-    update_ops: typing.Optional[typing.List[tf.Operation]] = None  # None: UPDATE_OPS
-    statistics: bool = False
-    micro_batch_size: typing.Optional[float] = None
-
-
-#: What ``weight`` is in each way in: ``build_accumulation`` sees the
-#: micro-batch's tensors when it builds, ``AccumulationOptimizer`` may be
-#: built before the model (so a callable defers it to the train op's build),
-#: and the dataset loop draws its micro-batches inside the graph (so only a
-#: callable of the dataset element can compute a weight from one).
-WEIGHT_KINDS = ("tensor", "tensor or callable", "callable of the element")
-
-
-def window_options(
-    average: bool = True,
-    weight: typing.Any = None,
-    clip_norm: float | None = None,
-    skip_nonfinite: bool = True,
-    update_ops: typing.Iterable[tf.Operation | tf.Tensor] | None = None,
-    statistics: bool = False,
-    micro_batch_size: float | None = None,
-    *,
-    weight_kind: str = "tensor",
-    graph: tf.Graph | None = None,
-) -> WindowOptions:
-    """Checks the window options of one way in; returns them as a `WindowOptions`.
-
-    Args:
-        average, weight, clip_norm, skip_nonfinite, update_ops, statistics,
-            micro_batch_size: As the way in was given them.
-        weight_kind: One of `WEIGHT_KINDS`: what ``weight`` may be here.
-        graph: The loss's graph, if known yet: ``weight`` (a tensor) and the
-            ops of ``update_ops`` must be in it.
-
-    Returns:
-        A `WindowOptions`; ``update_ops`` as a list of ops (or None).
-
-    Raises:
-        TypeError, ValueError: From the checks in `_validate`, with their texts.
-    """
-    _validate.check_bool("average", average)
-    _validate.check_clip_norm(clip_norm)
-    _validate.check_bool("skip_nonfinite", skip_nonfinite)
-    _validate.check_statistics_options(statistics, micro_batch_size, weight)
-    if weight_kind == "callable of the element":
-        if weight is not None and not callable(weight):
-            raise TypeError(
-                "weight must be a callable taking one dataset element and returning its "
-                f"scalar weight, got {_validate.describe(weight)}."
-            )
-    elif weight_kind == "tensor or callable" and callable(weight):
-        pass  # called, and what it returns checked, when the train op is built
-    elif weight is not None:
-        # Before the loss is known, a weight tensor is checked in its own graph.
-        own = getattr(weight, "graph", None) if isinstance(weight, tf.Tensor) else None
-        _validate.check_weight(weight, graph or own)
-    update_ops = _validate.check_update_ops(update_ops, graph)
-    return WindowOptions(
-        average=bool(average),
-        weight=weight,
-        clip_norm=clip_norm,
-        skip_nonfinite=bool(skip_nonfinite),
-        update_ops=update_ops,
-        statistics=bool(statistics),
-        micro_batch_size=micro_batch_size,
-    )
 
 
 class Added(typing.NamedTuple):
@@ -208,7 +132,7 @@ class Window:
         self.statistics = statistics
         self.square_norms: tf.Variable | None = None
         self.weighted_micro_batches: tf.Variable | None = None
-        weighted = options.weight is not None
+        weighted = options.weighted
         # Every apply this window builds through one optimizer shares the
         # optimizer state that the first one created (see _shared_apply).
         self._shared_applies: dict[int, SharedApply] = {}
@@ -431,14 +355,19 @@ class Window:
                 if self.statistics is not None:
                     counted = count if counted is None else counted
                     statistics, observed = self.statistics.observe(squares, counted, weight, square)
-                factor = None
-                if self.options.clip_norm is not None:
-                    factor = self.options.clip_norm / tf.maximum(norm, self.options.clip_norm)
+                window = WindowMean(norm, count)
+        options = self.options
 
         def grads() -> list[Gradient]:
             with tf.compat.v1.name_scope(self.scope):
                 return [
-                    slot.finish(total, denominator, factor)
+                    slot.finish(
+                        total,
+                        denominator,
+                        functools.partial(
+                            transformed, variable=slot.var, window=window, options=options
+                        ),
+                    )
                     for slot, (total, _) in zip(self.slots, sums)
                 ]
 
@@ -1137,15 +1066,13 @@ class _VariableAccumulator:
     def finish(
         self,
         total: Gradient,
-        denominator: tf.Tensor | None = None,
-        factor: tf.Tensor | None = None,
+        denominator: tf.Tensor | None,
+        transform: typing.Callable[[Gradient], Gradient],
     ) -> Gradient:
-        """The gradient the optimizer takes: ``total / denominator * factor``, in its dtype."""
+        """The gradient the optimizer takes: ``transform(total / denominator)``, in its dtype."""
         if denominator is not None:
             total = total / tf.cast(denominator, self.dtype)
-        if factor is not None:
-            total = total * tf.cast(factor, self.dtype)
-        return tf.cast(total, self.var.dtype.base_dtype)
+        return tf.cast(transform(total), self.var.dtype.base_dtype)
 
     def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """``totals`` where the window ``holds`` a micro-batch, else zeros (even for NaN)."""
@@ -1231,11 +1158,15 @@ class _SparseAccumulator(_VariableAccumulator):
     def finish(
         self,
         total: Gradient,
-        denominator: tf.Tensor | None = None,
-        factor: tf.Tensor | None = None,
+        denominator: tf.Tensor | None,
+        transform: typing.Callable[[Gradient], Gradient],
     ) -> Gradient:
-        values = super().finish(total.values, denominator, factor)
-        return tf.IndexedSlices(values, total.indices, total.dense_shape)
+        values = total.values
+        if denominator is not None:
+            values = values / tf.cast(denominator, self.dtype)
+        result = transform(tf.IndexedSlices(values, total.indices, total.dense_shape))
+        dtype = self.var.dtype.base_dtype
+        return tf.IndexedSlices(tf.cast(result.values, dtype), result.indices, result.dense_shape)
 
     def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
         del holds  # untouched rows are zero, and an empty window touches none

@@ -1,0 +1,179 @@
+"""The window options: one typed value, checked when it is made.
+
+Every way in takes the options as keywords and makes one `WindowOptions` of
+them; the window reads nothing else. They are documented for users once, in
+docs/concepts.rst ("Window options").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+import tensorflow as tf
+
+from tf1_accum import _validate
+
+#: A gradient: dense, or sparse rows.
+Gradient = typing.Union[tf.Tensor, tf.IndexedSlices]
+
+
+class WindowMean(typing.NamedTuple):
+    """What a gradient transform knows of the window it transforms.
+
+    Attributes:
+        global_norm: ``float64`` scalar: the global norm of the window's mean
+            (its sum with ``average=False``) over every variable, before any
+            transform.
+        micro_batches: ``int64`` scalar: the micro-batches in the window
+            (across every worker, with ``cross_replica``).
+    """
+
+    global_norm: tf.Tensor
+    micro_batches: tf.Tensor
+
+
+#: ``transform(gradient, variable, window)`` returns the gradient to apply
+#: for ``variable``: see `clip_by_global_norm`.
+GradientTransform = typing.Callable[[Gradient, tf.Variable, WindowMean], Gradient]
+
+
+def clip_by_global_norm(clip_norm: float) -> GradientTransform:
+    """A gradient transform that clips the window's mean to a global norm.
+
+    ``clip_norm=c`` in any way in is this transform, run before the ones
+    given as ``transform=``. Each gradient is multiplied by
+    ``c / max(global_norm, c)``, the factor ``tf.clip_by_global_norm`` uses,
+    with the norm the window computed once.
+
+    >>> with tf.Graph().as_default():
+    ...     v = tf.compat.v1.Variable([0.0, 0.0])
+    ...     window = tf1_accum.WindowMean(
+    ...         tf.constant(4.0, tf.float64), tf.constant(2, tf.int64))
+    ...     clip = tf1_accum.clip_by_global_norm(1.0)
+    ...     clipped = clip(tf.constant([2.0, 0.0]), v, window)
+    ...     print(tf.compat.v1.Session().run(clipped).tolist())
+    [0.5, 0.0]
+
+    Args:
+        clip_norm: A positive number.
+
+    Returns:
+        A `GradientTransform`.
+
+    Raises:
+        TypeError, ValueError: If ``clip_norm`` is not a positive number.
+    """
+    _validate.check_clip_norm(clip_norm)
+
+    def clip(gradient: Gradient, variable: tf.Variable, window: WindowMean) -> Gradient:
+        del variable
+        factor = clip_norm / tf.maximum(window.global_norm, clip_norm)
+        if isinstance(gradient, tf.IndexedSlices):
+            values = gradient.values * tf.cast(factor, gradient.values.dtype)
+            return tf.IndexedSlices(values, gradient.indices, gradient.dense_shape)
+        return gradient * tf.cast(factor, gradient.dtype)
+
+    clip.__qualname__ = f"clip_by_global_norm({clip_norm})"
+    return clip
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WindowOptions:
+    """The options of one window, checked when made (see docs/concepts.rst).
+
+    ``weighted`` is whether the way in was given a weight: the weight itself
+    is the micro-batch's, taken by each add. ``update_ops`` becomes a tuple
+    of ops (None: the graph's ``UPDATE_OPS`` when the way builds).
+    """
+
+    average: bool = True
+    weighted: bool = False
+    clip_norm: typing.Optional[float] = None
+    transform: typing.Union[GradientTransform, typing.Sequence[GradientTransform], None] = None
+    skip_nonfinite: bool = True
+    update_ops: typing.Optional[typing.Sequence[typing.Any]] = None
+    statistics: bool = False
+    micro_batch_size: typing.Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _validate.check_bool("average", self.average)
+        _validate.check_clip_norm(self.clip_norm)
+        _check_transform(self.transform)
+        _validate.check_bool("skip_nonfinite", self.skip_nonfinite)
+        _validate.check_statistics_options(self.statistics, self.micro_batch_size, self.weighted)
+        update_ops = _validate.check_update_ops(self.update_ops)
+        object.__setattr__(self, "update_ops", None if update_ops is None else tuple(update_ops))
+
+    @property
+    def transforms(self) -> tuple[GradientTransform, ...]:
+        """The gradient transforms in the order they run: ``clip_norm``'s, then ``transform``."""
+        clip = () if self.clip_norm is None else (clip_by_global_norm(self.clip_norm),)
+        given = self.transform
+        if given is None:
+            return clip
+        return clip + (tuple(given) if not callable(given) else (given,))
+
+    def update_ops_in(self, graph: tf.Graph) -> list[tf.Operation]:
+        """The ops to run with each micro-batch: ``update_ops``, or the graph's ``UPDATE_OPS``.
+
+        Raises:
+            ValueError: If an op of ``update_ops`` is not in ``graph``.
+        """
+        if self.update_ops is None:
+            return list(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+        return typing.cast(list, _validate.check_update_ops(self.update_ops, graph))
+
+
+def _check_transform(transform: object) -> None:
+    """Checks that ``transform`` is None, a callable or a sequence of callables."""
+    if transform is None or callable(transform):
+        return
+    if isinstance(transform, (list, tuple)):
+        for i, item in enumerate(transform):
+            if not callable(item):
+                raise TypeError(
+                    f"transform[{i}] must be a callable (gradient, variable, window) -> "
+                    f"gradient, got {_validate.describe(item)}."
+                )
+        return
+    raise TypeError(
+        "transform must be a callable (gradient, variable, window) -> gradient, or a "
+        f"list of them, got {_validate.describe(transform)}."
+    )
+
+
+def transformed(
+    gradient: Gradient, variable: tf.Variable, window: WindowMean, options: WindowOptions
+) -> Gradient:
+    """``gradient`` after each of ``options.transforms``; checks what each returns.
+
+    Raises:
+        TypeError: If a transform returns something other than a tensor (or
+            ``tf.IndexedSlices`` for a sparse gradient).
+        ValueError: If it returns another shape than the gradient's.
+    """
+    for transform in options.transforms:
+        result = transform(gradient, variable, window)
+        name = getattr(transform, "__qualname__", repr(transform))
+        if isinstance(gradient, tf.IndexedSlices):
+            if not isinstance(result, tf.IndexedSlices):
+                raise TypeError(
+                    f"transform {name} must return tf.IndexedSlices for the sparse gradient of "
+                    f"{variable.op.name}, got {_validate.describe(result)}."
+                )
+            shape, got = gradient.values.shape, result.values.shape
+        else:
+            if not isinstance(result, tf.Tensor):
+                raise TypeError(
+                    f"transform {name} must return a tensor for the gradient of "
+                    f"{variable.op.name}, got {_validate.describe(result)}."
+                )
+            shape, got = gradient.shape, result.shape
+        if not got.is_compatible_with(shape):
+            raise ValueError(
+                f"transform {name} must return the gradient's shape {shape.as_list()} for "
+                f"{variable.op.name}, got {got.as_list() if got.rank is not None else got}."
+            )
+        gradient = result
+    return gradient
