@@ -52,6 +52,8 @@ autodoc_type_aliases = {
         "tf.compat.v1.ConfigProto",
         "tf.compat.v1.train.Optimizer",
         "tf.compat.v1.train.SessionRunHook",
+        # A callable (gradient, variable, window) -> gradient: the window options.
+        "GradientTransform",
     )
 }
 # One parameter a line once a signature is longer than this: long signatures

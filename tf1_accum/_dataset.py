@@ -180,7 +180,7 @@ def build_dataset_accumulation(
             every worker applies the mean over all their micro-batches. Every
             worker must run ``train_op`` equally often, each drawing a window
             (shards of equal length), so that each all-reduce finds every
-            worker in it; the loss is then not scaled by 1 / ``steps``.
+            worker in it.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:

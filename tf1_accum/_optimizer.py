@@ -67,13 +67,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     powers are created outside the conditional, with the names plain training
     gives them.
 
-    ``minimize`` (averaging, without ``weight`` or statistics, in float32 or
-    float64) scales each micro-batch's loss by 1 / ``steps``: the
-    accumulators hold the gradients' sum divided by ``steps``, so a full
-    window holds its mean and the apply divides nothing; ``flush_op``
-    rescales a short window once. Gradients handed to ``apply_gradients``
-    are accumulated as they are.
-
     Optimizers that replace ``apply_gradients`` and create their state inside
     it (BERT's ``AdamWeightDecayOptimizer``, LAMB, LARS) work as they are: the
     train op's apply and ``flush_op``'s share the state the first one created.
@@ -165,8 +158,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             all-reduce, and every worker applies the mean over all their
             micro-batches. Every worker must run the train op the same
             number of times (and ``flush_op`` together), so that each
-            all-reduce finds every worker in it; the loss is then not scaled
-            by 1 / ``steps`` ahead of the window.
+            all-reduce finds every worker in it.
         name: Name scope of the accumulation ops.
 
     Raises:

@@ -59,7 +59,7 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
         clip_norm: A positive number.
 
     Returns:
-        A `GradientTransform`.
+        A gradient transform (see ``transform=`` in the window options).
 
     Raises:
         TypeError, ValueError: If ``clip_norm`` is not a positive number.

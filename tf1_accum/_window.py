@@ -1,14 +1,14 @@
-"""The graph state of one accumulation window, shared by every way in.
+"""The graph state of one accumulation window, and the ops on it.
 
-A `Window` owns the accumulators and the counter, and builds the ops that add
-a micro-batch's gradients, read their mean (or sum), apply it through an
-optimizer and reset. `build_accumulation`, `AccumulationOptimizer` and the
-in-graph dataset loop all drive one, the same way: `window_options` checks
-their options into one `WindowOptions`; `gradients` takes the micro-batch's
-gradients (without the None ones); `Window.add` returns what it added as an
-`Added`, and every apply returns what it computed (norm, whether it applied,
-statistics) as an `Applied`, which the way in hands to its user. Nothing is
-written back into the window for another build to read.
+A `Window` owns the accumulators and the counter. Its protocol is small, and
+every way in composes it: `Window.add` adds one micro-batch and returns the
+window's totals after it (an `Added`); `Window.mean` reads the mean of the
+window (from the variables, or from an `Added` in the same run), with its
+norm and statistics (a `Mean`); `Window.apply` hands the mean to an
+optimizer, then resets, right after an add (``after=``) or under a predicate
+(``when=``), and returns what it computed (an `Applied`); `Window.reset`
+empties the window. The accumulators hold the window's sum in every way in.
+Each runs inside `exclusive`, which holds the window's mutex.
 """
 
 from __future__ import annotations
@@ -741,26 +741,13 @@ def exclusive(
 ) -> tuple[typing.Any, typing.Any]:
     """Builds what ``build()`` makes so that its runs hold a window's mutex.
 
-    Every op that reads or changes the window's state (an add, an apply,
-    a reset, a flush, a fused add and apply) is built inside one of
-    these, so runs from several threads on one session take turns on the
-    window: no micro-batch is added while an apply reads and resets, and
-    none is applied twice or lost. The lock is requested when the run
-    starts, alongside the forward pass, and held until ``done`` has run:
-    taking a ``MutexLock`` wakes a thread of the mutex's own, which then
-    costs no time on the run's path, and each gradient is added as soon
-    as it is computed, alongside the rest of the backward pass (waiting
-    for every gradient first made the adds a tail of their own: 2 to 9
-    percent of an MLP window, measured). Concurrent runs of one window's ops
-    therefore take turns for their forward and backward passes too. The
-    lock is a tensor, freed with its run, so a run that fails releases
-    it too. Only the outermost op locks: the pieces
-    it builds (``add``, then ``apply``) share its one lock, so an op that
-    runs another's pieces in the same run cannot wait on itself.
-
-    The window's ops need not exist before: a window built inside ``build``
-    (the dataset loop builds its own inside its loop, once the gradients'
-    types are known) takes its mutex from `new_mutex`, made before.
+    Every op that reads or changes the window's state is built inside one
+    of these, so runs from several threads on one session take turns on the
+    window: no micro-batch is added while an apply reads and resets, none is
+    applied twice or lost. The lock is taken when the run starts and held
+    until ``done`` has run; a run that fails releases it too. Only the
+    outermost op locks: the pieces it builds share its lock. (Why the lock
+    is taken at the start: docs/performance.rst.)
 
     Args:
         mutex: The window's mutex, from `new_mutex`.
