@@ -23,13 +23,12 @@ class Saver(tf.compat.v1.train.Saver):
 
     Its save and restore hold the mutex of every accumulation window built in
     its graph (``build_accumulation``, `AccumulationOptimizer`,
-    ``build_dataset_accumulation``) while they read or write the variables,
-    the mutex each window op holds while it runs. A checkpoint written while
-    other threads run ``accum_op``, ``apply_op`` or the wrapper's train op
-    then holds every window as it was between two of those runs: its counter
-    agrees with its accumulators, and a restore never lands in the middle of
-    an add. Plain ``tf.compat.v1.train.Saver`` reads without the mutexes:
-    with threads accumulating while it saves, a checkpoint may be torn.
+    ``build_dataset_accumulation``), the mutex each window op holds while it
+    runs. A checkpoint written while other threads run ``accum_op``,
+    ``apply_op`` or the wrapper's train op then holds each window as it was
+    between two of those runs (its counter agrees with its accumulators), and
+    a restore never lands in the middle of an add. A plain
+    ``tf.compat.v1.train.Saver`` may write a torn checkpoint then.
 
     It takes the arguments of ``tf.compat.v1.train.Saver`` and is used the
     same way, including where a framework saves: for
