@@ -104,7 +104,9 @@ def build_dataset_accumulation(
     variable is refused: create such a variable before calling this.
     ``weight``, if given, is called once too, on the same element. The
     ``UPDATE_OPS`` that ``loss_fn`` adds (batch-norm moving averages) run with
-    each micro-batch (see ``update_ops``).
+    each micro-batch (see ``update_ops``); what it adds to ``SUMMARIES`` and
+    ``LOSSES`` is left out of those collections, since ops inside the loop
+    cannot be fetched from outside it.
 
     The dataset is read through a one-shot iterator, so it must not capture
     placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.

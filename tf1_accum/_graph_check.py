@@ -2,29 +2,9 @@
 
 `check_graph` walks the ops that fetching an apply runs (and those that each
 micro-batch's fetch runs) and reports the known bugs of hand-written
-accumulation as `GraphFinding` tuples.
-
-Terms used here:
-
-* a *variable* is a ``VariableV2`` (reference) or ``VarHandleOp`` (resource)
-  op, reached from a ref or resource tensor through identities, control-flow
-  forwarding (``Switch``, ``Merge``, ``Enter``...) and the inputs of
-  ``tf.cond`` / ``tf.while_loop`` function bodies;
-* an *accumulate op* adds into a variable: ``AssignAdd``, ``ScatterAdd``,
-  ``ScatterNdAdd`` and their resource forms, or an assign whose value reads
-  the variable itself (``acc.assign(acc + g)``, a running average);
-* an *accumulator* is a floating-point variable that is not trainable, not
-  a metric's, and that some accumulate op in the graph adds fresh data to:
-  a value computed from a placeholder or a ``tf.data`` iterator, not from
-  what an op wrote to a variable. Optimizer slots (updated from the
-  accumulated gradient) and counters (``global_step += 1``) are therefore
-  not accumulators;
-* a *reset* of a variable is an assign to it (``Assign``,
-  ``AssignVariableOp``, ``ScatterUpdate`` and their forms) that is not its
-  initializer and whose value does not read the variable;
-* an *update op* is an optimizer's ``Apply*``, ``SparseApply*``,
-  ``ResourceApply*`` or ``ResourceSparseApply*`` op; its gradient is the
-  input named ``grad`` (``delta`` for ``ApplyGradientDescent``).
+accumulation as `GraphFinding` tuples. The terms used here (variable,
+accumulate op, accumulator, reset, update op) are defined in the concepts
+page, "Design notes".
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """A Saver whose checkpoints never catch a window in the middle of an op.
 
-A window's ops (add, apply, reset, flush) each hold the window's mutex while
-they run, so threads running them take turns. ``tf.compat.v1.train.Saver``
-reads the variables without it: a checkpoint written while another thread
-runs ``accum_op`` (a ``MonitoredTrainingSession`` saver hook, a
-``Supervisor``'s saver thread) can hold the counter of one moment and an
-accumulator of another. `Saver` takes the mutex of every window of its graph,
-in one order, for the reads of its save and the writes of its restore.
+How it locks is in the concepts page, "Design notes".
 """
 
 from __future__ import annotations
@@ -96,13 +90,8 @@ def _locked(
 ) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held.
 
-    The locks are taken one after the other, in the order of ``mutexes``
-    (every saver takes them in that order, a window op only its own). Each
-    op of the section that reads what was there before the saver (a
-    variable, its handle) waits for the last lock; a resource variable's
-    cached read (made with the variable, which a save reads) is replaced by
-    a read made after the lock. ``last`` waits for the releases, which wait
-    for everything ``last`` waited for.
+    The locks are taken in the order of ``mutexes``; ``last`` waits for the
+    releases (see the concepts page, "Design notes").
     """
     section = _ancestors(last, created)
     with tf.control_dependencies(None):
