@@ -215,8 +215,8 @@ def check_graph(
             instead of returning them.
 
     Returns:
-        A list of `GraphFinding`, ordered by kind and op name; empty when
-        nothing was found.
+        A list of `GraphFinding`, ordered by kind (in the order listed
+        above), then by op name; empty when nothing was found.
 
     Raises:
         TypeError: If ``apply_op`` is empty, ``apply_op`` or ``accum_ops``
