@@ -501,6 +501,28 @@ def test_a_parse_error_is_kept_whatever_select_names(tmp_path):
     assert re.findall(r": (TFA\d{3}) ", selected.stdout) == ["TFA000"]
     ignored = _run("--select", "TFA001", "--ignore", "TFA000", bad)
     assert (ignored.returncode, ignored.stdout) == (0, "")
+    # A bare ignore comment on the line of the error silences it too (every
+    # rule, TFA000 included); one that names other rules does not.
+    named = tmp_path / "named.py"
+    named.write_text("def broken(:  # tf1_accum.check: ignore TFA001\n", encoding="utf-8")
+    bare = tmp_path / "bare.py"
+    bare.write_text("def broken(:  # tf1_accum.check: ignore\n", encoding="utf-8")
+    commented = _run("--select", "TFA001", named, bare)
+    assert commented.returncode == 1
+    assert commented.stdout.splitlines() == [
+        f"{named}:1:12: TFA000 cannot parse this file (invalid syntax); fix the syntax, "
+        "then check it again"
+    ]
+
+
+def test_an_unreadable_file_is_reported_whatever_select_names_and_fails_even_ignored(tmp_path):
+    binary = tmp_path / "binary.py"
+    binary.write_bytes(b"x = 1\0\n")
+    selected = _run("--select", "TFA001", binary)
+    assert selected.returncode == 2
+    assert selected.stdout.startswith(f"{binary}:1:1: TFA000 cannot read this file (")
+    ignored = _run("--select", "TFA001", "--ignore", "TFA000", binary)
+    assert (ignored.returncode, ignored.stdout) == (2, "")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes on this system")

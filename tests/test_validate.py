@@ -410,6 +410,41 @@ def test_the_dataset_loop_refuses_bad_arguments_before_building_anything(case):
         assert _snapshot(graph) == before
 
 
+def test_the_dataset_loop_refuses_a_var_list_of_another_graph_before_building_anything():
+    elsewhere = _other_graph_variable()
+    with tf.Graph().as_default() as graph:
+        data = _data()
+        before = _snapshot(graph)
+        with pytest.raises(
+            ValueError, match=r"var_list\[0\] elsewhere is not in the graph of the loss"
+        ):
+            tf1_accum.build_dataset_accumulation(_linear, _sgd(), data, 2, var_list=[elsewhere])
+        assert _snapshot(graph) == before
+
+
+def test_the_dataset_loop_refuses_a_dataset_that_captures_a_placeholder():
+    with tf.Graph().as_default() as graph:
+        rows = v1.placeholder(tf.float64, [None, 3, 2])
+        data = tf.data.Dataset.from_tensor_slices(rows).batch(2)
+        before = _snapshot(graph, every_collection=False)
+        with pytest.raises(ValueError, match="(?i)capture a placeholder"):
+            tf1_accum.build_dataset_accumulation(_linear, _sgd(), data, 2)
+        assert _snapshot(graph, every_collection=False)[1:] == before[1:]
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_run_accumulation_refuses_a_fused_that_is_not_a_bool_before_running():
+    with tf.Graph().as_default():
+        x, w, loss = _model()
+        acc = tf1_accum.build_accumulation(loss, _sgd())
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            feeds = [{x: np.ones((2, 2))}]
+            with pytest.raises(TypeError, match="fused must be True or False, got 'yes'"):
+                tf1_accum.run_accumulation(sess, acc, feeds, fused="yes")
+            assert sess.run(acc.counter) == 0
+
+
 def _raising(batch):
     v1.get_variable("w", initializer=np.array([1.0, -2.0]))
     raise KeyError("the model code failed")

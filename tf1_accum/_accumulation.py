@@ -24,17 +24,15 @@ class Accumulation(typing.NamedTuple):
     A window is: ``accum_op`` once per micro-batch (each with that micro-batch's
     ``feed_dict``), then ``apply_op`` once, with no feed. ``apply_op`` resets
     the window itself, so the next ``accum_op`` starts the next window.
-
-    Each op holds a mutex of the window while it runs, so threads running
-    them on one session take turns: no micro-batch is lost or applied twice
-    (see :ref:`ways-in-threads`).
+    Several threads may run these ops on one session: they take turns, and no
+    micro-batch is lost or applied twice (see :ref:`ways-in-threads`).
 
     Attributes:
         zero_op: Discards a partial window: resets the counter (the next
             ``accum_op`` then starts a window). Not needed between windows:
             ``apply_op`` resets.
-        accum_op: Adds this micro-batch's gradients to the accumulators and
-            increments ``counter``, and runs ``update_ops``. Run it with the
+        accum_op: Adds this micro-batch's gradients to the accumulators,
+            increments ``counter`` and runs ``update_ops``. Run it with the
             micro-batch's feed.
         apply_op: Applies ``grads_and_vars`` through the optimizer, increments
             ``global_step`` once (if one was given), then resets the
@@ -45,12 +43,11 @@ class Accumulation(typing.NamedTuple):
             reset.
         accumulators: Accumulator variables, aligned with ``var_list``
             (``accumulators[i]`` serves ``var_list[i]``). While ``counter`` is
-            above 0, each holds the sum of the micro-batch gradients of the
-            window (with ``weight``, of each times its weight; averaging, every
-            weight of a window is first multiplied by one power of two, which
-            the mean does not see); while it is 0, a dense one holds what the
-            last window left (a window's first add assigns; see the concepts
-            page). Float16 and bfloat16 variables accumulate in float32.
+            above 0, each holds the window's sum of micro-batch gradients
+            (with ``weight``, the weighted sum, which may be scaled by a power
+            of two that the mean does not see); while it is 0, nothing reads
+            them (see :doc:`concepts`). Float16 and bfloat16 variables
+            accumulate in float32.
         var_list: The variables trained, in the order of ``accumulators``.
             Variables whose gradient is None are not in it.
         grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
@@ -60,8 +57,8 @@ class Accumulation(typing.NamedTuple):
         global_norm: float64 global norm of the window's gradient (the mean,
             or the sum) before any clipping. Fetch it in the same
             ``session.run`` as ``apply_op``, and only with it: after the apply
-            the window is reset, and it is not ordered against
-            ``accum_apply_op``.
+            the window is reset, and it does not describe the window that
+            ``accum_apply_op`` applies.
         skipped_windows: ``int64`` variable: windows not applied because their
             gradient held a NaN or an Inf (see ``skip_nonfinite``).
         accum_apply_op: With ``fused=True``, the last micro-batch fused with
@@ -208,45 +205,46 @@ def build_accumulation(
     Returns:
         An `Accumulation`.
 
-    Every argument is checked before anything is built, so a call that raises
-    ``TypeError`` or ``ValueError`` for one leaves the graph as it was: its
-    ops, variables and collections. Only what the gradients and the
-    optimizer's apply reveal once built (a gradient None for every variable
-    the loss reads, through ops without a gradient; an optimizer whose apply
-    cannot be built) fails later: the graph's collections are then put back
-    as they were, and the error says how many ops remain in the graph,
-    unused.
+    Every argument is checked before anything is built: a ``TypeError`` or
+    ``ValueError`` about an argument leaves the graph as it was. A failure
+    that shows only once the gradients or the optimizer's apply are built
+    puts the graph's collections back; the ops built stay in the graph,
+    unused, and the error says how many.
 
     Raises:
         RuntimeError: If eager execution is active.
-        TypeError: If ``loss`` is not a floating-point tensor, ``optimizer`` is
-            not a ``tf.compat.v1.train.Optimizer`` or a tf_keras legacy
-            optimizer (or is tf_keras's ``LossScaleOptimizer``: use
-            ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
-            or is an `AccumulationOptimizer` (which accumulates by itself: give
-            its ``optimizer``), a Keras optimizer is given a reference variable
-            (it updates resource variables only), ``var_list`` holds
-            something other than variables, ``global_step`` is not an integer
-            variable, ``average``, ``skip_nonfinite``, ``fused`` or
-            ``statistics`` is not a bool, ``weight`` is not a real tensor,
-            ``clip_norm`` or ``micro_batch_size`` is not a number,
-            ``update_ops`` is not None or a list of ops or tensors, or
-            ``cross_replica`` is not a `CollectiveAllReduce` or a
-            `HorovodAllReduce`.
-        ValueError: If ``loss`` is not a scalar, there are no variables to
-            train, a variable of ``var_list`` is not in the loss's graph, no
-            variable has a gradient, the shape of a variable the loss reads is
-            not fully defined, ``weight`` is not a scalar of the loss's graph, an op of
-            ``update_ops`` is not in the loss's graph, ``clip_norm`` is not
-            positive, ``fused=True`` with a ``SyncReplicasOptimizer``,
-            ``statistics=True`` without ``micro_batch_size`` or ``weight``,
-            ``global_step`` is a variable of another graph,
-            or ``micro_batch_size`` is not positive, or is given without
-            ``statistics=True`` or together with ``weight``; or if the
-            optimizer creates a variable
-            inside ``apply_gradients`` from a tensor computed there, or (with
-            ``fused=True``) creates different state each time its
-            ``apply_gradients`` is built.
+        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
+            or a tf_keras legacy optimizer (a Keras 3 optimizer, say), or is
+            tf_keras's ``LossScaleOptimizer`` (use
+            ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``).
+        TypeError: If ``optimizer`` is an `AccumulationOptimizer` or a
+            `KerasAccumulationOptimizer`, which accumulate by themselves:
+            give the optimizer they wrap.
+        TypeError: If a tf_keras optimizer is to train a reference variable
+            (it updates resource variables only).
+        TypeError: If another argument has the wrong type: ``loss`` (a
+            floating-point tensor), ``var_list`` (variables), ``global_step``
+            (an integer variable), ``average``, ``skip_nonfinite``, ``fused``,
+            ``statistics`` (bools), ``weight`` (a real tensor), ``clip_norm``,
+            ``micro_batch_size`` (numbers), ``update_ops`` (None or a list of
+            ops or tensors), ``cross_replica`` (a `CollectiveAllReduce` or a
+            `HorovodAllReduce`).
+        ValueError: If ``loss`` or ``weight`` is not a scalar, or
+            ``clip_norm`` or ``micro_batch_size`` is not positive.
+        ValueError: If a variable of ``var_list``, ``global_step``,
+            ``weight`` or an op of ``update_ops`` is not in the loss's graph.
+        ValueError: If options do not go together: ``statistics=True``
+            without ``micro_batch_size`` or ``weight``; ``micro_batch_size``
+            without ``statistics=True``, or with ``weight``; ``fused=True``
+            with a ``SyncReplicasOptimizer``.
+        ValueError: If there is nothing to train: no trainable variable, an
+            empty ``var_list``, or no variable with a gradient.
+        ValueError: If a variable the loss reads has a shape that is not
+            fully defined (its accumulator needs one).
+        ValueError: If the optimizer's apply cannot be built here: it creates
+            a variable inside ``apply_gradients`` from a tensor computed
+            there, or (with ``fused=True``) creates different state each time
+            its ``apply_gradients`` is built.
     """
     _validate.check_graph_mode("build_accumulation")
     _validate.check_loss(loss)

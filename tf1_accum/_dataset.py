@@ -41,7 +41,7 @@ class DatasetAccumulation(typing.NamedTuple):
             ``train_op``.
         micro_batches: ``int64``: how many micro-batches the window held.
         global_norm: float64 global norm of the window's gradient before
-            clipping, evaluated with ``train_op`` (0 when the data has ended).
+            clipping, evaluated with ``train_op``.
         skipped_windows: ``int64`` variable: windows skipped as non-finite.
         counter: The window's counter (0 between runs).
         accumulators: Accumulator variables, aligned with ``var_list``.
@@ -49,7 +49,7 @@ class DatasetAccumulation(typing.NamedTuple):
         statistics: With ``statistics=True``, the `GradientStatistics` of the
             window the run drew, evaluated with ``train_op``; None otherwise.
             A window skipped as non-finite has them too (NaN where its
-            gradient is), and leaves the moving average as it was.
+            gradient is), and leaves ``noise_scale_ema`` as it was.
         applied: bool tensor, evaluated with ``train_op``: whether the run
             gave the optimizer its window; False for a window skipped as
             non-finite. (A run after the end of the data raises
@@ -95,20 +95,18 @@ def build_dataset_accumulation(
 
     ``loss_fn(batch)`` is ordinary TF1 model code: it takes one element of
     ``dataset`` and returns the scalar mean loss of that micro-batch. It is
-    called once, inside the loop, on the element each iteration draws: the
-    model is built once, and a constant it holds is in the graph once. The
+    called once, to build the loop's body, so the model is built once. The
     variables it creates (``tf.compat.v1.get_variable``, ``tf.Variable``,
-    tf_keras layers) are built clear of the loop, as a variable's constructor
-    does, with the names they would have without accumulation; so is their
-    initial value: a NumPy value, an initializer, a callable, or a tensor
-    that ``loss_fn`` computes from nothing of the loop (``tf.zeros``,
-    ``tf.random.normal``), whose ops are copied out of the loop. An initial
-    value computed from the micro-batch or from a variable cannot be: create
-    such a variable before calling this. ``weight``, if given, is called once
-    too, on the same element, and what both return is checked before
-    anything is built from it. The
+    tf_keras layers) get the names they would have without accumulation.
+    Their initial value may be a NumPy value, an initializer, a callable or
+    a tensor computed from nothing of the loop (``tf.zeros``,
+    ``tf.random.normal``); one computed from the micro-batch or from a
+    variable is refused: create such a variable before calling this.
+    ``weight``, if given, is called once too, on the same element. The
     ``UPDATE_OPS`` that ``loss_fn`` adds (batch-norm moving averages) run with
-    each micro-batch (see ``update_ops``).
+    each micro-batch (see ``update_ops``); what it adds to ``SUMMARIES`` and
+    ``LOSSES`` is left out of those collections, since ops inside the loop
+    cannot be fetched from outside it.
 
     The dataset is read through a one-shot iterator, so it must not capture
     placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.
@@ -187,38 +185,50 @@ def build_dataset_accumulation(
         A `DatasetAccumulation`.
 
     The arguments are checked before anything is built: a bad one leaves the
-    graph as it was. What ``loss_fn`` (and ``weight``) build cannot be checked
-    before they are called: if they raise, or return something refused (a
-    loss that is not a scalar, no gradient, a variable of undefined shape),
-    the graph's collections are put back as they were (no variable of theirs
-    stays in ``global_variables()``), and the error says how many ops stay
-    in the graph, unused (the dataset's iterator and what ``loss_fn`` built),
-    and which variables ``get_variable`` made, whose names stay taken.
+    graph as it was. What ``loss_fn`` and ``weight`` return is checked when
+    they are called; if that fails (or they raise), the graph's collections
+    are put back (no variable of theirs stays in ``global_variables()``), and
+    the error says how many ops stay in the graph, unused, and which
+    variables ``get_variable`` made, whose names stay taken.
 
     Raises:
         RuntimeError: If eager execution is active.
-        TypeError: If ``loss_fn`` is not callable, ``dataset`` is not a
-            ``tf.data.Dataset``, ``optimizer`` is an `AccumulationOptimizer`
-            (which accumulates by itself: give its ``optimizer``), ``weight``
-            is not a callable, ``optimizer``,
-            ``var_list``, ``global_step``, ``steps``, ``average``,
-            ``clip_norm``, ``skip_nonfinite``, ``statistics`` or
-            ``micro_batch_size`` is of the wrong type (the texts of
-            `build_accumulation`), ``update_ops`` is not None or a
-            list, what ``loss_fn`` or ``weight`` returns is not a
-            floating-point loss or a real weight tensor, or ``cross_replica``
-            is not a `CollectiveAllReduce` or a `HorovodAllReduce`.
-        ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
-            positive, ``update_ops`` is a non-empty list, ``statistics=True``
-            is given without ``micro_batch_size`` or ``weight``,
-            ``micro_batch_size`` is not positive or is given without
-            ``statistics=True`` or together with ``weight`` (the texts of
-            `build_accumulation`), the loss or a weight is not a scalar,
-            there is no variable to train, no variable has a gradient, a
-            trained variable's shape is not fully defined, or the optimizer
-            creates a variable inside ``apply_gradients`` from a tensor
-            computed there, or ``loss_fn`` creates a variable from a tensor
-            that reads a value of the loop (the micro-batch, a variable).
+        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
+            or a tf_keras legacy optimizer, or is tf_keras's
+            ``LossScaleOptimizer``, as in `build_accumulation`.
+        TypeError: If ``optimizer`` is an `AccumulationOptimizer` or a
+            `KerasAccumulationOptimizer`, which accumulate by themselves:
+            give the optimizer they wrap.
+        TypeError: If a tf_keras optimizer is to train a reference variable
+            (it updates resource variables only).
+        TypeError: If another argument has the wrong type: ``loss_fn``,
+            ``weight`` (callables), ``dataset`` (a ``tf.data.Dataset``),
+            ``steps`` (an int), and ``var_list``, ``global_step``,
+            ``average``, ``clip_norm``, ``skip_nonfinite``, ``update_ops``,
+            ``statistics``, ``micro_batch_size``, ``cross_replica`` as in
+            `build_accumulation`.
+        TypeError: If ``loss_fn`` returns something other than a
+            floating-point tensor, or ``weight`` other than a real tensor.
+        ValueError: If ``steps`` is less than 1, or ``clip_norm`` or
+            ``micro_batch_size`` is not positive.
+        ValueError: If ``update_ops`` is a non-empty list: ops built outside
+            the loop cannot run once per micro-batch drawn inside it.
+        ValueError: If options do not go together: ``statistics=True``
+            without ``micro_batch_size`` or ``weight``; ``micro_batch_size``
+            without ``statistics=True``, or with ``weight``.
+        ValueError: If a variable of ``var_list``, or ``global_step``, is not
+            in the default graph.
+        ValueError: If what ``loss_fn`` or ``weight`` returns is not a scalar.
+        ValueError: If there is nothing to train: no trainable variable once
+            ``loss_fn`` has built the model, an empty ``var_list``, or no
+            variable with a gradient.
+        ValueError: If a trained variable's shape is not fully defined.
+        ValueError: If ``loss_fn`` creates a variable from a tensor that reads
+            a value of the loop (the micro-batch, a variable).
+        ValueError: If the optimizer creates a variable inside
+            ``apply_gradients`` from a tensor computed there.
+        ValueError: If ``dataset`` captures a placeholder (a one-shot
+            iterator cannot).
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):

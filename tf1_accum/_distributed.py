@@ -65,25 +65,17 @@ def check_cross_replica(cross_replica: object) -> None:
 class CollectiveAllReduce(Engine):
     """Where and how the windows of W workers are all-reduced.
 
-    Pass one to ``build_accumulation(..., cross_replica=...)``. Every worker
-    builds the same graph, in the same order, with its own ``task_index``;
-    the apply of each window then sums, across the workers, in ONE
-    ``CollectiveReduceV2`` op: every accumulator (flattened and concatenated
-    into one vector), the window's count of micro-batches, with
-    ``weight=`` its total weight (sent so that integer totals below 2^48 stay
-    exact even in a float32 vector), and with ``statistics=True`` the sums
-    behind the `GradientStatistics`, which then describe every worker's
-    micro-batches. Each worker divides the summed gradients by the
+    Pass one as ``cross_replica=`` to `build_accumulation`,
+    `AccumulationOptimizer` or `build_dataset_accumulation`. Every worker
+    builds the same graph, in the same order, with its own ``task_index``.
+    The apply of each window sums the window across the workers in one
+    collective all-reduce; each worker divides the summed gradients by the
     summed count (or weight) and applies the result, so all workers make the
-    same update: that of large-batch training on the W x N micro-batches. With
-    equal numbers of micro-batches this is the mean of the workers' means;
-    with ``average=False`` the sum over all of them is applied.
-
-    Sparse gradients are densified for the all-reduce: the accumulator of an
-    embedding table is dense already (untouched rows are zero), so it is
-    summed whole, together with its touched-row mask, and the apply hands the
-    optimizer the rows touched on any worker, as large-batch training would.
-    That costs the whole table's size in traffic per window, once per window.
+    same update: that of large-batch training on the W x N micro-batches
+    (with ``average=False``, their sum). With ``statistics=True``, the
+    `GradientStatistics` describe every worker's micro-batches. Sparse
+    gradients are densified: each window sends the whole embedding table
+    (see :doc:`distributed`).
 
     Servers and sessions need ``session_config()`` (the collective group
     leader). Variables must start equal on every worker: run
@@ -367,9 +359,8 @@ def broadcast_variables(
 
     Run it once on every worker, after initialization (on worker 0, after
     restoring a checkpoint, if any), before the first window: replicas then
-    start identical whatever their initializers drew. The variables are
-    concatenated into one tensor per dtype, each sent in one broadcast of
-    the engine (a collective broadcast, or Horovod's ``broadcast``).
+    start identical whatever their initializers drew. It sends one broadcast
+    per dtype (a collective broadcast, or Horovod's ``broadcast``).
 
     Example:
 

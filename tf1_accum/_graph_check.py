@@ -2,29 +2,9 @@
 
 `check_graph` walks the ops that fetching an apply runs (and those that each
 micro-batch's fetch runs) and reports the known bugs of hand-written
-accumulation as `GraphFinding` tuples.
-
-Terms used here:
-
-* a *variable* is a ``VariableV2`` (reference) or ``VarHandleOp`` (resource)
-  op, reached from a ref or resource tensor through identities, control-flow
-  forwarding (``Switch``, ``Merge``, ``Enter``...) and the inputs of
-  ``tf.cond`` / ``tf.while_loop`` function bodies;
-* an *accumulate op* adds into a variable: ``AssignAdd``, ``ScatterAdd``,
-  ``ScatterNdAdd`` and their resource forms, or an assign whose value reads
-  the variable itself (``acc.assign(acc + g)``, a running average);
-* an *accumulator* is a floating-point variable that is not trainable, not
-  a metric's, and that some accumulate op in the graph adds fresh data to:
-  a value computed from a placeholder or a ``tf.data`` iterator, not from
-  what an op wrote to a variable. Optimizer slots (updated from the
-  accumulated gradient) and counters (``global_step += 1``) are therefore
-  not accumulators;
-* a *reset* of a variable is an assign to it (``Assign``,
-  ``AssignVariableOp``, ``ScatterUpdate`` and their forms) that is not its
-  initializer and whose value does not read the variable;
-* an *update op* is an optimizer's ``Apply*``, ``SparseApply*``,
-  ``ResourceApply*`` or ``ResourceSparseApply*`` op; its gradient is the
-  input named ``grad`` (``delta`` for ``ApplyGradientDescent``).
+accumulation as `GraphFinding` tuples. The terms used here (variable,
+accumulate op, accumulator, reset, update op) are defined in the concepts
+page, "Design notes".
 """
 
 from __future__ import annotations
@@ -161,75 +141,44 @@ def check_graph(
     what it fetches for each micro-batch. It walks the ops those fetches run,
     into ``tf.cond`` and ``tf.while_loop`` (version 1 control flow, and the
     function bodies of version 2 ``If`` and ``While`` ops built in this
-    process), and reports:
+    process), and reports each kind of `GraphFinding`:
 
     * ``"apply_needs_feed"``: a gradient handed to an optimizer depends on a
-      placeholder. Fetching the apply then needs a ``feed_dict``: it runs the
-      forward and backward pass again, and (with ``"apply_accumulates"``) the
-      accumulation. Placeholders that reach the update otherwise, such as a
-      learning rate, are fine.
-    * ``"apply_accumulates"``: fetching the apply runs an accumulate op, into
-      an accumulator that the applied gradients come from, that the
-      micro-batch fetches also run, so the last micro-batch is added twice.
-      Without ``accum_ops``, an accumulate op of fed data (from a
-      placeholder) that the apply runs is reported unless the apply also
-      resets that accumulator: an op that adds one micro-batch, applies and
-      resets, run for the window's last micro-batch, is a correct fused step
-      (tf1_accum's ``accum_apply_op`` and ``AccumulationOptimizer``'s train
-      op are such steps).
-    * ``"never_reset"``: an accumulator that the applied gradients come from
-      is never assigned anything except by its initializer, so after the first
-      update it holds the sum over all of training (a running average keyed
-      on the step behaves the same). So is a floating-point counter (a
-      variable incremented by a constant, not the ``global_step``) that the
-      apply reads, for a mean divided by it.
-    * ``"sum_not_mean"``: an optimizer's update op takes the value of an
-      accumulator that gradients are added to (``assign_add``, not a running
-      average's ``assign``) unchanged, only read, cast or gathered: the sum
-      of the micro-batch gradients, where the optimizer expects the mean.
-      tf1_accum's own accumulators are not reported: with ``average=False``
-      they apply the sum on purpose.
-    * ``"step_not_per_update"``: the graph's global step (in
-      ``tf.compat.v1.GraphKeys.GLOBAL_STEP``) is incremented other than once
-      per update: by an increment outside any conditional that a
-      micro-batch's fetch runs (the ``accum_ops``, or an apply that adds
-      its micro-batch and applies only every N-th run, as
-      ``AccumulationOptimizer``'s train op does), or by two increments that
-      one apply runs (an optimizer given ``global_step`` and a hand-written
-      ``global_step.assign(global_step + 1)`` grouped with it). Schedules
-      and hooks driven by the step then run ahead of the updates.
-    * ``"schedule_in_micro_batches"``: the apply is `AccumulationOptimizer`'s
-      train op (N micro-batches per update), it reads a ``tf.data`` pipeline
-      of known, finite size (``from_tensor_slices`` of arrays or ``range``,
-      then ``batch``, ``repeat(count)``, ``take``, and steps that keep the
-      size, such as ``shuffle``, ``map`` and ``prefetch``), and a schedule op
-      of the apply (``polynomial_decay``, ``exponential_decay``,
-      ``piecewise_constant``, a hand-written warm-up: a comparison, minimum,
-      division or subtraction of the global step and a constant) takes a
-      step count that equals the micro-batches of a whole number of the
-      pipeline's epochs, rounded either way, and lies past the last update,
-      ceil(micro-batches / N). Such a count comes from the program's
-      arithmetic with the micro-batch as the batch (BERT's
-      ``num_train_steps = int(examples / batch_size * epochs)``), and the
-      schedule then runs N times too slowly. A count that could be right in
-      updates (within training: one epoch of micro-batches is also N epochs
-      of updates) is not reported, nor is any count of a pipeline repeated
-      forever or of unknown size (a ``feed_dict``, TFRecord files).
+      placeholder, so fetching the apply runs the forward and backward pass
+      again. A placeholder that reaches the update otherwise (a learning
+      rate) is fine.
+    * ``"apply_accumulates"``: fetching the apply runs an accumulate op that
+      the micro-batch fetches run too, so the last micro-batch is added
+      twice. Without ``accum_ops``: an accumulate op of fed data that the
+      apply runs without also resetting that accumulator (an op that adds
+      the last micro-batch, applies and resets is a correct fused step).
+    * ``"never_reset"``: an accumulator the applied gradients come from, or
+      a floating-point counter the apply divides by, is assigned nothing but
+      its initializer, so it sums over all of training.
+    * ``"sum_not_mean"``: an optimizer's update op takes an accumulator's
+      value unchanged (read, cast or gathered): the sum, where the optimizer
+      expects the mean. tf1_accum's own accumulators are not reported
+      (``average=False`` applies the sum on purpose).
+    * ``"step_not_per_update"``: the global step (in
+      ``tf.compat.v1.GraphKeys.GLOBAL_STEP``) is incremented outside any
+      conditional by a fetch that runs with every micro-batch, or twice by
+      one apply.
+    * ``"schedule_in_micro_batches"``: for `AccumulationOptimizer`'s train
+      op reading a ``tf.data`` pipeline of known, finite size, a
+      learning-rate schedule of the apply whose step count equals the
+      micro-batches of a whole number of epochs and lies past the last
+      update (see :ref:`real-programs-schedules`).
 
     tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
     train op and ``build_dataset_accumulation``'s train op give no findings.
-    Not covered: functions called with ``tf.function`` (``PartitionedCall``)
-    and the function bodies of graphs imported from a ``GraphDef`` are not
-    entered; sparse updates that an optimizer makes without an ``Apply`` op
-    (``GradientDescentOptimizer`` scatters into the variable) are not checked
-    for sums. Nor can a graph show what depends on the data or the loop:
-    micro-batches of different sizes averaged with equal weights (see
-    ``weight=``), a ``tf.cond`` whose applying run skips its own
-    micro-batch (``python -m tf1_accum.check`` finds those recipes in the
-    source), or, outside the cases above, a learning-rate schedule whose
-    step counts (``decay_steps``, warm-up) were worked out in micro-batches:
-    a constant does not say what it counts (the migration checklist of
-    :doc:`real_programs` gives the rule).
+    Not checked: functions called through ``tf.function``
+    (``PartitionedCall``) and the function bodies of a graph imported from a
+    ``GraphDef``; sums in sparse updates made without an ``Apply`` op
+    (``GradientDescentOptimizer``'s); and what depends on the data or the
+    loop: micro-batches of different sizes averaged equally, a ``tf.cond``
+    whose applying run skips its own micro-batch (``tf1-accum-check`` finds
+    those in the source), or other schedules whose step counts were worked
+    out in micro-batches.
 
     Example:
 
@@ -266,8 +215,8 @@ def check_graph(
             instead of returning them.
 
     Returns:
-        A list of `GraphFinding`, ordered by kind and op name; empty when
-        nothing was found.
+        A list of `GraphFinding`, ordered by kind (in the order listed
+        above), then by op name; empty when nothing was found.
 
     Raises:
         TypeError: If ``apply_op`` is empty, ``apply_op`` or ``accum_ops``

@@ -16,15 +16,9 @@ from tf1_accum import _unhooked
 class _UnmovedStepFilter(logging.Filter):
     """Drops StepCounterHook's warning that ``global_step`` did not move in a run.
 
-    ``global_step`` counts updates, so N - 1 of every N runs of the train op
-    leave it where it was, by design, as ``SyncReplicasOptimizer``'s workers
-    do: ``StepCounterHook`` (which ``MonitoredTrainingSession`` and
-    ``Estimator`` add) would log "It seems that global step ... has not been
-    increased" five times, as if it had not been passed.
-
-    It acts while its session is open: a session that ends with an error
-    calls no hook's ``end()``, and the filter, left on the logger, then lets
-    everything through.
+    ``global_step`` counts updates: N - 1 of every N runs leave it as it was,
+    by design. The filter acts while its session is open (a session that
+    ends with an error calls no hook's ``end()``, which would remove it).
     """
 
     def __init__(self, session: tf.compat.v1.Session) -> None:

@@ -37,39 +37,22 @@ class HorovodAllReduce(_distributed.Engine):
     Pass one as ``cross_replica=`` to `build_accumulation`,
     `AccumulationOptimizer` or `build_dataset_accumulation`, in a program
     started by ``horovodrun`` (after ``hvd.init()``). Each worker accumulates
-    its own micro-batches; the apply then sums, across the workers, in ONE
-    Horovod all-reduce, the same vector `CollectiveAllReduce` sends: every
-    accumulator (flattened and concatenated), the window's count of
-    micro-batches, with ``weight=`` its total weight (sent in pieces that
-    sum exactly in float32), and with ``statistics=True`` the sums behind
-    the `GradientStatistics`. Every worker divides the summed gradients by
-    the summed count (or weight) and applies the result: all workers make
-    the update of large-batch training on every micro-batch of every worker.
-    The non-finite guard and clipping see that all-reduced gradient, so a
-    NaN on one worker makes every worker skip the window, and
-    ``global_step`` advances once per update.
+    its own micro-batches; the apply sums the window across the workers in
+    one Horovod all-reduce, and every worker applies the update of
+    large-batch training on every micro-batch of every worker. A NaN on one
+    worker makes every worker skip the window, and ``global_step`` advances
+    once per update. (``hvd.DistributedOptimizer(opt,
+    backward_passes_per_step=N)`` applies the *sum* of the N passes, unless
+    ``average_aggregated_gradients=True``, and advances ``global_step`` on
+    every pass: see :doc:`distributed`.) Sparse gradients are densified, as
+    with `CollectiveAllReduce`: each window sends the whole embedding table.
 
-    This differs from ``hvd.DistributedOptimizer(opt,
-    backward_passes_per_step=N)``, which applies the *sum* of the N passes
-    (unless ``average_aggregated_gradients=True``) and advances
-    ``global_step`` on every pass.
-
-    Sparse gradients are densified, as with `CollectiveAllReduce`: the
-    accumulator of an embedding table is dense already, so it is summed
-    whole, with its touched-row mask; the window sends the table's size
-    (twice: values and mask) once per window, however many rows were
-    touched. (``hvd.allgather`` of the touched rows would send less for a
-    window touching few rows, but its size would differ between workers and
-    windows, and the one vector would become several messages.)
-
-    Horovod matches the ops of different workers by name. Each accumulation
-    built with this object names its all-reduce ``<name>_window_<k>``, k
-    counting up from 0 in the order they are built, and each
-    `broadcast_variables` takes the next k, so every worker must build them
-    in the same order (the apply and the fused ``accum_apply_op`` of one
-    accumulation share one name, so workers that apply either way still
-    meet). Variables must start equal on every worker: run
-    `broadcast_variables` (or add `broadcast_hook`) after initialization.
+    Horovod matches the ops of different workers by name, and each
+    accumulation and each `broadcast_variables` built with this object takes
+    the next name (``<name>_window_<k>``, ``<name>_broadcast_<k>``), so every
+    worker must build them in the same order. Variables must start equal on
+    every worker: run `broadcast_variables` (or add `broadcast_hook`) after
+    initialization.
 
     Example (outside ``horovodrun``, Horovod runs one worker):
 

@@ -1,12 +1,6 @@
 """A Saver whose checkpoints never catch a window in the middle of an op.
 
-A window's ops (add, apply, reset, flush) each hold the window's mutex while
-they run, so threads running them take turns. ``tf.compat.v1.train.Saver``
-reads the variables without it: a checkpoint written while another thread
-runs ``accum_op`` (a ``MonitoredTrainingSession`` saver hook, a
-``Supervisor``'s saver thread) can hold the counter of one moment and an
-accumulator of another. `Saver` takes the mutex of every window of its graph,
-in one order, for the reads of its save and the writes of its restore.
+How it locks is in the concepts page, "Design notes".
 """
 
 from __future__ import annotations
@@ -23,13 +17,12 @@ class Saver(tf.compat.v1.train.Saver):
 
     Its save and restore hold the mutex of every accumulation window built in
     its graph (``build_accumulation``, `AccumulationOptimizer`,
-    ``build_dataset_accumulation``) while they read or write the variables,
-    the mutex each window op holds while it runs. A checkpoint written while
-    other threads run ``accum_op``, ``apply_op`` or the wrapper's train op
-    then holds every window as it was between two of those runs: its counter
-    agrees with its accumulators, and a restore never lands in the middle of
-    an add. Plain ``tf.compat.v1.train.Saver`` reads without the mutexes:
-    with threads accumulating while it saves, a checkpoint may be torn.
+    ``build_dataset_accumulation``), the mutex each window op holds while it
+    runs. A checkpoint written while other threads run ``accum_op``,
+    ``apply_op`` or the wrapper's train op then holds each window as it was
+    between two of those runs (its counter agrees with its accumulators), and
+    a restore never lands in the middle of an add. A plain
+    ``tf.compat.v1.train.Saver`` may write a torn checkpoint then.
 
     It takes the arguments of ``tf.compat.v1.train.Saver`` and is used the
     same way, including where a framework saves: for
@@ -97,13 +90,8 @@ def _locked(
 ) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held.
 
-    The locks are taken one after the other, in the order of ``mutexes``
-    (every saver takes them in that order, a window op only its own). Each
-    op of the section that reads what was there before the saver (a
-    variable, its handle) waits for the last lock; a resource variable's
-    cached read (made with the variable, which a save reads) is replaced by
-    a read made after the lock. ``last`` waits for the releases, which wait
-    for everything ``last`` waited for.
+    The locks are taken in the order of ``mutexes``; ``last`` waits for the
+    releases (see the concepts page, "Design notes").
     """
     section = _ancestors(last, created)
     with tf.control_dependencies(None):

@@ -1,29 +1,8 @@
 """`check_graph`'s schedule check: step counts worked out in micro-batches.
 
-A learning-rate schedule driven by ``global_step`` compares or divides it by
-step counts (``decay_steps``, ``num_train_steps``, warm-up, ``boundaries``)
-that the program works out from its batch size. Migrated to accumulation, the
-batch is a micro-batch, so those counts are in micro-batches, while
-``global_step`` counts updates, one per N micro-batches. A constant does not
-say what it counts; the check reports one only where the graph can tell:
-
-* the apply is the train op of a window that applies every N micro-batches
-  (`AccumulationOptimizer`), whose N the graph holds;
-* it reads a ``tf.data`` pipeline of known, finite size (``from_tensor_slices``
-  of arrays, ``range``, then ``batch``, ``repeat(count)``, ``take`` and
-  size-keeping steps such as ``shuffle`` and ``map``), so the graph knows
-  how many micro-batches training draws, T, over how many epochs, R, of M each;
-* the schedule's constant equals the micro-batches of a whole number of
-  epochs (k M, 1 <= k <= R, T included) as the program's arithmetic gives it
-  (rounded either way), and, read in updates, lies beyond the last update
-  (more than ceil(T / N)): a schedule migrated correctly has its points
-  within training, unless set past its end on purpose and, by chance, at a
-  whole number of epochs of micro-batches; every count that
-  ``int(examples / batch_size * epochs)`` gives for the micro-batch lies there.
-
-A count equal to k M with k M <= T / N (a decay every N epochs, say) is as
-likely right as wrong, and an infinitely repeated pipeline has no T: neither
-is reported.
+A learning-rate schedule's step counts are in micro-batches when the program
+worked them out from its batch size, while ``global_step`` counts updates.
+What is reported, and why so little, is in the concepts page, "Design notes".
 """
 
 from __future__ import annotations

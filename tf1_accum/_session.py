@@ -34,72 +34,57 @@ def run_accumulation(
 
     Each feed dict is run with ``accumulation.accum_op``, and ``fetches`` (a
     loss, a metric, any structure ``Session.run`` accepts) is evaluated in that
-    same ``session.run``, so nothing is computed twice. The apply then runs
-    with no micro-batch fed: the last micro-batch cannot be counted twice. N
-    micro-batches take exactly N + 1 ``session.run`` calls.
+    same ``session.run``. The apply then runs with no micro-batch fed, so the
+    last micro-batch cannot be counted twice. N micro-batches take N + 1
+    ``session.run`` calls.
 
     When the accumulation was built with ``fused=True`` (and unless this call
-    says ``fused=False``), the last micro-batch runs ``accum_apply_op`` instead:
-    its accumulation, then the apply, in one ``session.run`` fed that
-    micro-batch, so a window takes exactly N calls, with the same result. The
-    helper looks one feed dict ahead to know which one is last. Fetches that
-    read variables outside the gradient path (a metric computed from the
-    weights, say) may then see the updated weights in that last run; the loss
-    and anything the gradients depend on are computed before the update.
+    says ``fused=False``), the last micro-batch runs ``accum_apply_op``
+    instead: a window then takes N calls, with the same result. The helper
+    reads one feed dict ahead to know which is last. In that last run, a
+    fetch that reads the variables outside the gradient path (a metric
+    computed from the weights) may see the updated weights; the loss and
+    what the gradients depend on are computed before the update.
 
     A window that a previous call or a checkpoint left partly accumulated is
     continued: the apply averages over ``accumulation.counter``.
 
     If micro-batch k fails (a bad feed, an op error, an exception raised by a
-    feed-dict generator, a ``KeyboardInterrupt``: Ctrl-C follows the same
-    rule), the window is discarded, including micro-batches
-    accumulated before this call: the accumulators and the counter are reset,
-    no update is applied, and the error is raised again, of the same type
-    where possible, with a message naming k. (With ``fused=True``, a failure
-    in the last run that comes after the update says so instead.) If the
-    apply fails, the message says whether the update happened.
+    feed-dict generator, a ``KeyboardInterrupt``), the window is discarded,
+    including micro-batches accumulated before this call: the accumulators
+    and the counter are reset, no update is applied, and the error is raised
+    again, of the same type where possible, with a message naming k. (With
+    ``fused=True``, a failure in the last run after the update says so
+    instead.) If the apply fails, the message says whether the update
+    happened.
 
-    Several threads may call it on one accumulation and one session (a
-    queue-runner style pool of feeding threads): each call runs its window
-    whole, its micro-batches and its apply never interleaved with another
-    call's, while the other calls wait; the error messages above stay true.
-    Windows of different accumulations run side by side. Running ``accum_op``
-    or ``apply_op`` from another thread while a call runs its window is not
-    excluded: the ops themselves lose and double nothing (each holds the
-    window's mutex while it runs), but such a micro-batch joins this window.
+    Several threads may call it on one accumulation and one session: each
+    call runs its window whole while the others wait (see
+    :ref:`ways-in-threads`).
 
     Given ``micro_batch_size=B`` or ``micro_batches=N``, ``feed_dicts`` is the
-    large batch as it is (a feed dict whose arrays share a leading batch
-    dimension, or a list of such dicts): the helper cuts it into micro-batches
-    of B rows (the last one shorter when B does not divide the batch), or N
-    micro-batches whose sizes differ by one row at most (one row each if the
-    batch has fewer than N rows), and runs them as one window. A value is cut
-    when its placeholder's leading dimension is None and it has the batch's
-    rows (the leading size that most such values share); scalars, values of
-    placeholders of known leading size and arrays of another leading size are
-    fed whole to every micro-batch. Micro-batches are slices of the arrays,
-    not copies. Unequal micro-batches make the large batch's update only when
-    each is weighed by its rows: build the accumulation with ``weight=`` (the
-    rows, ``tf.shape(x)[0]``, or the tokens that a per-token mean loss
-    averages over); the update then equals the large batch's for any split.
-    An accumulation built without ``weight=`` averages its micro-batches
-    equally, so a split into unequal ones is refused. See
+    large batch as it is (a feed dict, or a list of them): the helper cuts
+    it into micro-batches of B rows (the last one shorter when B does not
+    divide the batch), or into N micro-batches whose sizes differ by one row
+    at most, and runs them as one window. A value is cut when its
+    placeholder's leading dimension is None and it has the batch's rows; the
+    others are fed whole to every micro-batch. Unequal micro-batches make the
+    large batch's update only when the accumulation was built with
+    ``weight=`` (the rows of each micro-batch, or the tokens its loss averages
+    over): without it, a split into unequal micro-batches is refused. See
     :doc:`feed_the_batch`.
 
-    ``memory_fit=``, a `MemoryFit`, also finds the micro-batch size that fits:
-    a micro-batch run that raises ``tf.errors.ResourceExhaustedError``
-    discards the window and runs it again, whole, with smaller micro-batches
-    (see `MemoryFit` for the policy, the size it remembers for the next
-    windows and the changes it logs). It needs an accumulation built with
-    ``weight=`` and an empty window to start (it reads the counter: one run
-    more per window). Ops run with each micro-batch besides its gradients
-    (``update_ops``: batch-norm moving averages) are not undone when a window
-    is discarded: they see the micro-batches before the error again.
+    ``memory_fit=``, a `MemoryFit`, also finds a micro-batch size that fits:
+    a micro-batch that raises ``tf.errors.ResourceExhaustedError`` discards
+    the window, which runs again, whole, with smaller micro-batches. It needs
+    an accumulation built with ``weight=`` and an empty window. Ops run with
+    each micro-batch besides its gradients (``update_ops``: batch-norm moving
+    averages) are not undone when a window is discarded: they see the
+    micro-batches before the error again.
 
-    When the accumulation was built with ``statistics=True``, the apply (or
-    the fused last run) also fetches the window's noise scale, and the helper
-    logs it with `recommend_micro_batches` of its moving average
-    (``tf.compat.v1.logging.info``, one line per window).
+    When the accumulation was built with ``statistics=True``, the helper
+    logs each window's noise scale and `recommend_micro_batches` of its
+    moving average (``tf.compat.v1.logging.info``, one line per window).
 
     Example:
 
@@ -147,36 +132,42 @@ def run_accumulation(
         where ``fetches`` is None.
 
     Raises:
-        TypeError: If ``accumulation`` is not an `Accumulation`,
-            ``feed_dicts`` is a single dict (without ``micro_batch_size``,
-            ``micro_batches`` or ``memory_fit``) or not iterable, a feed dict
-            is not a dict, ``apply_feed_dict`` is not a dict,
-            ``micro_batch_size`` or ``micro_batches`` is not an integer,
-            ``memory_fit`` is not a `MemoryFit`, or a large batch feeds a
-            ``SparseTensor`` (which the helper does not split).
+        TypeError: If ``accumulation`` is not an `Accumulation`, ``fused`` is
+            not a bool, or ``memory_fit`` is not a `MemoryFit`.
+        TypeError: If ``feed_dicts`` is not iterable, or is a single dict
+            without ``micro_batch_size``, ``micro_batches`` or
+            ``memory_fit``; or a feed dict, or ``apply_feed_dict``, is not a
+            dict.
+        TypeError: If ``micro_batch_size`` or ``micro_batches`` is not an
+            integer, or a large batch feeds a ``SparseTensor`` (which the
+            helper does not split).
         ValueError: If ``feed_dicts`` holds no micro-batch, or ``fused=True``
-            for an accumulation built without ``fused=True``; when splitting,
-            if ``micro_batch_size`` or ``micro_batches`` is not positive or
-            both are given, a large batch has a key that names no tensor,
-            nothing to split (no value with a leading batch dimension), no
-            one batch dimension, or 0 rows, the split gives unequal
-            micro-batches to an accumulation built without ``weight=``, or
-            micro-batches of another size than its statistics'
-            ``micro_batch_size``, ``memory_fit`` is given for an accumulation
-            built without ``weight=``, or the window already holds
-            micro-batches; or if ``fetches`` holds one of the accumulation's
-            ops (``zero_op``, ``accum_op``, ``apply_op``, ``accum_apply_op``)
-            or what an apply computes (``statistics``,
+            for an accumulation built without ``fused=True``.
+        ValueError: If ``fetches`` holds one of the accumulation's ops
+            (``zero_op``, ``accum_op``, ``apply_op``, ``accum_apply_op``) or
+            what an apply computes (``statistics``,
             ``accum_apply_statistics``, ``global_norm``): fetches are
-            evaluated with each micro-batch's run. Nothing has run then.
+            evaluated with each micro-batch.
+        ValueError: When splitting: ``micro_batch_size`` or
+            ``micro_batches`` is not positive, or both are given; a key of the
+            large batch names no tensor; it has nothing to split, no one
+            batch dimension, or 0 rows.
+        ValueError: When splitting: the micro-batches are unequal and the
+            accumulation was built without ``weight=``, or differ from its
+            statistics' ``micro_batch_size``.
+        ValueError: With ``memory_fit``: the accumulation was built without
+            ``weight=``, or the window already holds micro-batches.
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
             ``accumulation`` (a feed-dict generator or a hook that calls
-            ``run_accumulation`` again): windows of one accumulation run one
-            at a time, so this call would wait forever.
+            ``run_accumulation`` again), which would wait forever.
         Exception: Whatever micro-batch k or the apply raised, its message
             saying which and what became of the window.
+
+    Each ``TypeError`` and ``ValueError`` above is raised before any
+    micro-batch runs, except a feed dict from a generator that is not a
+    dict: it fails as micro-batch k.
     """
     if not isinstance(accumulation, _accumulation.Accumulation):
         raise TypeError(

@@ -54,29 +54,15 @@ class MemoryFit:
     """Finds the micro-batch size that fits in memory, and remembers it across windows.
 
     Pass one to `run_accumulation` as ``memory_fit=``, with the large batch,
-    for every window of one accumulation. A window starts with the size this
-    object holds (the first with the largest allowed: ``micro_batch_size=``,
-    ``micro_batches=`` or else the whole batch). When a micro-batch run
-    raises ``tf.errors.ResourceExhaustedError``, the window is discarded
-    (accumulators and counter reset, nothing applied) and runs again, whole,
-    from the same large batch, with micro-batches half as large (rounded up),
-    or, if the size that failed was a probe, with the size that fit before.
-    So no example is lost or counted twice, and the update is still the large
-    batch's. A micro-batch of one row that does not fit raises the
-    ``ResourceExhaustedError``, saying so. Any other error is raised as
-    without a fit.
-
-    The size that fits is kept for the next windows. After ``probe_every``
-    windows in a row at one size, the next window tries a larger one: twice
-    the size, or, once a size has run out of memory, halfway between the
-    size that fits and the smallest that did not (never above the largest
-    allowed). A probe that runs out of memory costs the micro-batches run
-    before the error. Probing stops when the size that fits is one row below
-    the smallest that did not.
-
-    Each change is logged (``tf.compat.v1.logging``: a warning for out of
-    memory, info otherwise) and kept in `changes`; `micro_batch_size` is the
-    size in use.
+    for every window of one accumulation. When a micro-batch run raises
+    ``tf.errors.ResourceExhaustedError``, the window is discarded (nothing
+    applied) and runs again, whole, with smaller micro-batches, so the
+    update is still the large batch's. The size that fits is kept for the
+    next windows; after ``probe_every`` windows at one size, a larger one is
+    tried. Each change is logged and kept in `changes`; `micro_batch_size`
+    is the size in use. A micro-batch of one row that does not fit raises
+    the ``ResourceExhaustedError``. The policy is described in
+    :doc:`feed_the_batch`.
 
     Example (5 rows in micro-batches of 2, 2 and 1, which fit: one update,
     the large batch's):

@@ -1,19 +1,10 @@
 """A warning for sessions a framework saves that end mid-window without the accumulation hook.
 
 ``CheckpointSaverHook.end()`` saves only if ``global_step`` moved since its
-last save, and ``global_step`` counts updates. A ``MonitoredTrainingSession``
-or ``Estimator`` session that ends in the middle of a window therefore keeps
-the window in its final checkpoint only by luck: when the last checkpoint was
-written at the last update (or later in the same window), nothing is saved
-at the end and the micro-batches since are in no checkpoint. The hook of
-`AccumulationOptimizer.make_session_run_hook` saves them (or applies them).
-
-Nothing of tf1_accum runs when a framework saves, so `watch_checkpoint_saver_hook`
-wraps ``CheckpointSaverHook.end`` once per process, when the first train op
-of an `AccumulationOptimizer` is built: before the hook's own end, it reads
-the counters of that optimizer's windows in the ending session and warns
-when one is partial and no accumulation hook of the session keeps it. It
-changes nothing else: the wrapped ``end`` runs as it was.
+last save, and ``global_step`` counts updates: a session that ends in the
+middle of a window keeps the window in its final checkpoint only by luck.
+`watch_checkpoint_saver_hook` wraps ``CheckpointSaverHook.end`` (once per
+process) to warn then; see the concepts page, "Design notes".
 """
 
 from __future__ import annotations

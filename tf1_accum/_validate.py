@@ -1,14 +1,9 @@
 """Argument validation shared by the builders and helpers.
 
-Each way in runs these checks before it builds anything: an argument they
-reject leaves the graph as it was (its ops, variables and collections). What
-cannot be checked first, because the user's code or the optimizer builds it
-(what a ``loss_fn`` or a ``weight`` callable returns, gradients that turn
-out None where the loss reads the variable, an optimizer's apply that cannot
-be built), is guarded by `restored_on_failure`: the graph's collections are
-put back, and the error says how many ops remain in the graph, unused, and
-which variables ``get_variable`` made (their names stay taken). Ops cannot
-be removed from a ``tf.Graph``.
+Each way in runs these checks before it builds anything, so that an
+argument they reject leaves the graph as it was. What can only be checked
+once built is guarded by `restored_on_failure` (see the concepts page,
+"Errors").
 """
 
 import collections.abc

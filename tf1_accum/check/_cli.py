@@ -6,14 +6,9 @@ as flake8 and ruff do::
 
     path:line:col: CODE what is wrong; the tf1_accum replacement
 
-docs/migration.rst explains each rule (TFA000 to TFA009) and the
-``# tf1_accum.check: ignore TFA001`` comment. Exit status: 0 when nothing is
-found, 1 when something is (a file that cannot be parsed included: its TFA000
-is kept whatever ``--select`` names, and left out only by ``--ignore TFA000``),
-2 when a file or directory cannot be read (no permission, binary data, a FIFO
-or other file that is not a regular file: each printed as a TFA000, never
-waited on) or for a usage error (no path, a path that does not exist, an
-unknown rule code).
+docs/cli.rst documents the options and the exit status: 0 when nothing is
+found, 1 when something is (a file that cannot be parsed included, whatever
+``--select`` names), 2 when a file cannot be read or for a usage error.
 """
 
 from __future__ import annotations
