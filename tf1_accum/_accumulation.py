@@ -245,6 +245,10 @@ def build_accumulation(
             a variable inside ``apply_gradients`` from a tensor computed
             there, or (with ``fused=True``) creates different state each time
             its ``apply_gradients`` is built.
+        TypeError, ValueError: If ``transform`` is not a callable or a list
+            of them, or a transform returns something other than a gradient
+            of the variable's shape (a tensor; ``tf.IndexedSlices`` for a
+            sparse one).
     """
     _validate.check_graph_mode("build_accumulation")
     _validate.check_loss(loss)

@@ -229,6 +229,10 @@ def build_dataset_accumulation(
             ``apply_gradients`` from a tensor computed there.
         ValueError: If ``dataset`` captures a placeholder (a one-shot
             iterator cannot).
+        TypeError, ValueError: If ``transform`` is not a callable or a list
+            of them, or a transform returns something other than a gradient
+            of the variable's shape (a tensor; ``tf.IndexedSlices`` for a
+            sparse one).
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):

@@ -176,6 +176,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             without ``micro_batch_size`` or ``weight``, or ``micro_batch_size``
             is not positive, or is given without ``statistics=True`` or
             together with ``weight``.
+        TypeError: If ``transform`` is not a callable or a list of them (a
+            transform that returns something other than a gradient of its
+            variable's shape is refused by ``minimize``, with the graph's
+            collections put back).
     """
 
     def __init__(
