@@ -29,6 +29,7 @@ __all__ = (
     "Saver",
     "SizeChange",
     "WindowMean",
+    "WindowOptions",
     "broadcast_variables",
     "build_accumulation",
     "build_dataset_accumulation",
@@ -57,6 +58,7 @@ _MODULES = {
     "Saver": "_saver",
     "SizeChange": "_split",
     "WindowMean": "_options",
+    "WindowOptions": "_options",
     "broadcast_variables": "_distributed",
     "build_accumulation": "_accumulation",
     "build_dataset_accumulation": "_dataset",
@@ -87,6 +89,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._keras_optimizer import KerasAccumulationOptimizer as KerasAccumulationOptimizer
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
     from tf1_accum._options import WindowMean as WindowMean
+    from tf1_accum._options import WindowOptions as WindowOptions
     from tf1_accum._options import clip_by_global_norm as clip_by_global_norm
     from tf1_accum._session import run_accumulation as run_accumulation
     from tf1_accum._split import MemoryFit as MemoryFit

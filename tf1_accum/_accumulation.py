@@ -15,6 +15,7 @@ from tf1_accum._window import Applied
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
 from tf1_accum._options import GradientTransform
+from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 
 
@@ -72,6 +73,7 @@ class Accumulation(typing.NamedTuple):
         accum_apply_statistics: With ``statistics=True`` and ``fused=True``,
             the `GradientStatistics` of the window that ``accum_apply_op``
             applies, evaluated together with it; None otherwise.
+        options: The `WindowOptions` the window was built with.
     """
 
     zero_op: tf.Operation
@@ -86,6 +88,7 @@ class Accumulation(typing.NamedTuple):
     accum_apply_op: typing.Optional[tf.Operation]
     statistics: typing.Optional[_stats.GradientStatistics] = None
     accum_apply_statistics: typing.Optional[_stats.GradientStatistics] = None
+    options: typing.Optional[WindowOptions] = None
 
 
 def build_accumulation(
@@ -274,7 +277,7 @@ def build_accumulation(
             "allows one apply_gradients call: build with fused=False (the default)."
         )
     _distributed.check_cross_replica(cross_replica)
-    update_ops = options.update_ops_in(graph)
+    update_ops = _options.update_ops_in(options, graph)
     var_list = _validate.check_var_list(var_list, graph)
     _validate.check_trainable(loss, var_list)
     _keras.check_variables(optimizer, var_list)
@@ -337,6 +340,7 @@ def build_accumulation(
         accum_apply_op=accum_apply_op,
         statistics=applied.statistics,
         accum_apply_statistics=fused_applied and fused_applied.statistics,
+        options=options,
     )
 
 

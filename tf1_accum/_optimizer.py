@@ -18,6 +18,7 @@ from tf1_accum import _unhooked
 from tf1_accum._window import Window
 from tf1_accum._window import APPLY_DUE_COLLECTION
 from tf1_accum._options import GradientTransform
+from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 
 if typing.TYPE_CHECKING:
@@ -453,7 +454,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _keras.check_variables(self._optimizer, [v for _, v in pairs])
         if not callable(self._weight):
             _validate.check_weight(self._weight, graph)
-        return self._options.update_ops_in(graph)
+        return _options.update_ops_in(self._options, graph)
 
     def _build(
         self,
@@ -563,7 +564,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _validate.check_global_step(global_step, loss.graph)
         if not callable(self._weight):
             _validate.check_weight(self._weight, loss.graph)
-        self._options.update_ops_in(loss.graph)
+        _options.update_ops_in(self._options, loss.graph)
         variables = _validate.check_var_list(var_list, loss.graph)
         _validate.check_trainable(loss, variables)
         _keras.check_variables(self._optimizer, variables)

@@ -80,11 +80,17 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WindowOptions:
-    """The options of one window, checked when made (see docs/concepts.rst).
+    """The window options a way in was built with, checked when made.
 
-    ``weighted`` is whether the way in was given a weight: the weight itself
-    is the micro-batch's, taken by each add. ``update_ops`` becomes a tuple
-    of ops (None: the graph's ``UPDATE_OPS`` when the way builds).
+    Every way in makes one of its keyword arguments; `Accumulation.options`
+    holds it. The options are described in :ref:`window-options`.
+    ``weighted`` says whether a ``weight`` was given (the weight itself
+    belongs to each micro-batch); ``update_ops`` is a tuple of ops, or None
+    for the graph's ``UPDATE_OPS``.
+
+    Raises:
+        TypeError, ValueError: If an option has the wrong type or value, or
+            two do not go together (the texts of the ways in).
     """
 
     average: bool = True
@@ -105,24 +111,25 @@ class WindowOptions:
         update_ops = _validate.check_update_ops(self.update_ops)
         object.__setattr__(self, "update_ops", None if update_ops is None else tuple(update_ops))
 
-    @property
-    def transforms(self) -> tuple[GradientTransform, ...]:
-        """The gradient transforms in the order they run: ``clip_norm``'s, then ``transform``."""
-        clip = () if self.clip_norm is None else (clip_by_global_norm(self.clip_norm),)
-        given = self.transform
-        if given is None:
-            return clip
-        return clip + (tuple(given) if not callable(given) else (given,))
 
-    def update_ops_in(self, graph: tf.Graph) -> list[tf.Operation]:
-        """The ops to run with each micro-batch: ``update_ops``, or the graph's ``UPDATE_OPS``.
+def transforms_of(options: WindowOptions) -> tuple[GradientTransform, ...]:
+    """The gradient transforms in the order they run: ``clip_norm``'s, then ``transform``."""
+    clip = () if options.clip_norm is None else (clip_by_global_norm(options.clip_norm),)
+    given = options.transform
+    if given is None:
+        return clip
+    return clip + (tuple(given) if not callable(given) else (given,))
 
-        Raises:
-            ValueError: If an op of ``update_ops`` is not in ``graph``.
-        """
-        if self.update_ops is None:
-            return list(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
-        return typing.cast(list, _validate.check_update_ops(self.update_ops, graph))
+
+def update_ops_in(options: WindowOptions, graph: tf.Graph) -> list[tf.Operation]:
+    """The ops to run with each micro-batch: ``update_ops``, or the graph's ``UPDATE_OPS``.
+
+    Raises:
+        ValueError: If an op of ``update_ops`` is not in ``graph``.
+    """
+    if options.update_ops is None:
+        return list(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
+    return typing.cast(list, _validate.check_update_ops(options.update_ops, graph))
 
 
 def _check_transform(transform: object) -> None:
@@ -153,7 +160,7 @@ def transformed(
             ``tf.IndexedSlices`` for a sparse gradient).
         ValueError: If it returns another shape than the gradient's.
     """
-    for transform in options.transforms:
+    for transform in transforms_of(options):
         result = transform(gradient, variable, window)
         name = getattr(transform, "__qualname__", repr(transform))
         if isinstance(gradient, tf.IndexedSlices):

@@ -21,7 +21,6 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum import _state
 
 if typing.TYPE_CHECKING:
     from tf1_accum._accumulation import Accumulation
@@ -508,12 +507,8 @@ def _key_name(key: object) -> str:
 
 
 def _weighted(accumulation: Accumulation) -> bool:
-    """Whether ``accumulation`` was built with ``weight=`` (it then holds a weight total)."""
-    scope = accumulation.counter.op.name[: -len("counter")]
-    graph = accumulation.counter.graph
-    return any(
-        v.op.name == scope + "weight_total" for v in graph.get_collection(_state.STATE_COLLECTION)
-    )
+    """Whether ``accumulation`` was built with ``weight=``."""
+    return accumulation.options is not None and accumulation.options.weighted
 
 
 def _fixed_statistics_size(accumulation: Accumulation) -> float | None:

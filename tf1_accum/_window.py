@@ -117,12 +117,7 @@ class Window:
         cross_replica: _WindowReducer | None = None,
         mutex: tf.Tensor | None = None,
     ) -> None:
-        for _, var in pairs:  # before creating anything: a failed build leaves no state
-            if not var.shape.is_fully_defined():
-                raise ValueError(
-                    f"Variable {var.op.name} has shape {var.shape}, which is not fully "
-                    "defined; tf1_accum needs a static shape to build its accumulator."
-                )
+        # The ways in checked every variable's shape (_validate.check_shapes).
         self.options = options
         self.scope = scope
         # Sums the window's totals across workers before the mean (see _distributed).
