@@ -18,6 +18,7 @@ Horovod is imported where it is used: the test module imports this one for
 its configurations, also where Horovod is not installed.
 """
 
+import contextlib
 import os
 import pathlib
 import signal
@@ -44,10 +45,12 @@ from _distributed_worker import window_batches  # noqa: E402
 from _helpers import OPTIMIZERS  # noqa: E402
 from _helpers import Model  # noqa: E402
 from _helpers import ancestors  # noqa: E402
-from _helpers import dataset_of  # noqa: E402
 from _helpers import make_batches  # noqa: E402
 from _helpers import values_by_name  # noqa: E402
 from _statistics import dense  # noqa: E402
+from _ways import BY_NAME  # noqa: E402
+from _ways import Built  # noqa: E402
+from _ways import WayIn  # noqa: E402
 
 v1 = tf.compat.v1
 
@@ -56,27 +59,28 @@ MICRO_BATCHES = 3  # N per worker (the kinds of _distributed_worker use the same
 
 # (optimizer, dtype, sparse, kind, way): each trained in a graph of its own.
 # kind as in _distributed_worker ("mean", "weighted", "uneven", "empty"), or
-# "nan": worker 1's last micro-batch of window 1 holds a NaN. way is
-# "explicit" (accum_op N times, then apply_op), "fused" (the last
-# micro-batch's add and the apply in one accum_apply_op run), "hook"
-# (run_accumulation in a MonitoredTrainingSession that broadcasts through
-# HorovodAllReduce.broadcast_hook), "optimizer" (the train op of an
-# AccumulationOptimizer(steps=N, cross_replica=...), run N times a window) or
-# "dataset" (the train op of build_dataset_accumulation over this worker's
-# micro-batches, run once a window).
+# "nan": worker 1's last micro-batch of window 1 holds a NaN. way names a way
+# in of _ways.BY_NAME, built with cross_replica=HorovodAllReduce(): "ops"
+# (accum_op N times, then apply_op), "fused" (run_accumulation of a fused
+# accumulation: the last micro-batch's add and the apply in one
+# accum_apply_op run), "hook" (run_accumulation in a MonitoredTrainingSession
+# that broadcasts through HorovodAllReduce.broadcast_hook), "optimizer" (the
+# train op of an AccumulationOptimizer(steps=N, cross_replica=...), run N
+# times a window) or "dataset" (the train op of build_dataset_accumulation
+# over this worker's micro-batches, run once a window).
 CONFIGS = (
-    ("sgd", tf.float32, False, "mean", "explicit"),
+    ("sgd", tf.float32, False, "mean", "ops"),
     ("adam", tf.float32, False, "mean", "fused"),
     ("momentum", tf.float32, False, "mean", "hook"),
-    ("adam", tf.float64, True, "mean", "explicit"),
-    ("momentum", tf.float64, False, "weighted", "explicit"),
+    ("adam", tf.float64, True, "mean", "ops"),
+    ("momentum", tf.float64, False, "weighted", "ops"),
     ("momentum", tf.float32, False, "uneven", "fused"),
     ("momentum", tf.float32, True, "empty", "fused"),
     ("adam", tf.float32, False, "mean", "optimizer"),
     ("momentum", tf.float64, True, "weighted", "optimizer"),
     ("momentum", tf.float32, False, "mean", "dataset"),
     ("adam", tf.float64, True, "mean", "dataset"),
-    ("adam", tf.float64, False, "nan", "explicit"),
+    ("adam", tf.float64, False, "nan", "ops"),
 )
 
 NAN_WINDOW = 1
@@ -87,9 +91,15 @@ def config_key(optimizer_name, dtype, sparse, kind, way):
 
 
 def with_statistics(optimizer_name, dtype, sparse, kind, way):
-    """Whether it also builds statistics=True (float64 explicit ops, with no NaN)."""
+    """Whether it also builds statistics=True: float64, no NaN, a way that can show them.
+
+    The worker reads each micro-batch's gradients in the run that adds it
+    and the statistics in the apply's run: the way must run the apply on its
+    own, fed nothing, and fetch with it.
+    """
     del optimizer_name, sparse
-    return dtype == tf.float64 and kind != "nan" and way not in ("optimizer", "dataset")
+    lacks = {"fetch_at_apply", "unfed_apply"} & BY_NAME[way].cannot.keys()
+    return dtype == tf.float64 and kind != "nan" and not lacks
 
 
 def training_batches(dtype, sparse, kind, workers):
@@ -145,128 +155,113 @@ def graph_counts(graph, first, second, third):
     return np.array(counts), np.array(names)
 
 
+class TracedSession:
+    """A session whose every run is traced: counts the Horovod all-reduces each run executes.
+
+    What a way runs goes through it (`_ways.WayIn.run_window`, and
+    ``run_accumulation`` inside it, take anything with a session's ``run``).
+
+    Attributes:
+        executed: per run, the all-reduces it executed.
+        grads: per fed run (a micro-batch's), the gradients fetched in it, if
+            ``grads`` was given.
+    """
+
+    def __init__(self, sess, reduce_ops, grads=None):
+        self._sess = sess
+        self._reduce_ops = reduce_ops
+        self._grads = grads
+        self.executed = []
+        self.grads = []
+
+    def run(self, fetches, feed_dict=None):
+        metadata = v1.RunMetadata()
+        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
+        with_grads = self._grads is not None and feed_dict is not None
+        got = self._sess.run(
+            (fetches, self._grads) if with_grads else fetches,
+            feed_dict,
+            options=options,
+            run_metadata=metadata,
+        )
+        if with_grads:
+            got, grads = got
+            self.grads.append([dense(g) for g in grads])
+        # Inside a function a node runs under the conditional's name: match
+        # the last part, which is the name Horovod negotiates with.
+        self.executed.append(
+            sum(
+                node.node_name.split("/")[-1] in self._reduce_ops
+                for device in metadata.step_stats.dev_stats
+                for node in device.node_stats
+            )
+        )
+        return got
+
+
 def train(config, rank, workers, after_first_window=None):
     """Trains one configuration; returns what the test checks, as a dict of arrays."""
     optimizer_name, dtype, sparse, kind, way = config
+    way = BY_NAME[way]
     batches = training_batches(dtype, sparse, kind, workers)
+    windows = [window_batches(batches, workers, w, rank, kind) for w in range(WINDOWS)]
     statistics = with_statistics(*config)
+    options = {}
+    if statistics:
+        options = dict(statistics=True, micro_batch_size=None if weighted(kind) else 4)
+    losses = []
+
+    def model_fn(inputs):
+        # A different initialization on every worker: the broadcast must fix it.
+        model = Model(dtype, sparse, seed=100 + rank, inputs=inputs[0], labels=inputs[1])
+        losses.append(model.loss)
+        return model.loss
+
     out = {}
     with tf.Graph().as_default() as graph:
         global_step = v1.train.get_or_create_global_step()
         cross = tf1_accum.HorovodAllReduce()
-        if way != "dataset":
-            # A different initialization on every worker: the broadcast must fix it.
-            model = Model(dtype, sparse, seed=100 + rank)
-            weight = tf.shape(model.labels)[0] if weighted(kind) else None
-        if way == "dataset":
-            mine = [b for w in range(WINDOWS) for b in window_batches(batches, workers, w, rank)]
-
-            def loss_fn(batch):
-                inputs, labels = batch
-                return Model(dtype, sparse, seed=100 + rank, inputs=inputs, labels=labels).loss
-
-            loop = tf1_accum.build_dataset_accumulation(
-                loss_fn,
-                OPTIMIZERS[optimizer_name](dtype),
-                dataset_of(mine),
-                MICRO_BATCHES,
-                global_step=global_step,
-                cross_replica=cross,
-            )
-            train_op, acc, skipped_windows = loop.train_op, None, loop.skipped_windows
-            counts = graph_counts(graph, train_op, None, None)
-        elif way == "optimizer":
-            opt = tf1_accum.AccumulationOptimizer(
-                OPTIMIZERS[optimizer_name](dtype),
-                steps=MICRO_BATCHES,
-                weight=weight,
-                cross_replica=cross,
-            )
-            train_op = opt.minimize(model.loss, global_step=global_step)
-            acc, skipped_windows = None, opt.skipped_windows
-            # [in the graph, the train op's ancestry, the flush's, none]
-            counts = graph_counts(graph, train_op, opt.flush_op, None)
-        else:
-            acc = tf1_accum.build_accumulation(
-                model.loss,
-                OPTIMIZERS[optimizer_name](dtype),
-                global_step=global_step,
-                weight=weight,
-                cross_replica=cross,
-                statistics=statistics,
-                micro_batch_size=4 if statistics and weight is None else None,
-                fused=way == "fused",
-            )
-            skipped_windows = acc.skipped_windows
-            grads = tf.gradients(model.loss, acc.var_list)
-            # [in the graph, apply_op's ancestry, accum_op's, accum_apply_op's]
-            counts = graph_counts(graph, acc.apply_op, acc.accum_op, acc.accum_apply_op)
+        built = way.build(
+            model_fn,
+            OPTIMIZERS[optimizer_name](dtype),
+            # A worker with no micro-batch of its own ("empty") shapes its
+            # inputs like the run's first.
+            [b for window in windows for b in window] or batches[:1],
+            MICRO_BATCHES,
+            weight=(lambda inputs: tf.shape(inputs[1])[0]) if weighted(kind) else None,
+            global_step=global_step,
+            cross_replica=cross,
+            **options,
+        )
+        grads = tf.gradients(losses[0], built.window.var_list) if statistics else None
         trained = tf1_accum.plain_variables()
-        out["graph_counts"], out["names"] = counts
+        # [in the graph, then in the ancestry of each of the way's run_ops:
+        # apply_op, accum_op, accum_apply_op; or (optimizer) the train op,
+        # flush_op; or (dataset) the train op]
+        run_ops = (*way.run_ops(built), None, None)[:3]
+        out["graph_counts"], out["names"] = graph_counts(graph, *run_ops)
         # VarHandleOp (resource variables) or VariableV2 (reference variables).
         out["variable_ops"] = np.array(sorted({v.op.type for v in trained}))
-        if way == "hook":
-            session = v1.train.MonitoredTrainingSession(
-                hooks=[cross.broadcast_hook()],
-                save_checkpoint_secs=None,
-                save_summaries_steps=None,
-                log_step_count_steps=None,
-            )
-        else:
-            sync = tf1_accum.broadcast_variables(cross)
-            session = v1.Session()
-        # Inside a function a node runs under the conditional's name: match
-        # the last part, which is the name Horovod negotiates with.
         reduce_ops = set(out["names"])
-        with session as sess:
-            if way != "hook":
-                sess.run(v1.global_variables_initializer())
-                sess.run(sync)
+        with way.session(cross_replica=cross) as sess:
             values = [values_by_name(sess, trained)]
             executed, observed, skipped = [], [], []
-            for w in range(WINDOWS):
-                mine = window_batches(batches, workers, w, rank, kind)
-                if way == "hook":
-                    tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
-                    executed.append([1])  # counted in the graph, not traced here
-                else:
-                    if way == "dataset":  # one run draws and applies the window
-                        runs = [(train_op, None)]
-                    elif way == "optimizer":  # every N-th run applies
-                        runs = [(train_op, model.feed(b)) for b in mine]
-                    else:
-                        runs = [(acc.accum_op, model.feed(b)) for b in mine]
-                        if way == "fused" and runs:
-                            runs[-1] = (acc.accum_apply_op, runs[-1][1])
-                        else:
-                            runs.append((acc.apply_op, None))
-                    per_run = []
-                    window = {"grads": [], "weights": [len(b[1]) for b in mine]}
-                    for op, feed in runs:
-                        metadata = v1.RunMetadata()
-                        options = v1.RunOptions(trace_level=v1.RunOptions.FULL_TRACE)
-                        fetches = [op]
-                        applies = acc is not None and op in (acc.apply_op, acc.accum_apply_op)
-                        if statistics and applies:
-                            fetches.append(acc.statistics)
-                        elif statistics:
-                            fetches.append(grads)
-                        got = sess.run(fetches, feed, options=options, run_metadata=metadata)
-                        if statistics and applies:
-                            window["statistics"] = got[1]._asdict()
-                        elif statistics:
-                            window["grads"].append([dense(g) for g in got[1]])
-                        per_run.append(
-                            sum(
-                                node.node_name.split("/")[-1] in reduce_ops
-                                for device in metadata.step_stats.dev_stats
-                                for node in device.node_stats
-                            )
-                        )
-                    executed.append(per_run)
-                    observed.append(window)
+            for w, mine in enumerate(windows):
+                traced = TracedSession(sess, reduce_ops, grads)
+                got = way.run_window(
+                    traced, built, mine, fetch=built.statistics if statistics else None
+                )
+                executed.append(traced.executed)
+                if statistics:
+                    observed.append(
+                        {
+                            "statistics": got._asdict(),
+                            "weights": [len(b[1]) for b in mine],
+                            "grads": traced.grads,
+                        }
+                    )
                 values.append(values_by_name(sess, trained))
-                skipped.append(sess.run(skipped_windows))
+                skipped.append(sess.run(built.skipped_windows))
                 print(f"rank {rank}: {config_key(*config)} window {w} done", flush=True)
                 if w == 0 and after_first_window is not None:
                     after_first_window()
@@ -278,8 +273,6 @@ def train(config, rank, workers, after_first_window=None):
     out["executed"] = np.array([row + [-1] * (width - len(row)) for row in executed])
     out["skipped"] = np.array(skipped)
     for w, window in enumerate(observed):
-        if "statistics" not in window:
-            continue
         for field, value in window["statistics"].items():
             if field != "summary_op":
                 out[f"{w}|statistics|{field}"] = np.array(value)
@@ -302,46 +295,85 @@ def equivalence(rank, workers, out_dir):
 HOROVOD_LR = 0.1
 
 
+class HorovodOwn(WayIn):
+    """The program being migrated: ``hvd.DistributedOptimizer(opt, backward_passes_per_step=N)``.
+
+    Horovod aggregates N passes locally, then all-reduces; its train op runs
+    once per micro-batch. Its all-reduce is Horovod's own: the engine that
+    ``cross_replica`` gives the library's ways is not used.
+    """
+
+    name = "horovod"
+
+    def build(
+        self,
+        model_fn,
+        optimizer,
+        data,
+        steps,
+        *,
+        weight=None,
+        global_step=None,
+        cross_replica=None,
+        **options,
+    ):
+        import horovod.tensorflow as hvd
+
+        del cross_replica  # Horovod all-reduces by itself
+        assert weight is None and not options, "Horovod's own optimizer takes no window options"
+        inputs = self.make_input(data)
+        loss = model_fn(inputs)
+        opt = hvd.DistributedOptimizer(optimizer, backward_passes_per_step=steps)
+        train_op = opt.minimize(loss, global_step=global_step)
+        return Built(inputs, opt, train_op, steps, None, None, None, None, None)
+
+    def run_window(self, sess, built, window, *, fetch=None, between=None):
+        assert fetch is None and between is None
+        for batch in window:
+            sess.run(built.train_op, built.feed(batch))
+
+    @contextlib.contextmanager
+    def session(self, cross_replica=None, config=None):
+        import horovod.tensorflow as hvd
+
+        sync = hvd.broadcast_global_variables(0)
+        with v1.Session(config=config) as sess:
+            # Horovod's aggregation counters are local variables.
+            sess.run((v1.global_variables_initializer(), v1.local_variables_initializer()))
+            sess.run(sync)
+            yield sess
+
+
 def horovod_own(rank, workers, out_dir):
     """Horovod's backward_passes_per_step, then the library, on the same micro-batches."""
-    import horovod.tensorflow as hvd
-
     batches = make_batches(tf.float32, False, WINDOWS * workers * MICRO_BATCHES, 4)
+
+    def model_fn(inputs):
+        return Model(tf.float32, False, seed=100 + rank, inputs=inputs[0], labels=inputs[1]).loss
+
     results = {}
-    for way in ("horovod", "library"):
+    for label, way in (("horovod", HorovodOwn()), ("library", BY_NAME["helper"])):
         with tf.Graph().as_default():
-            model = Model(tf.float32, False, seed=100 + rank)
             step = v1.train.get_or_create_global_step()
-            sgd = v1.train.GradientDescentOptimizer(HOROVOD_LR)
-            if way == "horovod":
-                # The program being migrated: Horovod aggregates N passes locally.
-                opt = hvd.DistributedOptimizer(sgd, backward_passes_per_step=MICRO_BATCHES)
-                train_op = opt.minimize(model.loss, global_step=step)
-                sync = hvd.broadcast_global_variables(0)
-            else:
-                cross = tf1_accum.HorovodAllReduce()
-                acc = tf1_accum.build_accumulation(
-                    model.loss, sgd, global_step=step, cross_replica=cross
-                )
-                sync = tf1_accum.broadcast_variables(cross)
+            cross = tf1_accum.HorovodAllReduce()
+            built = way.build(
+                model_fn,
+                v1.train.GradientDescentOptimizer(HOROVOD_LR),
+                batches,
+                MICRO_BATCHES,
+                global_step=step,
+                cross_replica=cross,
+            )
             trained = [v for v in v1.global_variables() if v.op.name in ("w1", "b1", "w2")]
-            with v1.Session() as sess:
-                # Horovod's aggregation counters are local variables.
-                sess.run([v1.global_variables_initializer(), v1.local_variables_initializer()])
-                sess.run(sync)
+            with way.session(cross_replica=cross) as sess:
                 values = [values_by_name(sess, trained)]
                 for w in range(WINDOWS):
-                    mine = window_batches(batches, workers, w, rank)
-                    if way == "horovod":
-                        for b in mine:
-                            sess.run(train_op, model.feed(b))
-                    else:
-                        tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in mine])
+                    way.run_window(sess, built, window_batches(batches, workers, w, rank))
                     values.append(values_by_name(sess, trained))
-                results[f"{way}|global_step"] = np.array(sess.run(step))
+                results[f"{label}|global_step"] = np.array(sess.run(step))
         for w, window_values in enumerate(values):
             for name, value in window_values.items():
-                results[f"{way}|{w}|{name}"] = value
+                results[f"{label}|{w}|{name}"] = value
     np.savez(out_dir / f"horovod{rank}.npz", **results)
 
 
@@ -365,7 +397,7 @@ def killed(rank, workers, out_dir):
 
     try:
         train(
-            ("sgd", tf.float32, False, "mean", "explicit"),
+            ("sgd", tf.float32, False, "mean", "ops"),
             rank,
             workers,
             after_first_window=after_first_window,

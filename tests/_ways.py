@@ -19,8 +19,19 @@ The ways:
   micro-batch (and its ``flush_op`` after a window shorter than ``steps``).
 * ``dataset``: ``build_dataset_accumulation``, one run of its train op per
   window, the micro-batches drawn in the graph.
+
+And one way beside `WAYS`, for the tests of a framework's loop:
+
+* ``hook``: as ``helper``, in the ``MonitoredTrainingSession`` of `WayIn.session`,
+  whose hooks initialize the variables and (given ``cross_replica``)
+  broadcast them through the engine's ``broadcast_hook``.
+
+A way across workers is built with ``cross_replica=`` among its window
+options, and `WayIn.session` makes the session that starts every worker from
+worker 0's variables.
 """
 
+import contextlib
 import typing
 
 import numpy as np
@@ -114,7 +125,9 @@ class WayIn:
             (``run_window(between=...)`` is called between the micro-batches
             of a window), ``"report_window_loss"`` (``Built.window_loss``),
             ``"feed_window_ops"`` (`window_ops`: a program can run the
-            window's ops itself, fed one micro-batch each).
+            window's ops itself, fed one micro-batch each),
+            ``"unfed_apply"`` (the apply is a run of its own, fed nothing,
+            after the runs of the window's micro-batches).
         keeps_window_on_error: a micro-batch run that fails leaves the window
             open, holding the micro-batches before it (False: the way
             discards the whole window, as ``run_accumulation`` does).
@@ -174,6 +187,35 @@ class WayIn:
         """The `WindowOps` a program runs for a window (needs ``"feed_window_ops"``)."""
         raise NotImplementedError
 
+    def run_ops(self, built):
+        """Every op `run_window` may run, in this order, for a count of what each depends on.
+
+        An ``Accumulation``'s ``(apply_op, accum_op, accum_apply_op)``, the
+        wrapper's ``(train_op, flush_op)``, the dataset loop's ``(train_op,)``.
+        """
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def session(self, cross_replica=None, config=None):
+        """A session for the built graph, its variables initialized, as a context manager.
+
+        The global and local variables are initialized, as
+        ``MonitoredTrainingSession`` does.
+
+        Args:
+            cross_replica: the engine the way was built with, or None. Given,
+                every worker starts from worker 0's variables: the session
+                runs ``tf1_accum.broadcast_variables(cross_replica)`` after the
+                initializer.
+            config: the session's ``ConfigProto``, or None.
+        """
+        sync = None if cross_replica is None else tf1_accum.broadcast_variables(cross_replica)
+        with v1.Session(config=config) as sess:
+            sess.run((v1.global_variables_initializer(), v1.local_variables_initializer()))
+            if sync is not None:
+                sess.run(sync)
+            yield sess
+
     def run_window(self, sess, built, window, *, fetch=None, between=None):
         """Runs one window of micro-batches; returns ``fetch`` as read in its apply run.
 
@@ -228,6 +270,9 @@ class _Built(WayIn):
             None,
         )
 
+    def run_ops(self, built):
+        return (built.window.apply_op, built.window.accum_op, built.window.accum_apply_op)
+
 
 class Ops(_Built):
     name = "ops"
@@ -245,6 +290,10 @@ class Ops(_Built):
 
 
 class Helper(_Built):
+    """``run_accumulation``; a window of no micro-batch (a worker that has none
+    of a window across workers) runs the apply alone, which that helper refuses.
+    """
+
     name = "helper"
     cannot = {
         "fetch_at_apply": "run_accumulation runs the apply itself",
@@ -258,6 +307,9 @@ class Helper(_Built):
 
     def run_window(self, sess, built, window, *, fetch=None, between=None):
         assert fetch is None, self.cannot["fetch_at_apply"]
+        if not window:
+            sess.run(built.window.apply_op)
+            return
         tf1_accum.run_accumulation(sess, built.window, [built.feed(b) for b in window])
 
     def window_ops(self, built):  # what run_accumulation runs
@@ -267,6 +319,7 @@ class Helper(_Built):
 class Fused(Helper):
     name = "fused"
     fused = True
+    cannot = {**Helper.cannot, "unfed_apply": "the last micro-batch's run applies"}
 
     def window_ops(self, built):
         return WindowOps(built.window.accum_op, built.window.accum_apply_op, None)
@@ -274,7 +327,10 @@ class Fused(Helper):
 
 class Optimizer(WayIn):
     name = "optimizer"
-    cannot = {"report_window_loss": "its loss is a micro-batch's"}
+    cannot = {
+        "report_window_loss": "its loss is a micro-batch's",
+        "unfed_apply": "the run of the window's last micro-batch applies",
+    }
 
     def build(self, model_fn, optimizer, data, steps, *, weight=None, global_step=None, **options):
         inputs = self.make_input(data)
@@ -298,6 +354,9 @@ class Optimizer(WayIn):
     def window_ops(self, built):
         return WindowOps(built.train_op, built.train_op, None)
 
+    def run_ops(self, built):
+        return (built.train_op, built.window.flush_op)
+
     def run_window(self, sess, built, window, *, fetch=None, between=None):
         for i, batch in enumerate(window):
             if i and between is not None:
@@ -313,6 +372,7 @@ class Dataset(WayIn):
     cannot = {
         "observe_micro_batches": "one run draws and applies the whole window",
         "feed_window_ops": "its window is one run, fed nothing",
+        "unfed_apply": "one run draws and applies the whole window",
     }
 
     def make_input(self, data):
@@ -347,7 +407,30 @@ class Dataset(WayIn):
         assert drawn == len(window), f"the dataset loop drew {drawn} of {len(window)}"
         return fetched
 
+    def run_ops(self, built):
+        return (built.train_op,)
+
+
+class Hooked(Helper):
+    """``run_accumulation`` in a ``MonitoredTrainingSession`` that hooks start."""
+
+    name = "hook"
+
+    @contextlib.contextmanager
+    def session(self, cross_replica=None, config=None):
+        hooks = [] if cross_replica is None else [cross_replica.broadcast_hook()]
+        with v1.train.MonitoredTrainingSession(
+            hooks=hooks,
+            config=config,
+            save_checkpoint_secs=None,
+            save_summaries_steps=None,
+            log_step_count_steps=None,
+        ) as sess:
+            yield sess
+
 
 # Every way in, once: tests parametrize over this, with ids from the names.
 WAYS = (Ops(), Helper(), Fused(), Optimizer(), Dataset())
-BY_NAME = {way.name: way for way in WAYS}
+# The way through a framework's loop, for the tests that need it by name.
+HOOK = Hooked()
+BY_NAME = {way.name: way for way in (*WAYS, HOOK)}

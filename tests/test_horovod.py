@@ -62,13 +62,13 @@ from _helpers import Model  # noqa: E402
 from _helpers import ancestors  # noqa: E402
 from _helpers import assert_same_values  # noqa: E402
 from _helpers import concat  # noqa: E402
-from _helpers import dataset_of  # noqa: E402
 from _helpers import make_batches  # noqa: E402
 from _helpers import relative_error  # noqa: E402
 from _helpers import values_by_name  # noqa: E402
 from _statistics import assert_statistics  # noqa: E402
 from _statistics import numpy_ema  # noqa: E402
 from _statistics import numpy_statistics  # noqa: E402
+from _ways import BY_NAME  # noqa: E402
 
 sys.path.insert(0, str(HERE))
 import _horovod_worker as worker  # noqa: E402
@@ -214,21 +214,29 @@ def test_global_step_counts_updates_not_micro_batches(cluster_results, config):
 def test_exactly_one_all_reduce_per_window_in_the_graph_and_in_each_run(cluster_results, config):
     way = config[4]
     for rank, results in enumerate(_results_of(cluster_results, config)):
-        # [in the graph, then in the ancestry of: apply_op, accum_op,
-        # accum_apply_op; or (optimizer) of the train op, flush_op]
-        want = {"fused": [2, 1, 0, 1], "optimizer": [2, 1, 1, 0]}.get(way, [1, 1, 0, 0])
+        # [in the graph, then in the ancestry of each op of the way's run_ops:
+        # apply_op, accum_op, accum_apply_op; the train op, flush_op
+        # (optimizer); the train op (dataset)]
+        want = {
+            "ops": [1, 1, 0, 0],
+            "hook": [1, 1, 0, 0],
+            "fused": [2, 1, 0, 1],
+            "optimizer": [2, 1, 1, 0],
+            "dataset": [1, 1, 0, 0],
+        }[way]
         np.testing.assert_array_equal(results["graph_counts"], want, err_msg=f"rank {rank}")
         # The fused op (or the flush) and the apply negotiate under one name.
         assert len(results["names"]) == 1
         assert results["names"][0].endswith("_window_0")
-        if way == "hook":
-            continue  # run_accumulation's runs are not traced
         n = worker.micro_batches(rank, config[3])
         # Per window: the runs that add execute none, the one that applies one.
-        if way == "dataset":
-            runs = 1  # the window drawn and applied in one run
-        else:
-            runs = n if way in ("fused", "optimizer") and n else n + 1
+        runs = {
+            "ops": n + 1,  # N adds, then the apply
+            "hook": n + 1,  # run_accumulation: N adds, then the apply
+            "fused": max(n, 1),  # the last add applies (no micro-batch: the apply alone)
+            "optimizer": max(n, 1),  # every N-th run applies
+            "dataset": 1,  # the window drawn and applied in one run
+        }[way]
         want = [[0] * (runs - 1) + [1] + [-1] * (results["executed"].shape[1] - runs)]
         np.testing.assert_array_equal(
             results["executed"], want * worker.WINDOWS, err_msg=f"rank {rank}"
@@ -295,7 +303,7 @@ def test_horovods_backward_passes_per_step_applies_the_sum_and_the_library_the_m
     horovod_results,
 ):
     """The migration this library offers: same program, same data, the large batch's update."""
-    config = ("sgd", tf.float32, False, "mean", "explicit")
+    config = ("sgd", tf.float32, False, "mean", "ops")
     n = worker.MICRO_BATCHES
     large_batch = large_batch_training(*config, learning_rate=worker.HOROVOD_LR)
     # Horovod sums its N passes (average_aggregated_gradients is off by default),
@@ -377,7 +385,7 @@ def _engine(kind):
 
 
 @pytest.mark.parametrize("kind", ["collective", pytest.param("horovod", marks=needs_horovod)])
-@pytest.mark.parametrize("way", ["optimizer", "dataset"])
+@pytest.mark.parametrize("way", [BY_NAME["optimizer"], BY_NAME["dataset"]], ids=str)
 def test_one_worker_of_the_optimizer_and_the_dataset_loop_equals_large_batch(kind, way):
     """Both engines in the two ways in that apply inside a conditional (one worker)."""
     steps = 3
@@ -385,28 +393,18 @@ def test_one_worker_of_the_optimizer_and_the_dataset_loop_equals_large_batch(kin
     with tf.Graph().as_default() as graph:
         step = v1.train.get_or_create_global_step()
         cross = _engine(kind)
-        if way == "optimizer":
-            model = Model(tf.float64, True)
-            opt = tf1_accum.AccumulationOptimizer(
-                v1.train.AdamOptimizer(0.01), steps=steps, cross_replica=cross
-            )
-            train_op = opt.minimize(model.loss, global_step=step)
-            feeds = [model.feed(b) for b in batches]
-        else:
-            loop = tf1_accum.build_dataset_accumulation(
-                lambda batch: Model(tf.float64, True, inputs=batch[0], labels=batch[1]).loss,
-                v1.train.AdamOptimizer(0.01),
-                dataset_of(batches),
-                steps,
-                global_step=step,
-                cross_replica=cross,
-            )
-            train_op, feeds = loop.train_op, [None, None]
+        built = way.build(
+            lambda inputs: Model(tf.float64, True, inputs=inputs[0], labels=inputs[1]).loss,
+            v1.train.AdamOptimizer(0.01),
+            batches,
+            steps,
+            global_step=step,
+            cross_replica=cross,
+        )
         config = cross.session_config() if kind == "collective" else None
-        with v1.Session(config=config) as sess:
-            sess.run(v1.global_variables_initializer())
-            for feed in feeds:
-                sess.run(train_op, feed)
+        with way.session(config=config) as sess:
+            for window in (batches[:steps], batches[steps:]):
+                way.run_window(sess, built, window)
             got = values_by_name(sess, tf1_accum.plain_variables(graph))
     with tf.Graph().as_default():
         model = Model(tf.float64, True)

@@ -11,6 +11,7 @@ from _helpers import assert_same_values
 from _helpers import concat
 from _helpers import make_batches
 from _helpers import values_by_name
+from _ways import BY_NAME
 
 tf_keras = pytest.importorskip("tf_keras")
 legacy = tf_keras.optimizers.legacy
@@ -55,76 +56,64 @@ def _keras_plain(name, dtype, sparse, windows):
     return results
 
 
-def _keras_in_graph_loop(name, dtype, sparse, windows):
-    """build_dataset_accumulation: one run per window; returns values after each."""
-    batches = [batch for window in windows for batch in window]
-    data = tf.data.Dataset.from_tensor_slices(
-        tuple(np.stack([b[i] for b in batches]) for i in range(2))
-    )
+def _keras_accumulated(name, dtype, sparse, windows, way):
+    """Accumulates in ``way`` (a `_ways.WayIn`), steps the first window's size.
 
-    def loss_fn(batch):
-        return Model(dtype, sparse, inputs=batch[0], labels=batch[1]).loss
+    Asserts that no trained variable moves before the apply (where the way
+    runs micro-batches one by one). Returns the values after each window and
+    the optimizer's ``iterations`` at the end.
+    """
 
-    with tf.Graph().as_default():
-        step = v1.train.get_or_create_global_step()
-        opt = KERAS_OPTIMIZERS[name]()
+    def model_fn(inputs):
+        # Keras optimizers update resource variables only.
         with v1.variable_scope(v1.get_variable_scope(), use_resource=True):
-            acc = tf1_accum.build_dataset_accumulation(
-                loss_fn, opt, data, len(windows[0]), global_step=step
-            )
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            results = []
-            for _ in windows:
-                sess.run(acc.train_op)
-                results.append(values_by_name(sess, tf1_accum.plain_variables()))
-            return results, sess.run(opt.iterations)
+            return Model(dtype, sparse, inputs=inputs[0], labels=inputs[1]).loss
 
-
-def _keras_accumulated(name, dtype, sparse, windows, path):
-    if path == "dataset":
-        return _keras_in_graph_loop(name, dtype, sparse, windows)
     with tf.Graph().as_default():
-        model = _resource_model(dtype, sparse)
         step = v1.train.get_or_create_global_step()
         opt = KERAS_OPTIMIZERS[name]()
-        if path == "optimizer":
-            wrapper = tf1_accum.AccumulationOptimizer(opt, steps=len(windows[0]))
-            assert wrapper.optimizer is opt
-            train_op = wrapper.minimize(model.loss, global_step=step)
-        else:
-            acc = tf1_accum.build_accumulation(model.loss, opt, global_step=step)
+        built = way.build(
+            model_fn,
+            opt,
+            [batch for window in windows for batch in window],
+            len(windows[0]),
+            global_step=step,
+        )
         trained = v1.trainable_variables()
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
+        with way.session() as sess:
             results = []
             for w, window in enumerate(windows):
                 before = values_by_name(sess, trained)
-                for batch in window[:-1]:
-                    sess.run(train_op if path == "optimizer" else acc.accum_op, model.feed(batch))
-                assert_same_values(values_by_name(sess, trained), before, 0.0, f"window {w}")
-                if path == "optimizer":
-                    sess.run(train_op, model.feed(window[-1]))
-                else:
-                    sess.run(acc.accum_op, model.feed(window[-1]))
-                    sess.run(acc.apply_op)
+
+                def unmoved(w=w, before=before):
+                    moved = values_by_name(sess, trained)
+                    assert_same_values(moved, before, 0.0, f"window {w}")
+
+                way.run_window(sess, built, window, between=unmoved)
                 results.append(values_by_name(sess, tf1_accum.plain_variables()))
             iterations = sess.run(opt.iterations)
     return results, iterations
 
 
-@pytest.mark.parametrize("path", ["build_accumulation", "optimizer", "dataset"])
+@pytest.mark.parametrize("way", [BY_NAME["ops"], BY_NAME["optimizer"], BY_NAME["dataset"]], ids=str)
 @pytest.mark.parametrize("name", sorted(KERAS_OPTIMIZERS))
-def test_keras_legacy_optimizer_equals_large_batch_training(name, path):
+def test_keras_legacy_optimizer_equals_large_batch_training(name, way):
     n, count = 3, 3
     batches = make_batches(tf.float64, False, n * count, 4)
     windows = [batches[i * n : (i + 1) * n] for i in range(count)]
     expected = _keras_plain(name, tf.float64, False, windows)
-    actual, iterations = _keras_accumulated(name, tf.float64, False, windows, path)
+    actual, iterations = _keras_accumulated(name, tf.float64, False, windows, way)
     for w, (got, want) in enumerate(zip(actual, expected)):
-        assert_same_values(got, want, RTOL[tf.float64], f"Keras {name}, {path}: window {w}")
+        assert_same_values(got, want, RTOL[tf.float64], f"Keras {name}, {way}: window {w}")
         assert got["global_step"] == w + 1
     assert iterations == count
+
+
+@pytest.mark.parametrize("name", sorted(KERAS_OPTIMIZERS))
+def test_the_wrapper_gives_back_the_keras_optimizer_it_was_given(name):
+    with tf.Graph().as_default():
+        opt = KERAS_OPTIMIZERS[name]()
+        assert tf1_accum.AccumulationOptimizer(opt, steps=3).optimizer is opt
 
 
 @pytest.mark.parametrize("name", ["adam", "sgd_momentum"])
@@ -133,7 +122,7 @@ def test_keras_legacy_optimizer_with_sparse_gradients(name):
     batches = make_batches(tf.float32, True, 2 * n, 5)
     windows = [batches[:n], batches[n:]]
     expected = _keras_plain(name, tf.float32, True, windows)
-    actual, _ = _keras_accumulated(name, tf.float32, True, windows, "build_accumulation")
+    actual, _ = _keras_accumulated(name, tf.float32, True, windows, BY_NAME["ops"])
     for w, (got, want) in enumerate(zip(actual, expected)):
         assert_same_values(got, want, RTOL[tf.float32], f"Keras {name}, sparse: window {w}")
 
