@@ -302,8 +302,8 @@ def test_threads_running_the_wrappers_train_op_count_every_micro_batch_once(aver
             assert sum(n > 0 for ns in norms for n in ns) == updates
             scale = STEPS if average else 1
             applied = [a * scale for a in model.applied(sess, start)]
-            # Averaging, minimize accumulates each gradient divided by steps.
-            held = [h * scale for h in sess.run(accumulators)]
+            # The accumulators hold the sum of the micro-batches since the last update.
+            held = sess.run(accumulators)
             total = [a + h for a, h in zip(applied, held)]
             _assert_exact(total, model.fed(feeds), "applied + accumulated")
             assert held[2] == left
