@@ -164,11 +164,10 @@ def build_accumulation(
             not micro-batches), whether the optimizer increments it or ignores
             it; the optimizer still receives it. A dynamic loss-scale
             optimizer and a ``SyncReplicasOptimizer`` increment it themselves.
-        average: True (the default) applies the mean of the window's
-            micro-batch gradients; False their sum, which for SGD and
-            Momentum multiplies the effective learning rate by N. The window
-            options (this one to ``micro_batch_size``) are described once, in
-            :ref:`window-options`.
+        average: The window's mean (True, the default) or sum (False). This
+            and the other window options (``clip_norm``, ``transform``,
+            ``skip_nonfinite``, ``statistics``, ``micro_batch_size``) are the
+            same in every way in and described once: :ref:`window-options`.
         weight: Optional scalar tensor computed from each micro-batch (its
             number of examples, or of non-padding tokens): the apply uses
             sum(weight_i * gradient_i) / sum(weight_i). A micro-batch of
@@ -176,15 +175,12 @@ def build_accumulation(
             NaN or infinite weight fails the run (``InvalidArgumentError``,
             saying which). See
             :ref:`window-options`.
-        clip_norm: Optional positive number: the window's gradient is clipped
-            to this global norm just before the apply; ``global_norm`` is its
-            norm before clipping.
-        transform: Optional gradient transform (or list of them), run on each
-            variable's mean after ``clip_norm``'s clipping: see
-            :ref:`window-options`.
-        skip_nonfinite: True (the default) skips a window whose gradient
-            holds a NaN or an Inf, and counts it in ``skipped_windows``; False
-            applies it.
+        clip_norm: Clip the window's gradient to this global norm before
+            the apply (``global_norm`` is its norm before clipping).
+        transform: Gradient transforms run on each variable's mean, after
+            ``clip_norm``'s clipping.
+        skip_nonfinite: Skip a window whose gradient holds a NaN or an Inf
+            (True, the default), counted in ``skipped_windows``.
         update_ops: Ops run once with each micro-batch (by ``accum_op`` and
             ``accum_apply_op``): None (the default) takes the graph's
             ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are now, a list
@@ -195,8 +191,8 @@ def build_accumulation(
         statistics: Also build ``statistics`` (and, with ``fused``,
             ``accum_apply_statistics``): the window's `GradientStatistics`.
             See :doc:`statistics`.
-        micro_batch_size: Examples per micro-batch, for ``statistics``; needed
-            unless ``weight`` is given.
+        micro_batch_size: Examples per micro-batch, for ``statistics``;
+            needed unless ``weight`` is given.
         cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
             for between-graph replication over several workers: the apply
             sums the window across the workers in one all-reduce (the

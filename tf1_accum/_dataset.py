@@ -145,22 +145,21 @@ def build_dataset_accumulation(
             after ``loss_fn`` has built them.
         global_step: Optional integer variable, incremented once per update,
             whether the optimizer increments it or ignores it.
-        average: True (the default) applies the mean of the micro-batch
-            gradients over the micro-batches in the window; False, their sum.
-            The window options (this one to ``micro_batch_size``) mean what they
-            mean in every way in: see :ref:`window-options`.
+        average: The window's mean (True, the default) or sum (False). This
+            and the other window options (``clip_norm``, ``transform``,
+            ``skip_nonfinite``, ``statistics``, ``micro_batch_size``) are the
+            same in every way in and described once: :ref:`window-options`.
         weight: Optional callable taking one dataset element and returning
             its scalar weight (number of examples or tokens): the update then
             uses the weighted mean sum(w_i g_i) / sum(w_i). The mean loss
             reported is weighted the same way (0 for a window whose weights
             sum to 0).
-        clip_norm: Optional positive number: the window's gradient is clipped
-            to this global norm just before the apply.
-        transform: Optional gradient transform (or list of them), run on each
-            variable's mean after ``clip_norm``'s clipping: see
-            :ref:`window-options`.
-        skip_nonfinite: True (the default) skips a window whose gradient holds
-            a NaN or an Inf, and counts it in ``skipped_windows``.
+        clip_norm: Clip the window's gradient to this global norm before
+            the apply (``global_norm`` is its norm before clipping).
+        transform: Gradient transforms run on each variable's mean, after
+            ``clip_norm``'s clipping.
+        skip_nonfinite: Skip a window whose gradient holds a NaN or an Inf
+            (True, the default), counted in ``skipped_windows``.
         update_ops: None (the default) runs, with each micro-batch, the
             ``tf.compat.v1.GraphKeys.UPDATE_OPS`` that ``loss_fn`` adds inside
             the loop (batch-norm moving averages); ``[]`` runs none. Ops built
@@ -170,8 +169,8 @@ def build_dataset_accumulation(
         statistics: Also build ``statistics``: the `GradientStatistics` of
             each window, from its micro-batch gradients. See
             :doc:`statistics`.
-        micro_batch_size: Examples per micro-batch, for ``statistics``; needed
-            unless ``weight`` is given.
+        micro_batch_size: Examples per micro-batch, for ``statistics``;
+            needed unless ``weight`` is given.
         cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
             as in `build_accumulation`: each run of ``train_op`` sums its
             window across the workers in one all-reduce after the loop, and

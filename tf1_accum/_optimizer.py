@@ -125,24 +125,21 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             or a tf_keras legacy optimizer (``tf_keras.optimizers.legacy.Adam``
             and the other ``OptimizerV2`` subclasses; resource variables only).
         steps: Micro-batches per update, an int of at least 1.
-        average: True (the default) applies the mean of the micro-batch
-            gradients; False their sum, which for SGD and Momentum multiplies
-            the effective learning rate by ``steps``. The window options (this
-            one to ``update_ops``) mean what they mean in every way in: see
-            :ref:`window-options`.
+        average: The window's mean (True, the default) or sum (False). This
+            and the other window options (``clip_norm``, ``transform``,
+            ``skip_nonfinite``, ``statistics``, ``micro_batch_size``) are the
+            same in every way in and described once: :ref:`window-options`.
         weight: Optional scalar tensor computed from each micro-batch (its
             number of examples or tokens), or a callable with no argument
             that returns one when the train op is built: the update then uses
             the weighted mean sum(w_i g_i) / sum(w_i). A micro-batch of weight
             0 still counts as one of the ``steps`` runs.
-        clip_norm: Optional positive number: the window's gradient is clipped
-            to this global norm just before the apply; the ``global_norm``
-            property is its norm before clipping.
-        transform: Optional gradient transform (or list of them), run on each
-            variable's mean after ``clip_norm``'s clipping: see
-            :ref:`window-options`.
-        skip_nonfinite: True (the default) skips a window whose gradient holds
-            a NaN or an Inf, and counts it in ``skipped_windows``.
+        clip_norm: Clip the window's gradient to this global norm before
+            the apply (``global_norm`` is its norm before clipping).
+        transform: Gradient transforms run on each variable's mean, after
+            ``clip_norm``'s clipping.
+        skip_nonfinite: Skip a window whose gradient holds a NaN or an Inf
+            (True, the default), counted in ``skipped_windows``.
         statistics: Also build the ``statistics`` and ``flush_statistics``
             properties, the `GradientStatistics` of the windows that the
             train op and ``flush_op`` apply.
