@@ -381,6 +381,26 @@ def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
             assert opt.applied.graph is graph
 
 
+def test_the_properties_read_the_build_of_the_graph_they_are_read_in():
+    """Each graph's train op, whichever was built last; outside both, a clear error."""
+    opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), steps=2)
+    graphs = [tf.Graph(), tf.Graph()]
+    for graph in graphs:
+        with graph.as_default():
+            opt.minimize(Model(tf.float32, False).loss)
+    with graphs[0].as_default():  # the first graph, though the second was built last
+        for name in ("micro_step", "applied", "global_norm", "skipped_windows"):
+            assert getattr(opt, name).graph is graphs[0], name
+        assert opt.flush_op.graph is graphs[0]
+        assert {v.graph for v in opt.variables()} == {graphs[0]}
+    with pytest.raises(
+        ValueError,
+        match=r"micro_step exists once the train op is built: .* in "
+        r"this graph \(it was built in other graphs: enter the one you mean",
+    ):
+        opt.micro_step
+
+
 _ANOTHER_GRAPHS_STEP = (
     r"global_step must be a variable of the loss's graph, got global_step of "
     r"another graph\. Create it in the graph you build in"
