@@ -45,8 +45,11 @@ Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
 class Added(typing.NamedTuple):
     """What `Window.add` built: its op, and the window's totals right after it.
 
-    An apply in the same ``session.run`` reads these (data dependencies),
-    not the variables: see `Window.accumulate_and_apply`.
+    An apply in the same ``session.run`` (``Window.apply(after=...)``) reads
+    these, not the variables: with reference variables, Grappler removes
+    identity reads together with the control dependencies on them, so "read
+    after the add" is built as data dependencies. The counter's increment
+    waits for every add, and the optimizer's update waits for it.
     """
 
     op: tf.Operation
