@@ -398,7 +398,7 @@ def test_the_properties_read_the_build_of_the_graph_they_are_read_in():
         match=r"micro_step exists once the train op is built: .* in "
         r"this graph \(it was built in other graphs: enter the one you mean",
     ):
-        opt.micro_step
+        _ = opt.micro_step
 
 
 _ANOTHER_GRAPHS_STEP = (
