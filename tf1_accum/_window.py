@@ -28,6 +28,7 @@ from tf1_accum._options import transformed
 from tf1_accum._shared_apply import SharedApply
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
+from tf1_accum._wrapping import scales_loss as _scales_loss
 
 #: Graph collection of the ``counter >= steps`` predicate of each window that
 #: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
@@ -925,20 +926,6 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
     global_vars[:] = [v for v in global_vars if id(v) not in ids]
     for v in variables:
         graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
-
-
-def _scales_loss(optimizer: object) -> bool:
-    """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer.
-
-    Only a dynamic loss scale checks gradients for overflow; a fixed one
-    applies whatever it is given.
-    """
-    while optimizer is not None:
-        if "LossScale" in type(optimizer).__name__:
-            scale = getattr(optimizer, "_loss_scale", None)
-            return "Dynamic" in type(scale).__name__
-        optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
-    return False
 
 
 def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
