@@ -18,6 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._norms import at_least_float32
+from tf1_accum._norms import square_norms
 from tf1_accum._options import WindowOptions
 from tf1_accum._window import state_variable
 
@@ -136,25 +138,25 @@ class WindowStatistics:
         )
         return [self.trace_ema, self.square_ema]
 
-    def square_norm(self, gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
+    @staticmethod
+    def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
         """The float64 squared global norm of one micro-batch's gradients.
 
         A micro-batch's sparse gradient may name a row more than once (an id
-        seen twice in an embedding lookup): rows are summed before squaring.
-        This runs with every micro-batch, so each variable costs one
-        reduction in its own precision (float32 for float16 and bfloat16),
-        with no float64 copy of the gradient.
+        seen twice in an embedding lookup): rows are summed (in float32 at
+        least) before squaring. The norms are ``_norms.square_norms``, the
+        window's own: one reduction per variable in its own precision, in
+        float64 only if that overflows.
         """
-        halves = []
+        values = []
         for g in gradients:
-            values = g.values if isinstance(g, tf.IndexedSlices) else g
-            if values.dtype.base_dtype in (tf.float16, tf.bfloat16):
-                values = tf.cast(values, tf.float32)
             if isinstance(g, tf.IndexedSlices):
                 rows, position = tf.unique(g.indices)
-                values = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
-            halves.append(tf.cast(tf.nn.l2_loss(values), tf.float64))  # sum(x^2) / 2
-        return 2.0 * tf.add_n(halves)
+                g = tf.math.unsorted_segment_sum(
+                    at_least_float32(g.values), position, tf.size(rows)
+                )
+            values.append(g)
+        return tf.add_n(square_norms(values))
 
     def observe(
         self,

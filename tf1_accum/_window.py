@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._norms import square_norms as _square_norms
 from tf1_accum._options import Gradient
 from tf1_accum._options import WindowMean
 from tf1_accum._options import WindowOptions
@@ -941,37 +942,6 @@ def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
 
 def _values(gradient: Gradient) -> tf.Tensor:
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
-
-
-def _square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
-
-    A sparse gradient holds each touched row once, so the norm of its values
-    is the norm of the dense gradient.
-
-    Each sum of squares is taken in one pass, in its tensor's own dtype
-    (float32 at least), with no squared or float64 copy: ``l2_loss`` is
-    sum(t ** 2) / 2, and doubling it in float64 is exact. Only if that
-    overflows is it taken again in float64, so a finite window whose norm
-    exceeds the float32 range still has a finite norm.
-    """
-
-    def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
-        return [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
-
-    def at_least_float32(v: tf.Tensor) -> tf.Tensor:
-        return tf.cast(v, tf.float32) if v.dtype.base_dtype.size < 4 else v
-
-    fast = squares(at_least_float32)
-    if all(v.dtype.base_dtype == tf.float64 for v in values):
-        return fast
-    wide = tf.cond(
-        tf.math.is_finite(tf.add_n(fast)),
-        lambda: [tf.identity(q) for q in fast],
-        lambda: squares(lambda v: tf.cast(v, tf.float64)),
-        name="square_norms",
-    )
-    return list(wide) if isinstance(wide, (list, tuple)) else [wide]
 
 
 def _accumulator_dtype(dtype: tf.DType) -> tf.DType:
