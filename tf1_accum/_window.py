@@ -38,6 +38,7 @@ APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 if typing.TYPE_CHECKING:
     from tf1_accum._distributed import _WindowReducer
     from tf1_accum._stats import GradientStatistics
+    from tf1_accum._stats import MovingAverages
     from tf1_accum._stats import WindowStatistics
 
 #: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
@@ -156,7 +157,7 @@ class Window:
                     )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
             self.mutex = new_mutex() if mutex is None else mutex
-            self.statistics_state: list[tf.Variable] = []
+            self.statistics_state: MovingAverages | None = None
             if statistics is not None:
                 self.square_norms = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
@@ -174,7 +175,7 @@ class Window:
         state = [self.counter, self.skipped, self.weight_total, self.weight_scale]
         state.append(self.square_norms)
         state.append(self.weighted_micro_batches)
-        state += self.statistics_state
+        state += self.statistics_state or ()
         for slot in self.slots:
             state += [slot.accumulator, getattr(slot, "touched", None)]
         return [v for v in state if v is not None]
@@ -352,9 +353,11 @@ class Window:
                 norm = tf.sqrt(tf.add_n(squares), name="global_norm")
                 statistics: GradientStatistics | None = None
                 observed: list[tf.Operation] = []
-                if self.statistics is not None:
+                if self.statistics is not None and self.statistics_state is not None:
                     counted = count if counted is None else counted
-                    statistics, observed = self.statistics.observe(squares, counted, weight, square)
+                    statistics, observed = self.statistics.observe(
+                        self.statistics_state, squares, counted, weight, square
+                    )
                 window = WindowMean(norm, count)
         options = self.options
 
