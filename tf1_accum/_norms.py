@@ -23,9 +23,10 @@ def square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
 
     Each sum of squares is taken in one pass, in its tensor's own dtype
     (float32 at least), with no squared or float64 copy: ``l2_loss`` is
-    sum(t ** 2) / 2, and doubling it is exact. Only if that overflows is it
-    taken again in float64, so finite values whose norm exceeds the float32
-    range still have a finite norm.
+    sum(t ** 2) / 2, and doubling it is exact. Only if that overflows (the
+    sum is Inf) is it taken again in float64, so finite values whose norm
+    exceeds the float32 range still have a finite norm. A NaN is not taken
+    again: it would be NaN in float64 too.
     """
 
     def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
@@ -35,9 +36,9 @@ def square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
     if all(v.dtype.base_dtype == tf.float64 for v in values):
         return fast
     wide = tf.cond(
-        tf.math.is_finite(tf.add_n(fast)),
-        lambda: [tf.identity(q) for q in fast],
+        tf.math.is_inf(tf.add_n(fast)),
         lambda: squares(lambda v: tf.cast(v, tf.float64)),
+        lambda: [tf.identity(q) for q in fast],
         name="square_norms",
     )
     return list(wide) if isinstance(wide, (list, tuple)) else [wide]
