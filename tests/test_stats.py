@@ -155,6 +155,42 @@ def test_statistics_equal_numpy_on_the_fetched_gradients(sparse, weighted, dtype
     assert big > 1e-3 and trace != 0.0  # not a test on zero gradients
 
 
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_a_finite_micro_batch_beyond_the_float32_range_has_finite_statistics(sparse):
+    # Each float32 gradient element is finite, but its sum of squares
+    # overflows float32: each micro-batch's squared norm is taken again in
+    # float64 (as the window's is), not reported as Inf.
+    scale = 1e19
+    # Sparse: row 0 is looked up twice, and its two rows are summed first.
+    ids = [0, 0, 2]
+    micro_inputs = [
+        np.array([[3.0, -4.0], [3.0, -4.0], [1.0, 2.0]]),
+        np.array([[1.0, 2.0], [-2.0, 1.0], [5.0, 0.5]]),
+    ]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [3, 2])
+        table = v1.get_variable("table", initializer=np.ones([3, 2], np.float32))
+        rows = tf.gather(table, ids) if sparse else tf.stack([table[i] for i in ids])
+        loss = tf.constant(scale, tf.float32) * tf.reduce_sum(rows * x)
+        acc = tf1_accum.build_accumulation(
+            loss, v1.train.GradientDescentOptimizer(0.0), statistics=True, micro_batch_size=3
+        )
+        (grad,) = tf.gradients(loss, acc.var_list)
+        assert isinstance(grad, tf.IndexedSlices) is sparse
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            micro = []
+            for inputs in micro_inputs:
+                _, g = sess.run([acc.accum_op, grad], {x: inputs})
+                micro.append([dense(g)])
+            got = sess.run([acc.apply_op, acc.statistics])[1]
+    want = numpy_statistics(micro, micro_batch_size=3)
+    # Every micro-batch's squared norm is beyond float32, and finite in float64.
+    assert min(np.sum(g**2) for (g,) in micro) > 2.0 * float(np.finfo(np.float32).max)
+    assert_statistics(got, want, rtol=1e-5, where="float32 beyond its range")
+    np.testing.assert_allclose(got.noise_scale_ema, want["noise_scale"], rtol=1e-5)
+
+
 def test_one_micro_batch_has_no_estimate_and_leaves_the_average():
     batches = make_batches(tf.float64, False, 3, 4)
     with tf.Graph().as_default():

@@ -24,6 +24,8 @@ import typing
 import numpy as np
 import tensorflow as tf
 
+from tf1_accum._wrapping import counts_its_own_steps
+
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
     "apply_gradients from a tensor computed there ({tensor}). tf1_accum builds the "
@@ -73,7 +75,7 @@ class SharedApply:
         grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
         global_step: tf.Variable | None,
     ) -> tf.Operation:
-        if global_step is None or _counts_its_own_steps(self.optimizer):
+        if global_step is None or counts_its_own_steps(self.optimizer):
             return self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         # Read before the optimizer may increment it, written after: one step
         # per update whether the optimizer increments global_step or not. The
@@ -217,22 +219,6 @@ def _outer_train_ops_only() -> typing.Iterator[None]:
     finally:
         train_ops = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
         train_ops[:] = [op for op in train_ops if getattr(op, "graph", graph) is graph]
-
-
-def _counts_its_own_steps(optimizer: object) -> bool:
-    """Optimizers that increment ``global_step`` only when they really apply.
-
-    A dynamic loss-scale optimizer skips an overflowing window itself and
-    leaves ``global_step`` as it was; a ``SyncReplicasOptimizer`` steps it on
-    the chief, for all workers.
-    """
-    while optimizer is not None:
-        if "LossScale" in type(optimizer).__name__ or isinstance(
-            optimizer, tf.compat.v1.train.SyncReplicasOptimizer
-        ):
-            return True
-        optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
-    return False
 
 
 def _check_liftable(optimizer: object, kwargs: typing.Mapping[str, typing.Any]) -> None:

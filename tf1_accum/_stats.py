@@ -18,6 +18,8 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._norms import at_least_float32
+from tf1_accum._norms import square_norms
 from tf1_accum._options import WindowOptions
 from tf1_accum._window import state_variable
 
@@ -89,14 +91,31 @@ class GradientStatistics(typing.NamedTuple):
     summary_op: tf.Tensor
 
 
-class WindowStatistics:
-    """The graph state and ops behind `GradientStatistics`, driven by a `Window`.
+class MovingAverages(typing.NamedTuple):
+    """The state of a window's statistics: float64 scalar variables, made by `WindowStatistics`.
 
-    The window calls `square_norm` on each micro-batch's gradients (and adds
-    the result to its one extra accumulator) and `observe` in its apply, which
-    returns the `GradientStatistics` of that apply (the window hands them to
-    its caller) and the ops its reset must wait for. Nothing is kept here
-    but the moving averages' variables.
+    Attributes:
+        noise_trace: Exponential moving average of ``noise_trace`` across
+            windows.
+        gradient_square: Exponential moving average of ``gradient_square``
+            across windows.
+    """
+
+    noise_trace: tf.Variable
+    gradient_square: tf.Variable
+
+
+class WindowStatistics:
+    """The ops behind `GradientStatistics`, driven by a `Window`.
+
+    The window makes the state with `create_state` (its variables live with
+    the rest of the window's), calls `square_norm` on each micro-batch's
+    gradients (and adds the result to its one extra accumulator) and
+    `observe` in its apply, with that state: `observe` returns the
+    `GradientStatistics` of that apply (the window hands them to its caller)
+    and the ops its reset must wait for. An instance holds only the build's
+    settings, given when it is made: the variables, ``micro_batch_size``
+    and ``average``.
     """
 
     def __init__(
@@ -108,9 +127,6 @@ class WindowStatistics:
         self.variables = list(variables)
         self.micro_batch_size = micro_batch_size  # None: the window's mean weight
         self.average = average
-        # The moving averages: see create_state.
-        self.trace_ema: tf.Variable | None = None
-        self.square_ema: tf.Variable | None = None
 
     @classmethod
     def for_window(
@@ -123,41 +139,44 @@ class WindowStatistics:
             return None
         return cls([v for _, v in pairs], options.micro_batch_size, options.average)
 
-    def create_state(self) -> list[tf.Variable]:
-        """Creates the moving averages' variables; returns them.
+    @staticmethod
+    def create_state() -> MovingAverages:
+        """Creates the moving averages' variables: the state `observe` takes.
 
         The `Window` calls it once its own checks have passed (a failed build
         leaves no state) and on its device, so that the averages live where
-        the rest of the window's state does.
+        the rest of the window's state does, and lists them with that state.
         """
-        self.trace_ema = state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema")
-        self.square_ema = state_variable(
-            lambda: tf.constant(0.0, tf.float64), "gradient_square_ema"
+        return MovingAverages(
+            noise_trace=state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema"),
+            gradient_square=state_variable(
+                lambda: tf.constant(0.0, tf.float64), "gradient_square_ema"
+            ),
         )
-        return [self.trace_ema, self.square_ema]
 
-    def square_norm(self, gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
+    @staticmethod
+    def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
         """The float64 squared global norm of one micro-batch's gradients.
 
         A micro-batch's sparse gradient may name a row more than once (an id
-        seen twice in an embedding lookup): rows are summed before squaring.
-        This runs with every micro-batch, so each variable costs one
-        reduction in its own precision (float32 for float16 and bfloat16),
-        with no float64 copy of the gradient.
+        seen twice in an embedding lookup): rows are summed (in float32 at
+        least) before squaring. The norms are ``_norms.square_norms``, the
+        window's own: one reduction per variable in its own precision, in
+        float64 only if that overflows.
         """
-        halves = []
+        values = []
         for g in gradients:
-            values = g.values if isinstance(g, tf.IndexedSlices) else g
-            if values.dtype.base_dtype in (tf.float16, tf.bfloat16):
-                values = tf.cast(values, tf.float32)
             if isinstance(g, tf.IndexedSlices):
                 rows, position = tf.unique(g.indices)
-                values = tf.math.unsorted_segment_sum(values, position, tf.size(rows))
-            halves.append(tf.cast(tf.nn.l2_loss(values), tf.float64))  # sum(x^2) / 2
-        return 2.0 * tf.add_n(halves)
+                g = tf.math.unsorted_segment_sum(
+                    at_least_float32(g.values), position, tf.size(rows)
+                )
+            values.append(g)
+        return tf.add_n(square_norms(values))
 
     def observe(
         self,
+        averages: MovingAverages,
         squares: typing.Sequence[tf.Tensor],
         count: tf.Tensor,
         weight_total: tf.Tensor | None,
@@ -166,6 +185,8 @@ class WindowStatistics:
         """Builds the statistics of the window being applied.
 
         Args:
+            averages: the `MovingAverages` that `create_state` made for the
+                window; this apply updates them.
             squares: the float64 squared norm of each variable's window
                 gradient, mean or sum, before clipping (the window computes
                 them once, for its global norm too).
@@ -208,14 +229,11 @@ class WindowStatistics:
                 valid = tf.logical_and(
                     tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
                 )
-                trace_var, square_var = self.trace_ema, self.square_ema
-                if trace_var is None or square_var is None:
-                    raise RuntimeError("create_state makes the moving averages before observe.")
-                trace_ema = self._moving(trace_var, noise_trace, valid)
-                square_ema = self._moving(square_var, gradient_square, valid)
+                trace_ema = self._moving(averages.noise_trace, noise_trace, valid)
+                square_ema = self._moving(averages.gradient_square, gradient_square, valid)
                 updates = [
-                    trace_var.assign(trace_ema, use_locking=True, read_value=False),
-                    square_var.assign(square_ema, use_locking=True, read_value=False),
+                    averages.noise_trace.assign(trace_ema, use_locking=True, read_value=False),
+                    averages.gradient_square.assign(square_ema, use_locking=True, read_value=False),
                 ]
                 noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")

@@ -21,6 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._norms import square_norms as _square_norms
 from tf1_accum._options import Gradient
 from tf1_accum._options import WindowMean
 from tf1_accum._options import WindowOptions
@@ -28,6 +29,7 @@ from tf1_accum._options import transformed
 from tf1_accum._shared_apply import SharedApply
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
+from tf1_accum._wrapping import scales_loss as _scales_loss
 
 #: Graph collection of the ``counter >= steps`` predicate of each window that
 #: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
@@ -36,6 +38,7 @@ APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 if typing.TYPE_CHECKING:
     from tf1_accum._distributed import _WindowReducer
     from tf1_accum._stats import GradientStatistics
+    from tf1_accum._stats import MovingAverages
     from tf1_accum._stats import WindowStatistics
 
 #: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
@@ -154,7 +157,7 @@ class Window:
                     )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
             self.mutex = new_mutex() if mutex is None else mutex
-            self.statistics_state: list[tf.Variable] = []
+            self.statistics_state: MovingAverages | None = None
             if statistics is not None:
                 self.square_norms = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "micro_batch_square_norms"
@@ -172,7 +175,7 @@ class Window:
         state = [self.counter, self.skipped, self.weight_total, self.weight_scale]
         state.append(self.square_norms)
         state.append(self.weighted_micro_batches)
-        state += self.statistics_state
+        state += self.statistics_state or ()
         for slot in self.slots:
             state += [slot.accumulator, getattr(slot, "touched", None)]
         return [v for v in state if v is not None]
@@ -350,9 +353,11 @@ class Window:
                 norm = tf.sqrt(tf.add_n(squares), name="global_norm")
                 statistics: GradientStatistics | None = None
                 observed: list[tf.Operation] = []
-                if self.statistics is not None:
+                if self.statistics is not None and self.statistics_state is not None:
                     counted = count if counted is None else counted
-                    statistics, observed = self.statistics.observe(squares, counted, weight, square)
+                    statistics, observed = self.statistics.observe(
+                        self.statistics_state, squares, counted, weight, square
+                    )
                 window = WindowMean(norm, count)
         options = self.options
 
@@ -927,20 +932,6 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
         graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
 
 
-def _scales_loss(optimizer: object) -> bool:
-    """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer.
-
-    Only a dynamic loss scale checks gradients for overflow; a fixed one
-    applies whatever it is given.
-    """
-    while optimizer is not None:
-        if "LossScale" in type(optimizer).__name__:
-            scale = getattr(optimizer, "_loss_scale", None)
-            return "Dynamic" in type(scale).__name__
-        optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
-    return False
-
-
 def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
     """What an add's ``total`` waits on: the write itself, not a read of what it wrote.
 
@@ -954,37 +945,6 @@ def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
 
 def _values(gradient: Gradient) -> tf.Tensor:
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
-
-
-def _square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
-
-    A sparse gradient holds each touched row once, so the norm of its values
-    is the norm of the dense gradient.
-
-    Each sum of squares is taken in one pass, in its tensor's own dtype
-    (float32 at least), with no squared or float64 copy: ``l2_loss`` is
-    sum(t ** 2) / 2, and doubling it in float64 is exact. Only if that
-    overflows is it taken again in float64, so a finite window whose norm
-    exceeds the float32 range still has a finite norm.
-    """
-
-    def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
-        return [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
-
-    def at_least_float32(v: tf.Tensor) -> tf.Tensor:
-        return tf.cast(v, tf.float32) if v.dtype.base_dtype.size < 4 else v
-
-    fast = squares(at_least_float32)
-    if all(v.dtype.base_dtype == tf.float64 for v in values):
-        return fast
-    wide = tf.cond(
-        tf.math.is_finite(tf.add_n(fast)),
-        lambda: [tf.identity(q) for q in fast],
-        lambda: squares(lambda v: tf.cast(v, tf.float64)),
-        name="square_norms",
-    )
-    return list(wide) if isinstance(wide, (list, tuple)) else [wide]
 
 
 def _accumulator_dtype(dtype: tf.DType) -> tf.DType:
