@@ -49,7 +49,9 @@ def build(sparse, statistics, args):
                 ),
             )
             hidden = tf.nn.relu(tf.matmul(hidden, w))
-        out = v1.get_variable("out", initializer=rng.randn(args.width, 1).astype(np.float32))
+        out = v1.get_variable(
+            "out", initializer=(rng.randn(args.width, 1) / np.sqrt(args.width)).astype(np.float32)
+        )
         loss = tf.reduce_mean((tf.matmul(hidden, out) - y) ** 2)
         opt = v1.train.MomentumOptimizer(0.01, 0.9)
         if statistics:
@@ -62,6 +64,11 @@ def build(sparse, statistics, args):
             apply_fetch = acc.apply_op
         sess = v1.Session(graph=graph)
         sess.run(v1.global_variables_initializer())
+        # A window of NaN or Inf would time the non-finite path: none may be skipped.
+        healthy = tf.logical_and(
+            tf.equal(acc.skipped_windows, 0),
+            tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in v1.trainable_variables()]),
+        )
 
     feeds = []
     for _ in range(args.steps):
@@ -76,7 +83,7 @@ def build(sparse, statistics, args):
             sess.run(acc.accum_op, feed)
         sess.run(apply_fetch)
 
-    return sess, window
+    return sess, window, lambda: bool(sess.run(healthy))
 
 
 def main(argv=None):
@@ -99,14 +106,20 @@ def main(argv=None):
     for sparse in (False, True):
         runs = {flag: build(sparse, flag, args) for flag in (False, True)}
         times = {False: [], True: []}
-        for _, window in runs.values():
+        for _, window, _ in runs.values():
             window()  # warm-up
         for _ in range(args.windows):
-            for flag, (_, window) in runs.items():
+            for flag, (_, window, _) in runs.items():
                 start = time.perf_counter()
                 window()
                 times[flag].append(time.perf_counter() - start)
-        for sess, _ in runs.values():
+        for flag, (sess, _, healthy) in runs.items():
+            if not healthy():
+                raise SystemExit(
+                    f"the {'sparse' if sparse else 'dense'} model "
+                    f"{'with' if flag else 'without'} statistics went non-finite: the "
+                    "times would be of skipped windows. Lower the learning rate."
+                )
             sess.close()
         without, with_ = (1e3 * float(np.median(times[f])) for f in (False, True))
         name = "sparse" if sparse else "dense"
