@@ -151,16 +151,19 @@ def _check_transform(transform: object) -> None:
 
 
 def transformed(
-    gradient: Gradient, variable: tf.Variable, window: WindowMean, options: WindowOptions
+    gradient: Gradient,
+    variable: tf.Variable,
+    window: WindowMean,
+    transforms: typing.Sequence[GradientTransform],
 ) -> Gradient:
-    """``gradient`` after each of ``options.transforms``; checks what each returns.
+    """``gradient`` after each of ``transforms`` (`transforms_of`); checks what each returns.
 
     Raises:
         TypeError: If a transform returns something other than a tensor (or
             ``tf.IndexedSlices`` for a sparse gradient).
         ValueError: If it returns another shape than the gradient's.
     """
-    for transform in transforms_of(options):
+    for transform in transforms:
         result = transform(gradient, variable, window)
         name = getattr(transform, "__qualname__", repr(transform))
         if isinstance(gradient, tf.IndexedSlices):

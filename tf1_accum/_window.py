@@ -26,6 +26,7 @@ from tf1_accum._options import Gradient
 from tf1_accum._options import WindowMean
 from tf1_accum._options import WindowOptions
 from tf1_accum._options import transformed
+from tf1_accum._options import transforms_of
 from tf1_accum._shared_apply import SharedApply
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
@@ -359,7 +360,7 @@ class Window:
                         self.statistics_state, squares, counted, weight, square
                     )
                 window = WindowMean(norm, count)
-        options = self.options
+        transforms = transforms_of(self.options)  # one clip_by_global_norm for every variable
 
         def grads() -> list[Gradient]:
             with tf.compat.v1.name_scope(self.scope):
@@ -368,7 +369,7 @@ class Window:
                         total,
                         denominator,
                         functools.partial(
-                            transformed, variable=slot.var, window=window, options=options
+                            transformed, variable=slot.var, window=window, transforms=transforms
                         ),
                     )
                     for slot, (total, _) in zip(self.slots, sums)
