@@ -55,6 +55,33 @@ def _mixed_values(sess):
     return {v.op.name: sess.run(v) for v in tf1_accum.plain_variables()}
 
 
+def _large_batch_values(windows, train_op, x, y, feed=lambda window: {}):
+    """The variables after each window, trained by ``train_op`` on the window's batch."""
+    with v1.Session() as sess:
+        sess.run(v1.global_variables_initializer())
+        expected = []
+        for window in windows:
+            xs, ys = (np.concatenate(part) for part in zip(*window))
+            sess.run(train_op, {x: xs, y: ys, **feed(window)})
+            expected.append(_mixed_values(sess))
+    return expected
+
+
+def _assert_each_window_equals(way, built, windows, expected, check=None):
+    """Runs ``windows`` through ``way``; after each, the variables equal ``expected``."""
+    with v1.Session() as sess:
+        sess.run(v1.global_variables_initializer())
+        for w, window in enumerate(windows):
+            way.run_window(sess, built, window)
+            got = _mixed_values(sess)
+            if check is not None:
+                check(w, got)
+            for name, want in expected[w].items():
+                np.testing.assert_allclose(
+                    got[name], want, rtol=1e-10, atol=0, err_msg=f"{way}, window {w}: {name}"
+                )
+
+
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_reference_and_resource_variables_in_one_graph_train_as_plain_training(way):
     """A reference variable needs version 1 conditionals: every way in builds them.
@@ -70,13 +97,7 @@ def test_reference_and_resource_variables_in_one_graph_train_as_plain_training(w
         train_op = v1.train.MomentumOptimizer(0.1, 0.9).minimize(
             _mixed_loss((x, y)), global_step=step
         )
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            expected = []
-            for window in windows:
-                xs, ys = (np.concatenate(part) for part in zip(*window))
-                sess.run(train_op, {x: xs, y: ys})
-                expected.append(_mixed_values(sess))
+        expected = _large_batch_values(windows, train_op, x, y)
 
     with tf.Graph().as_default():
         step = v1.train.get_or_create_global_step()
@@ -87,16 +108,11 @@ def test_reference_and_resource_variables_in_one_graph_train_as_plain_training(w
             3,
             global_step=step,
         )
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            for w, window in enumerate(windows):
-                way.run_window(sess, built, window)
-                got = _mixed_values(sess)
-                assert got["global_step"] == w + 1
-                for name, want in expected[w].items():
-                    np.testing.assert_allclose(
-                        got[name], want, rtol=1e-10, atol=0, err_msg=f"{way}, window {w}: {name}"
-                    )
+
+        def counts_updates(w, got):
+            assert got["global_step"] == w + 1
+
+        _assert_each_window_equals(way, built, windows, expected, check=counts_updates)
 
 
 def test_the_package_has_no_import_cycle():
@@ -253,13 +269,9 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
         for t in transforms:
             pairs = [(t(g, v, window), v) for g, v in pairs]
         train_op = optimizer.apply_gradients(pairs)
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            expected = []
-            for batches in windows:
-                xs, ys = (np.concatenate(part) for part in zip(*batches))
-                sess.run(train_op, {x: xs, y: ys, count: len(batches)})
-                expected.append(_mixed_values(sess))
+        expected = _large_batch_values(
+            windows, train_op, x, y, feed=lambda batches: {count: len(batches)}
+        )
     with tf.Graph().as_default():
         built = way.build(
             _mixed_loss,
@@ -269,15 +281,7 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
             clip_norm=clip_norm,
             transform=transform,
         )
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            for w, batches in enumerate(windows):
-                way.run_window(sess, built, batches)
-                got = _mixed_values(sess)
-                for name, want in expected[w].items():
-                    np.testing.assert_allclose(
-                        got[name], want, rtol=1e-10, atol=0, err_msg=f"{way}, window {w}: {name}"
-                    )
+        _assert_each_window_equals(way, built, windows, expected)
 
 
 @pytest.mark.parametrize(
