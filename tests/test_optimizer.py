@@ -461,3 +461,16 @@ def test_apply_gradients_refuses_a_global_step_of_another_graph_before_making_st
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
         build(v1.train.get_or_create_global_step())
         _assert_adam_state_made_once()
+
+
+def test_a_weight_callable_that_needs_arguments_is_refused_when_the_wrapper_is_made():
+    with tf.Graph().as_default():
+        with pytest.raises(
+            TypeError,
+            match=r"weight must be a scalar tensor, or a callable with no argument that "
+            r"returns one when the train op is built, got .*, which needs arguments\.",
+        ):
+            tf1_accum.AccumulationOptimizer(
+                v1.train.GradientDescentOptimizer(0.1), steps=2, weight=lambda batch: batch
+            )
+        assert v1.global_variables() == []
