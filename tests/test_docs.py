@@ -210,10 +210,15 @@ def test_landing_page_where_to_go_lists_every_guide_page():
     assert set(pages.split()) <= set(listed)
 
 
-def test_quickstart_shows_its_printed_table_as_text():
+def test_quickstart_shows_the_table_the_example_prints():
     page = (ROOT / "docs" / "quickstart.rst").read_text(encoding="utf-8")
-    (block,) = re.findall(r"The table it prints [^\n]*\n\n\.\. code-block:: (\w+)\n\n   run ", page)
-    assert block == "text"
+    source = (ROOT / "examples" / "quickstart.py").read_text(encoding="utf-8")
+    (table,) = re.findall(
+        r"The table it prints [^`]*?\n\n\.\. list-table::\n((?:(?:   .*)?\n)+)", page
+    )
+    rows = re.findall(r"^   \* - (.+)$", table, re.M)
+    assert rows[1:] == ["small batch", "accumulated", "big batch"]
+    assert 'for mode in ("small batch", "accumulated", "big batch"):' in source
 
 
 def test_readme_use_it_says_what_the_keras_3_note_says():
