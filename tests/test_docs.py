@@ -11,6 +11,9 @@ import os
 import pathlib
 import re
 import runpy
+import subprocess
+import sys
+import textwrap
 import zlib
 
 import pytest
@@ -207,10 +210,15 @@ def test_landing_page_where_to_go_lists_every_guide_page():
     assert set(pages.split()) <= set(listed)
 
 
-def test_quickstart_shows_its_printed_table_as_text():
+def test_quickstart_shows_the_table_the_example_prints():
     page = (ROOT / "docs" / "quickstart.rst").read_text(encoding="utf-8")
-    (block,) = re.findall(r"The table it prints [^\n]*\n\n\.\. code-block:: (\w+)\n\n   run ", page)
-    assert block == "text"
+    source = (ROOT / "examples" / "quickstart.py").read_text(encoding="utf-8")
+    (table,) = re.findall(
+        r"The table it prints [^`]*?\n\n\.\. list-table::\n((?:(?:   .*)?\n)+)", page
+    )
+    rows = re.findall(r"^   \* - (.+)$", table, re.M)
+    assert rows[1:] == ["small batch", "accumulated", "big batch"]
+    assert 'for mode in ("small batch", "accumulated", "big batch"):' in source
 
 
 def test_readme_use_it_says_what_the_keras_3_note_says():
@@ -224,3 +232,21 @@ def test_readme_use_it_says_what_the_keras_3_note_says():
     assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in use_it
     assert 'os.environ["TF_USE_LEGACY_KERAS"] = "1"' in _validate.KERAS_3_HINT
     assert "tf_keras" in use_it and "tf_keras" in _validate.KERAS_3_HINT
+
+
+def test_readme_usage_block_runs_as_shown(tmp_path):
+    """The README's first Python block is a whole program: it trains and applies 8 updates."""
+    text = (ROOT / "README.rst").read_text(encoding="utf-8")
+    start = text.index(".. code-block:: python\n\n")
+    assert text[:start].count("\n") < 100, "the usage block must start on the README's first screen"
+    (block,) = re.findall(r"\A\.\. code-block:: python\n\n((?:(?:   .*)?\n)+)", text[start:])
+    script = tmp_path / "usage.py"
+    script.write_text(textwrap.dedent(block), encoding="utf-8")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    result = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("updates: 8 loss: "), result.stdout
