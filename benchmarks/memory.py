@@ -486,7 +486,7 @@ def plot(megabytes, batches, b, param_bytes, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.4, 4.6))
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
     markers = dict(zip(LABELS, "osD^vxP+"))
     for config, values in megabytes.items():
         style = ":" if config in PEERS else "-"
@@ -507,7 +507,7 @@ def plot(megabytes, batches, b, param_bytes, path):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     ax.set_title(f"Peak memory, wide MLP of {param_bytes / 1e6:.1f} MB parameters, Adam")
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
     print(f"# plot: {os.path.abspath(path)}")
 

@@ -62,8 +62,8 @@ def test_quickstart(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = plot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    # 7.4 x 4.6 inches at 200 dpi: shown 740 px wide, its text reads at its size.
-    assert struct.unpack(">II", png[16:24]) == (1480, 920)
+    # 5.2 x 4 inches at 200 dpi: shown 358 px wide on a phone, its text reads.
+    assert struct.unpack(">II", png[16:24]) == (1040, 800)
 
 
 # A line of TensorFlow's C++ log (absl or TensorFlow's own format), e.g.
