@@ -20,8 +20,8 @@ Opens each HTML page of the build in headless Chromium, at a desktop's width
   cell that goes on to the next line must leave the first column blank);
 * an image shown at less than 60 % of its size (from its resolution, as
   matplotlib writes it), where its text reads at under 8 px;
-* a block highlighted as Python that is not Python (program output): mark it
-  ``.. code-block:: text``.
+* a block highlighted as Python that is not Python (program output, a shell
+  command): give it its language (``.. code-block:: text``, ``bash``).
 
 Prints one line per finding (``page @ width: what``) and exits 1 if there is
 any, 0 if none. Without Chromium it prints why it skipped and exits 0, except
@@ -267,8 +267,8 @@ def _not_python(blocks):
         except SyntaxError:
             first = " ".join(source.split())[:57]
             yield (
-                f'a block highlighted as Python is not Python: "{first}...": '
-                "mark program output ``.. code-block:: text``"
+                f'a block highlighted as Python is not Python: "{first}...": give it '
+                "its language (``.. code-block:: text`` for output, ``bash`` for a command)"
             )
 
 
