@@ -462,42 +462,52 @@ def sweep(args):
     )
     print(_bench.format_table(["N x B"] + list(configs) + ["helper above B, P"], rows))
     if args.plot:
-        plot(peaks, configs, steps, args.micro_batch, p, args.plot)
+        megabytes = {c: [peaks[(c, n)]["peak"] / 2**20 for n in steps] for c in configs}
+        plot(megabytes, [n * args.micro_batch for n in steps], args.micro_batch, p, args.plot)
     return rows
 
 
-def plot(peaks, configs, steps, b, param_bytes, path):
+# The legend in words a reader of the performance page knows.
+LABELS = {
+    "big batch": "no accumulation: one batch of N x B",
+    "helper": "tf1_accum: run_accumulation",
+    "fused helper": "tf1_accum: run_accumulation, apply fused with the last add",
+    "AccumulationOptimizer": "tf1_accum: AccumulationOptimizer",
+    "dataset loop": "tf1_accum: build_dataset_accumulation (input cached)",
+    "tensorpack": "tensorpack's accumulating optimizer",
+    "gpt-2-simple": "gpt-2-simple's accumulating optimizer",
+}
+
+
+def plot(megabytes, batches, b, param_bytes, path):
+    """Plots ``megabytes`` ({row of the table: peak MB per effective batch}) to ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.4, 4.6))
-    batches = [n * b for n in steps]
-    markers = dict(zip(configs, "osD^vxP+"))
-    for config in configs:
-        values = [peaks[(config, n)]["peak"] / 2**20 for n in steps]
-        style = "-" if config == "big batch" or config not in PEERS else ":"
-        ax.plot(batches, values, style, marker=markers[config], label=config)
-    base = peaks[("big batch", steps[0])]["peak"]
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    markers = dict(zip(LABELS, "osD^vxP+"))
+    for config, values in megabytes.items():
+        style = ":" if config in PEERS else "-"
+        ax.plot(batches, values, style, marker=markers[config], label=LABELS[config])
     ax.axhline(
-        (base + param_bytes) / 2**20,
+        megabytes["big batch"][0] + param_bytes / 2**20,
         color="grey",
         linestyle="--",
         linewidth=1,
-        label="plain training of B + 1 P",
+        label="training one micro-batch of B, plus one copy of the parameters",
     )
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches)
     ax.set_xticklabels([str(x) for x in batches])
-    ax.set_xlabel(f"effective batch N x B (B = {b})")
+    ax.set_xlabel(f"effective batch N x B (micro-batches of B = {b} rows)")
     ax.set_ylabel("peak allocator memory (MB)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9, loc="upper left")
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     ax.set_title(f"Peak memory, wide MLP of {param_bytes / 1e6:.1f} MB parameters, Adam")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=150, bbox_inches="tight")
     plt.close(fig)
     print(f"# plot: {os.path.abspath(path)}")
 

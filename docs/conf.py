@@ -5,6 +5,10 @@ import pathlib
 import re
 import sys
 
+import sphinx.highlighting
+from pygments.formatters import HtmlFormatter
+from sphinx.writers.html5 import HTML5Translator
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "docs" / "_ext"))
@@ -78,6 +82,55 @@ html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 
 
+# Code breaks at spaces and after punctuation, never inside a word: a long
+# name (tf.compat.v1.global_variables_initializer) may break after "." or "_".
+_BREAK_AFTER = re.compile(r"([._/=\[(])(?=[^\s)\]])")
+
+
+def _break_points(html):
+    parts = re.split(r"(<[^>]*>)", html)
+    texts = [i for i, part in enumerate(parts) if part and not part.startswith("<")]
+    for i, after in zip(texts, texts[1:] + [None]):
+        # The next character may be in the next token's span.
+        following = parts[after][:1] if after else ""
+        text = _BREAK_AFTER.sub(r"\1<wbr>", parts[i] + following)
+        parts[i] = text[: len(text) - len(following)]
+    return "".join(parts)
+
+
+class _IndentedLines(HtmlFormatter):
+    """Puts each line of code in a span that knows its indentation.
+
+    On a narrow screen a long line wraps, and custom.css starts its
+    continuation further in than the line itself, instead of at column 0.
+    """
+
+    def wrap(self, source):
+        def lines():
+            for kind, line in source:
+                if kind == 1:
+                    text = re.sub(r"<[^>]*>", "", line)
+                    indent = len(text) - len(text.lstrip(" "))
+                    line = _break_points(line)
+                    line = f'<span class="line" style="--indent: {indent}ch">{line}</span>'
+                yield kind, line
+
+        return super().wrap(lines())
+
+
+class _Translator(HTML5Translator):
+    """Inline code (``like_this``, names in signatures and tables) breaks as code does."""
+
+    def visit_Text(self, node):
+        start = len(self.body)
+        super().visit_Text(node)
+        if self.protect_literal_text:
+            self.body[start:] = map(_break_points, self.body[start:])
+
+
+sphinx.highlighting.PygmentsBridge.html_formatter = _IndentedLines
+
+
 def _tidy_signature(app, what, name, obj, options, signature, return_annotation):
     # Sphinx prints an alias nested in a Union or a generic by its repr,
     # TypeAliasForwardRef('tf.Tensor'): print the name. A result tuple's
@@ -91,4 +144,5 @@ def _tidy_signature(app, what, name, obj, options, signature, return_annotation)
 
 
 def setup(app):
+    app.set_translator("html", _Translator, override=True)
     app.connect("autodoc-process-signature", _tidy_signature)

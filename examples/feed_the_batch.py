@@ -12,10 +12,9 @@ split; the table at the end shows the largest parameter difference, and the
 search prints each size it tried.
 
 A CPU has memory to spare for this model, so the example makes a limit:
-each micro-batch asks for scratch memory in proportion to its rows, and above
-``--memory-rows`` rows it asks for more than any machine has (NumPy raises
-``MemoryError``, which reaches ``session.run`` as
-``tf.errors.ResourceExhaustedError``, as an accelerator's out of memory does).
+a micro-batch of more than ``--memory-rows`` rows raises ``MemoryError`` in
+the graph, which reaches ``session.run`` as
+``tf.errors.ResourceExhaustedError``, as an accelerator's out of memory does.
 With ``--memory-rows 0`` there is no such limit: on a GPU, make the batch and
 the model large enough and the real one is found the same way.
 
@@ -24,21 +23,18 @@ Run:  python examples/feed_the_batch.py   (add --help for the settings)
 
 import argparse
 import logging
-import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow: its C++ logs
+import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
+import numpy as np
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import tf1_accum  # noqa: E402
+import tf1_accum
 
 v1 = tf.compat.v1
 
 FEATURES = 10
 HIDDEN = 32
-IMPOSSIBLE = 2**44  # rows of scratch asked for beyond the limit: petabytes
 
 
 def make_data(examples, seed):
@@ -51,13 +47,14 @@ def make_data(examples, seed):
 
 
 def memory_limited(x, memory_rows):
-    """``x`` after a scratch allocation of its rows, impossible above ``memory_rows``."""
+    """``x``, after a check that runs out of memory above ``memory_rows`` rows."""
     if not memory_rows:
         return x
 
     def scratch(rows):
-        wanted = int(rows) * IMPOSSIBLE if rows > memory_rows else int(rows)
-        return np.zeros(wanted, np.float32).sum(dtype=np.float32)
+        if rows > memory_rows:
+            raise MemoryError(f"{rows} rows, over this example's made-up limit of {memory_rows}")
+        return np.float32(0)
 
     used = tf.numpy_function(scratch, [tf.shape(x)[0]], tf.float32, name="scratch")
     used.set_shape([])

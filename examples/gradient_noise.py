@@ -106,13 +106,15 @@ def plot(history, args, recommended):
         print("matplotlib is not installed (pip install -e '.[examples]'): no plot written.")
         return
     updates = np.arange(1, len(history["loss"]) + 1)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.2, 5), sharex=True)
     top.plot(updates, history["loss"], color="tab:blue", linewidth=1)
     top.set_ylabel("training loss")
     top.set_yscale("log")
     per_window = np.array(history["noise_scale"])
     shown = np.where(per_window > 0, per_window, np.nan)  # negative estimates: off the log axis
-    bottom.plot(updates, shown, ".", color="tab:gray", markersize=3, label="B_simple, one window")
+    bottom.plot(
+        updates, shown, ".", color="tab:gray", markersize=3, label="noise scale of one window"
+    )
     bottom.plot(
         updates, history["noise_scale_ema"], color="tab:orange", linewidth=2, label="moving average"
     )
@@ -133,7 +135,7 @@ def plot(history, args, recommended):
         fontsize=10,
     )
     fig.tight_layout()
-    fig.savefig(args.plot, dpi=80)
+    fig.savefig(args.plot, dpi=150)
     plt.close(fig)
     print(f"wrote {args.plot}")
 

@@ -26,13 +26,12 @@ Run:  horovodrun -np 2 -H localhost:2 --gloo python examples/horovod_migration.p
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
 
-import horovod.tensorflow as hvd  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import tf1_accum  # noqa: E402
+import tf1_accum
 
 v1 = tf.compat.v1
 

@@ -102,9 +102,9 @@ def plot(curves, args):
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[examples]'): no plot written.")
         return
-    # 7.4 x 4.6 inches: the docs show it 740 px wide, where 10-point text
-    # reads at its printed size. The legend sits under the axes, off the curves.
-    fig, ax = plt.subplots(figsize=(7.4, 4.6), layout="constrained")
+    # 5.2 x 4 inches: 10-point text still reads on a phone, where the docs
+    # show it 358 px wide. The legend sits under the axes, off the curves.
+    fig, ax = plt.subplots(figsize=(5.2, 4.0), layout="constrained")
     styles = {
         "small batch": dict(color="tab:gray", alpha=0.6, linewidth=1),
         "big batch": dict(color="tab:blue", linewidth=4, alpha=0.5, zorder=2),
@@ -126,7 +126,7 @@ def plot(curves, args):
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title("Accumulated training follows the big batch")
-    fig.legend(loc="outside lower center", ncol=3, frameon=False)
+    fig.legend(loc="outside lower center", ncol=1, frameon=False)
     fig.savefig(args.plot, dpi=200)
     plt.close(fig)
     print(f"wrote {args.plot}")

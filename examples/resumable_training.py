@@ -35,11 +35,43 @@ import os
 import signal
 import sys
 
-import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
-import numpy as np
-import tensorflow as tf
 
-import tf1_accum
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint-dir", required=True)
+    parser.add_argument("--steps", type=int, default=4, help="micro-batches per window (N)")
+    parser.add_argument("--micro-batch", type=int, default=8, help="examples per micro-batch")
+    parser.add_argument("--windows", type=int, default=4, help="windows (updates) in all")
+    parser.add_argument(
+        "--save-every", type=int, default=3, help="checkpoint after every k-th micro-batch"
+    )
+    parser.add_argument(
+        "--save-after-apply", action="store_true", help="also checkpoint right after each apply"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--simulate-crash-after-micro-batch",
+        type=int,
+        metavar="P",
+        help="kill this process with SIGKILL once the P-th micro-batch is accumulated",
+    )
+    parser.add_argument(
+        "--simulate-crash-after-apply",
+        type=int,
+        metavar="W",
+        help="kill this process with SIGKILL right after the W-th apply",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    parse_args(sys.argv[1:])  # --help and a usage error, without waiting for TensorFlow
+
+import _tensorflow_log  # noqa: E402, F401  (before TensorFlow: its C++ log stays quiet)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import tf1_accum  # noqa: E402
 
 v1 = tf.compat.v1
 
@@ -74,34 +106,6 @@ def build_model(seed):
     prediction = tf.matmul(tf.tanh(tf.matmul(inputs, w1) + b1), w2)
     loss = tf.reduce_mean((prediction - targets) ** 2)
     return (ids, features, targets), loss
-
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint-dir", required=True)
-    parser.add_argument("--steps", type=int, default=4, help="micro-batches per window (N)")
-    parser.add_argument("--micro-batch", type=int, default=8, help="examples per micro-batch")
-    parser.add_argument("--windows", type=int, default=4, help="windows (updates) in all")
-    parser.add_argument(
-        "--save-every", type=int, default=3, help="checkpoint after every k-th micro-batch"
-    )
-    parser.add_argument(
-        "--save-after-apply", action="store_true", help="also checkpoint right after each apply"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--simulate-crash-after-micro-batch",
-        type=int,
-        metavar="P",
-        help="kill this process with SIGKILL once the P-th micro-batch is accumulated",
-    )
-    parser.add_argument(
-        "--simulate-crash-after-apply",
-        type=int,
-        metavar="W",
-        help="kill this process with SIGKILL right after the W-th apply",
-    )
-    return parser.parse_args(argv)
 
 
 def _crash():

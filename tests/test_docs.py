@@ -11,6 +11,7 @@ import os
 import pathlib
 import re
 import runpy
+import struct
 import subprocess
 import sys
 import textwrap
@@ -128,42 +129,90 @@ div.hidden-bar {{ scrollbar-width: none; }}
 LONG = "x" * 80  # 80 characters of monospace: twice the column's width
 
 
+def _png(path, width, dpi):
+    """A blank grayscale PNG ``width`` px wide that says it was made at ``dpi``."""
+
+    def chunk(kind, data):
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    per_metre = round(dpi / 0.0254)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 4, 8, 0, 0, 0, 0))
+        + chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1))
+        + chunk(b"IDAT", zlib.compress(b"".join(b"\0" + b"\xff" * width for _ in range(4))))
+        + chunk(b"IEND", b"")
+    )
+
+
+WORDS = " ".join(["word"] * 30)  # 149 characters that wrap at spaces
+
+
 @pytest.mark.parametrize(
     "body, finding",
     [
-        (f'<div class="highlight-python"><pre>{LONG}</pre></div>', "px of its lines hidden"),
+        (f'<div class="highlight-python"><pre>{LONG}</pre></div>', "px of its lines sideways"),
+        (
+            f'<div class="table-wrapper"><table><tr><td>{LONG}</td></tr></table></div>',
+            "px of its columns sideways",
+        ),
         (f'<div style="width: 900px">{LONG}</div>', "px past the edge of the column"),
-        (
-            f'<div style="overflow: hidden"><table><tr><td>{LONG}</td></tr></table></div>',
-            "px past the edge of <div>",
-        ),
-        (
-            f'<div class="table-wrapper hidden-bar"><table><tr><td>{LONG}</td></tr></table></div>',
-            "scrolls without a visible scroll bar",
-        ),
         (f"<h2>{LONG}</h2>", f'breaks the word "{LONG}" across lines'),
+        (
+            f'<div class="highlight-python wrap"><pre>    {WORDS}</pre></div>',
+            f'wraps a line onto column 0, where its end reads as a line of its own: "{WORDS[:57]}',
+        ),
+        (
+            "<table><tr><td>averages over)</td><td>the large batch's</td></tr></table>",
+            'has a cell that closes a bracket it does not open, "averages over)": one row',
+        ),
+        (
+            '<img src="plot.png" alt="a plot" style="max-width: 100%">',
+            "is shown at 56% of its size (399 px for 1480 px at 200 dpi)",
+        ),
+        (
+            '<div class="highlight-default"><pre><span class="n">window</span>  rows  why\n'
+            "     0  - -&gt; 120  first window</pre></div>",
+            'a block highlighted as Python is not Python: "window rows why 0 - -> 120 first',
+        ),
     ],
-    ids=["code-scrolls", "past-column", "clipped", "no-scroll-bar", "broken-word"],
+    ids=[
+        "code-scrolls",
+        "table-scrolls",
+        "past-column",
+        "broken-word",
+        "wrapped-to-column-0",
+        "row-in-two",
+        "small-image",
+        "output-as-python",
+    ],
 )
-def test_layout_check_reports_a_block_cut_off(tmp_path, body, finding):
+def test_layout_check_reports_what_a_reader_cannot_read(tmp_path, body, finding):
     check = _layout_check()
+    _png(tmp_path / "plot.png", 1480, 200)
     (tmp_path / "page.html").write_text(PAGE.format(body), encoding="utf-8")
     (found,) = check.check(tmp_path, widths=(1280,))
-    assert found.startswith("page.html @ 1280 px: <") and finding in found, found
+    assert found.startswith("page.html @ 1280 px: ") and finding in found, found
 
 
-def test_layout_check_passes_wrapped_code_and_tables_that_scroll_visibly(tmp_path, capsys):
+def test_layout_check_passes_code_wrapped_under_its_line_and_what_fits(tmp_path, capsys):
     check = _layout_check()
+    _png(tmp_path / "plot.png", 600, 200)  # 3 inches: shown whole at either width
+    hanging = "display: block; padding-left: 4ch; text-indent: -4ch"
     body = (
-        f'<div class="highlight-python wrap"><pre>{LONG}</pre></div>'
-        f'<div class="highlight-text"><pre>{LONG}</pre></div>'
-        f'<div class="table-wrapper"><table><tr><td>{LONG}</td></tr></table></div>'
+        f'<div class="highlight-python wrap"><pre><span style="{hanging}">    {WORDS}</span>'
+        "</pre></div>"
+        '<div class="highlight-text"><pre>run  loss\nbig  0.31</pre></div>'
+        "<table><tr><td>weight= (rows, or what the loss averages over)</td></tr></table>"
         "<h2>a heading of short words that wraps over several lines of the column</h2>"
+        '<img src="plot.png" alt="a plot" style="max-width: 100%">'
     )
     (tmp_path / "page.html").write_text(PAGE.format(body), encoding="utf-8")
     screenshots = tmp_path / "shots"
     assert check.main([str(tmp_path), "--screenshots", str(screenshots)]) == 0
-    assert "every block shows whole (1 pages at 1280 px and 390 px)" in capsys.readouterr().out
+    assert "every page reads whole (1 pages at 1280 px and 390 px)" in capsys.readouterr().out
     for width in check.WIDTHS:
         assert (screenshots / f"page_{width}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -1,5 +1,6 @@
 """Smoke tests of the examples, with tiny settings, so they cannot rot."""
 
+import ast
 import importlib.util
 import os
 import pathlib
@@ -61,8 +62,8 @@ def test_quickstart(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = plot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    # 7.4 x 4.6 inches at 200 dpi: shown 740 px wide, its text reads at its size.
-    assert struct.unpack(">II", png[16:24]) == (1480, 920)
+    # 5.2 x 4 inches at 200 dpi: shown 358 px wide on a phone, its text reads.
+    assert struct.unpack(">II", png[16:24]) == (1040, 800)
 
 
 # A line of TensorFlow's C++ log (absl or TensorFlow's own format), e.g.
@@ -183,3 +184,65 @@ def test_feed_the_batch_finds_the_size_that_fits_and_matches_the_big_batch(capsy
     assert "    10  37 -> 30              out of memory" in out
     assert "micro-batch size in use: 30 rows, after 12 windows" in out
     assert result["max_param_diff"] < 1e-5
+
+
+def _imported(node):
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    return [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p.name for p in (ROOT / "examples").glob("*.py") if p.name[0] != "_")
+)
+def test_example_imports_tensorflow_after_quieting_its_log(path):
+    tree = ast.parse((ROOT / "examples" / path).read_text(encoding="utf-8"))
+    imports = sorted(
+        (node.lineno, name)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for name in _imported(node)
+    )
+    names = [name.split(".")[0] for _, name in imports]
+    loud = [names.index(name) for name in ("tensorflow", "horovod", "tf1_accum") if name in names]
+    assert loud, f"{path} imports no TensorFlow: drop it from this test"
+    assert "_tensorflow_log" in names[: min(loud)], imports
+
+
+def _run_example(name, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's tf1_accum
+    command = [sys.executable, str(ROOT / "examples" / f"{name}.py"), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.graph_mode_independent
+def test_feed_the_batch_prints_no_tensorflow_log_and_names_its_made_up_limit():
+    done = _run_example("feed_the_batch", "--updates", "2", "--examples", "256")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Training a 10-32-1 MLP with Adam: 2 updates of 120 rows")
+    assert not TENSORFLOW_LOG.search(done.stderr), done.stderr
+    # What stderr holds is the memory fit's own log, which names the example's limit.
+    assert "PiB" not in done.stderr
+    assert (
+        "a micro-batch of 120 rows ran out of memory "
+        "(MemoryError: 120 rows, over this example's made-up limit of 35)" in done.stderr
+    )
+
+
+@pytest.mark.graph_mode_independent
+def test_resumable_training_prints_its_usage_before_importing_tensorflow():
+    script = (
+        "import runpy, sys\n"
+        f"sys.argv = [{str(ROOT / 'examples' / 'resumable_training.py')!r}]\n"
+        "try:\n"
+        "    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+        "except SystemExit as exit:\n"
+        "    print('exit', exit.code, 'tensorflow' in sys.modules)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout == "exit 2 False\n", done.stderr
+    assert "error: the following arguments are required: --checkpoint-dir" in done.stderr

@@ -54,6 +54,16 @@ def test_readme_and_missing_tensorflow_error_state_the_same_range():
     assert f"versions=({first} {last})" in script
 
 
+def test_missing_tensorflow_error_names_what_pip_can_install():
+    # The package names of the "tensorflow" and "cpu" extras, with their range:
+    # tf1_accum itself is installed from its source, not from an index.
+    (tensorflow,) = PROJECT["optional-dependencies"]["tensorflow"]
+    (cpu,) = PROJECT["optional-dependencies"]["cpu"]
+    assert f"Install it with: pip install '{tensorflow}'" in tf1_accum._NO_TENSORFLOW
+    assert f"(or '{cpu}'," in tf1_accum._NO_TENSORFLOW
+    assert "tf1_accum[" not in tf1_accum._NO_TENSORFLOW
+
+
 def test_version_is_read_from_the_package():
     assert "version" in PROJECT["dynamic"] and "version" not in PROJECT
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]
@@ -88,20 +98,19 @@ def test_setup_py_only_hands_over_to_setuptools():
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "setuptools.setup"
     ]
     assert len(calls) == 1 and not calls[0].args and not calls[0].keywords
-    # The setuptools release it asks for is the one the build system requires.
-    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
-        "build-system"
-    ]["requires"]
-    assert requirement == "setuptools>=77"
-    assert "_REQUIRED = (77,)" in (ROOT / "setup.py").read_text(encoding="utf-8")
 
 
-@pytest.mark.graph_mode_independent
-def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path):
-    # Through setup.py itself, as old TF1 environments call it: a wheel built
-    # by `python setup.py bdist_wheel` from a copy of the source (the build
-    # writes next to it), with the build requirement of pyproject.toml alone
-    # on the path, then installed into a fresh virtual environment.
+CLEAN = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+
+
+def _run(*command, cwd, **env):
+    done = subprocess.run(command, cwd=cwd, env={**CLEAN, **env}, capture_output=True, text=True)
+    assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _copy_source(tmp_path):
+    # A copy of the source: a build writes next to it.
     source = tmp_path / "source"
     source.mkdir()
     for name in ("setup.py", "pyproject.toml", "README.rst", "LICENSE"):
@@ -109,17 +118,40 @@ def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path
     shutil.copytree(
         ROOT / "tf1_accum", source / "tf1_accum", ignore=shutil.ignore_patterns("__pycache__")
     )
-    clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return source
+
+
+@pytest.mark.graph_mode_independent
+def test_setup_py_reads_the_metadata_with_a_fresh_venvs_setuptools(tmp_path):
+    # `python3 -m venv` installs the setuptools bundled with Python (65.5 on
+    # 3.10 and 3.11), older than the SPDX "license" of pyproject.toml.
+    source = _copy_source(tmp_path)
+    _run(sys.executable, "-m", "venv", str(tmp_path / "env"), cwd=tmp_path)
+    python = str(tmp_path / "env" / "bin" / "python")
+    assert _run(python, "setup.py", "--version", cwd=source).split()[-1] == tf1_accum.__version__
+    _run(python, "setup.py", "-q", "egg_info", cwd=source)
+    metadata = (source / "tf1_accum.egg-info" / "PKG-INFO").read_text(encoding="utf-8")
+    assert "\nLicense: Apache-2.0\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
+    assert "\nProvides-Extra: cpu\n" in metadata
+
+
+@pytest.mark.graph_mode_independent
+def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path):
+    # Through setup.py itself, as old TF1 environments call it: a wheel built
+    # by `python setup.py bdist_wheel`, with the build requirement of
+    # pyproject.toml alone on the path, then installed into a fresh virtual
+    # environment.
+    source = _copy_source(tmp_path)
+    clean = CLEAN
 
     def run(*command, cwd=tmp_path, **env):
-        done = subprocess.run(
-            command, cwd=cwd, env={**clean, **env}, capture_output=True, text=True
-        )
-        assert done.returncode == 0, f"{command}:\n{done.stdout}\n{done.stderr}"
-        return done.stdout
+        return _run(*command, cwd=cwd, **env)
 
+    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+        "build-system"
+    ]["requires"]
     pip = (sys.executable, "-m", "pip")
-    run(*pip, "install", "--quiet", "--target", str(tmp_path / "build"), "setuptools>=77")
+    run(*pip, "install", "--quiet", "--target", str(tmp_path / "build"), requirement)
     build = {"PYTHONPATH": str(tmp_path / "build")}
     version = run(sys.executable, "setup.py", "--version", cwd=source, **build)
     assert version.split()[-1] == tf1_accum.__version__

@@ -101,7 +101,8 @@ if _typing.TYPE_CHECKING:
 
 _NO_TENSORFLOW = (
     "tf1_accum needs TensorFlow (2.15 to 2.21), which is not installed. "
-    "Install it with: pip install 'tf1_accum[cpu]' (or tensorflow)."
+    "Install it with: pip install 'tensorflow>=2.15,<2.22' "
+    "(or 'tensorflow-cpu>=2.15,<2.22', without GPU support)."
 )
 
 
