@@ -91,6 +91,9 @@ _ASSIGNED = {
     "ScatterNdUpdate": 2,
     "ResourceScatterNdUpdate": 2,
 }
+# Other writes in place (input 0 is the variable): a sparse window's rows
+# touched are marked with a maximum. What they output is state, not data.
+_UPDATED = frozenset({"ScatterMax", "ResourceScatterMax", "ScatterMin", "ResourceScatterMin"})
 # Ops that read a tensor's shape, not its values.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
 
@@ -418,8 +421,11 @@ class _Checker:
         self.accumulates: dict[tf.Operation, tf.Operation] = {}  # accumulate op -> variable op
         self.fresh: set[tf.Operation] = set()  # accumulate ops that add fresh data
         self.resets: dict[tf.Operation, list[tf.Operation]] = {}  # variable op -> reset ops
+        self.writes = set()
         for op in self.all_ops:
-            if op.type in _ADDED:
+            if op.type in _UPDATED:
+                self.writes.add(op)
+            elif op.type in _ADDED:
                 var = self.variable_of(op.inputs[0])
                 if var is not None:
                     self.accumulates[op] = var
@@ -432,7 +438,7 @@ class _Checker:
                     self.accumulates[op] = var  # reads itself: a self-update
                 else:
                     self.resets.setdefault(var, []).append(op)
-        self.writes = set(self.accumulates)
+        self.writes.update(self.accumulates)
         self.writes.update(op for ops in self.resets.values() for op in ops)
         # A version 2 conditional that writes a variable in a branch (a
         # window's first add assigns, the others add) is a write too: what
