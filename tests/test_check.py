@@ -627,6 +627,30 @@ def test_exit_status_and_output_format(tmp_path):
     assert _run("--help").returncode == 0
 
 
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_a_reader_that_stops_early_gets_no_traceback(output):
+    # `tf1-accum-check ... | head`: the pipe is closed before the checker writes.
+    read, write = os.pipe()
+    with subprocess.Popen(
+        [sys.executable, "-m", "tf1_accum.check", "--format", output, str(MIGRATION)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as checker:
+        os.close(write)
+        os.close(read)
+        _, stderr = checker.communicate(timeout=120)
+    assert (checker.returncode, stderr) == (1, "")
+
+
+def test_version_is_the_installed_package_version():
+    found = _run("--version")
+    assert (found.returncode, found.stderr) == (0, "")
+    assert found.stdout == f"tf1-accum-check {tf1_accum.__version__}\n"
+
+
 def test_the_checker_does_not_import_tensorflow():
     # Runs the command as python -m does, then lists what got imported; a
     # second run makes TensorFlow unimportable, as if it were not installed.
