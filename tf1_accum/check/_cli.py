@@ -28,7 +28,7 @@ def _codes(text: str) -> set[str]:
     unknown = sorted(codes - set(_lint.RULES) - {"TFA000"})
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA009"
+            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA010"
         )
     return codes
 

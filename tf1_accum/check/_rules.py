@@ -5,7 +5,9 @@ Each rule looks at one place: TFA001 to TFA005 at the gradients given to
 running-average ``assign``, TFA006 at a ``tf.cond`` (`_cond_findings`),
 TFA007 at ``initialized_value()``, TFA008 at the ``session.run`` calls after a
 short loop or in an ``if`` (`_loop_findings`), TFA009 at a ``session.run``
-after a loop that fetches what the loop's adds compute (`_refetch_findings`).
+after a loop that fetches what the loop's adds compute (`_refetch_findings`),
+TFA010 at a ``session.run`` that fetches an add and an apply side by side
+(`_one_run_findings`).
 Whether a variable is an accumulator or a counter depends on what the whole
 module does to it, so `_Facts` gathers that first.
 """
@@ -40,6 +42,7 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     completing = _completing_runs(module, facts, blocks)
     found = _loop_findings(module, facts, blocks, completing)  # TFA008
     found |= _refetch_findings(module, facts, blocks)  # TFA009
+    found |= _one_run_findings(module, facts)  # TFA010
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
@@ -400,10 +403,15 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
 
 
+def _fetched(run: ast.Call) -> ast.expr:
+    """What ``session.run(fetches)`` (or ``op.run()``) fetches."""
+    fetched = argument_of(run, 0, "fetches")
+    return _receiver(run) if fetched is None else fetched
+
+
 def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
     """The tags of what ``session.run(fetches)`` (or ``op.run()``) runs."""
-    fetched = argument_of(run, 0, "fetches")
-    return module.tags(_receiver(run) if fetched is None else fetched)
+    return module.tags(_fetched(run))
 
 
 def _receiver(run: ast.Call) -> ast.expr:
@@ -471,8 +479,7 @@ def _fetched_parts(
     list, tuple or dict of fetches, through the names, items and module
     functions that hold or return them."""
     if node is None:
-        node = argument_of(run, 0, "fetches")
-        node = _receiver(run) if node is None else node
+        node = _fetched(run)
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [p for e in node.elts for p in _fetched_parts(module, run, e, depth)]
     if isinstance(node, ast.Dict):
@@ -522,3 +529,56 @@ _CONTAINERS = (
     ast.GeneratorExp,
     ast.DictComp,
 )
+
+
+# -- TFA010: an add and an apply fetched side by side in one run ------------------
+
+#: The ops of a ``tf1_accum.build_accumulation`` result, each run in a run of its own.
+_WINDOW_OPS = frozenset({"zero_op", "accum_op", "apply_op", "accum_apply_op"})
+
+
+def _one_run_findings(module: Module, facts: _Facts) -> Found:
+    """TFA010 at ``session.run([accum_ops, train_op])``: an add and an apply that
+    reads the accumulator (not computed from the add), which one run runs in no
+    fixed order; or two ops of a tf1_accum window, ``[acc.accum_op, acc.apply_op]``."""
+    found: Found = set()
+    for run in facts.calls:
+        if getattr(run.func, "attr", None) != "run":
+            continue
+        items = _items(module, _fetched(run))
+        tags = [module.tags(item) for item in items]
+        added = [kinds_of(t, SUM) for t in tags if not _applies(t)]
+        applied = [
+            set(tag[1:]) - kinds_of(t, RERUN) - kinds_of(t, AFTER)
+            for t in tags
+            for tag in t
+            if tag[0] == APPLY
+        ]
+        raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
+        # The ops of a build_accumulation result: fields never assigned here.
+        fields = [
+            (ast.unparse(item.value), item.attr)
+            for item in items
+            if isinstance(item, ast.Attribute)
+            and item.attr in _WINDOW_OPS
+            and not module.stored(item)
+        ]
+        two = any(
+            a[0] == b[0] and a[1] != b[1] for i, a in enumerate(fields) for b in fields[i + 1 :]
+        )
+        if raced or two:
+            found.add((run.lineno, run.col_offset + 1, "TFA010"))
+    return found
+
+
+def _items(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
+    """The items of a list, tuple or dict of fetches, through names stored once
+    (not a loop's variable, which holds one item or another)."""
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [i for e in node.elts for i in _items(module, e, depth)]
+    if isinstance(node, ast.Dict):
+        return [i for v in node.values for i in _items(module, v, depth)]
+    stored = module.stored(node) if isinstance(node, ast.Name) and depth < 3 else []
+    if len(stored) == 1 and isinstance(stored[0], (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        return _items(module, stored[0], depth + 1)
+    return [node]
