@@ -71,10 +71,10 @@ def test_each_before_is_found_at_its_lines_by_its_rule(before):
 
 
 def test_the_befores_cover_every_pattern_but_the_loops():
-    # TFA008 and TFA009 are about the session loop; the corpus holds them.
+    # TFA008 to TFA010 are about the session loop; the corpus holds them.
     assert len(BEFORES) == 6
     rules = {rule for before in BEFORES for _, rule in _marked(before)}
-    assert rules == set(_lint.RULES) - {"TFA008", "TFA009"}
+    assert rules == set(_lint.RULES) - {"TFA008", "TFA009", "TFA010"}
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda path: path.name[: -len(".py.txt")])
@@ -614,9 +614,9 @@ def test_exit_status_and_output_format(tmp_path):
     ]
     assert records[0]["path"].endswith("a_sum_not_mean_before.py")
     assert records[1]["message"] == _lint.RULES["TFA001"][1]
-    unknown = _run("--select", "TFA010", MIGRATION)
+    unknown = _run("--select", "TFA011", MIGRATION)
     assert unknown.returncode == 2
-    assert "unknown rule code(s) TFA010: expected TFA000 to TFA009" in unknown.stderr
+    assert "unknown rule code(s) TFA011: expected TFA000 to TFA010" in unknown.stderr
     clean = _run(MIGRATION / "a_sum_not_mean_after.py", ROOT / "tf1_accum")
     assert (clean.returncode, clean.stdout) == (0, "")
     no_path = _run()
@@ -625,6 +625,30 @@ def test_exit_status_and_output_format(tmp_path):
     assert missing.returncode == 2
     assert f"no such file or directory: {tmp_path / 'nowhere.py'}" in missing.stderr
     assert _run("--help").returncode == 0
+
+
+@pytest.mark.parametrize("output", ["text", "json"])
+def test_a_reader_that_stops_early_gets_no_traceback(output):
+    # `tf1-accum-check ... | head`: the pipe is closed before the checker writes.
+    read, write = os.pipe()
+    with subprocess.Popen(
+        [sys.executable, "-m", "tf1_accum.check", "--format", output, str(MIGRATION)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        stdout=write,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as checker:
+        os.close(write)
+        os.close(read)
+        _, stderr = checker.communicate(timeout=120)
+    assert (checker.returncode, stderr) == (1, "")
+
+
+def test_version_is_the_installed_package_version():
+    found = _run("--version")
+    assert (found.returncode, found.stderr) == (0, "")
+    assert found.stdout == f"tf1-accum-check {tf1_accum.__version__}\n"
 
 
 def test_the_checker_does_not_import_tensorflow():

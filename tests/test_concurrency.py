@@ -450,8 +450,12 @@ def test_a_window_started_inside_its_own_window_is_refused():
             _assert_exact([a * 2 for a in model.applied(sess, start)], model.fed(outer), "applied")
 
 
-def test_ops_of_one_window_fetched_in_one_run_take_turns():
-    """Two locking ops in one session.run run one after the other, in either order."""
+def test_ops_of_one_window_grouped_in_one_op_take_turns():
+    """Two locking ops grouped in one op run one after the other, in either order.
+
+    Fetched side by side, session.run refuses them (test_accumulation.py);
+    grouped, it cannot see them: they must not wait for each other's lock.
+    """
     with tf.Graph().as_default():
         model = Ledger()
         step = v1.train.get_or_create_global_step()
@@ -468,11 +472,10 @@ def test_ops_of_one_window_fetched_in_one_run_take_turns():
             start = sess.run(model.variables)
             sess.run(acc.accum_op, first)
             done = []
-            # accum_op and apply_op in one run, then a fused op and zero_op:
+            # accum_op and apply_op in one run, then a fused op and accum_op:
             # neither may wait for the other's lock forever.
-            runner = threading.Thread(
-                target=lambda: done.append(sess.run([acc.accum_op, acc.apply_op], second))
-            )
+            both = tf.group(acc.accum_op, acc.apply_op)
+            runner = threading.Thread(target=lambda: done.append(sess.run(both, second)))
             runner.start()
             runner.join(timeout=60)
             assert done, "accum_op and apply_op in one run hung"
@@ -481,7 +484,7 @@ def test_ops_of_one_window_fetched_in_one_run_take_turns():
             total = [a + h for a, h in zip(model.applied(sess, start), held)]
             _assert_exact(total, model.fed([first, second]), "applied + accumulated")
 
-            sess.run([acc.accum_apply_op, acc.accum_op], third)
+            sess.run(tf.group(acc.accum_apply_op, acc.accum_op), third)
             assert sess.run(step) == 2
             held = pending(sess, acc.accumulators, acc.counter)
             total = [a + h for a, h in zip(model.applied(sess, start), held)]

@@ -11,6 +11,7 @@ variables under ``disable_v2_behavior()``, resource variables otherwise),
 
 import importlib.util
 import pathlib
+import re
 import sys
 
 import numpy as np
@@ -296,6 +297,25 @@ def test_in_a_while_loop_over_a_dataset():
         assert by_kind(findings) == {"never_reset": ["w_sum"], "sum_not_mean": update_ops(graph)}
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["listed", "grouped"])
+def test_window_ops_fetched_in_one_run(grouped):
+    # The re-feed written with tf1_accum's ops: the last micro-batch's run
+    # fetches the accumulate and the apply together.
+    with tf.Graph().as_default():
+        model = Model(tf.float32, sparse=False)
+        acc = tf1_accum.build_accumulation(model.loss, v1.train.AdamOptimizer(0.1), fused=True)
+        for fetches in ([acc.accum_op, acc.apply_op], [acc.accum_apply_op, acc.accum_op]):
+            apply_op = tf.group(*fetches) if grouped else fetches
+            # Grouped, the accumulate op is the apply's own: no accum_ops to give.
+            findings = tf1_accum.check_graph(apply_op, None if grouped else acc.accum_op)
+            assert by_kind(findings) == {"ops_in_one_run": [max(op.name for op in fetches)]}
+            assert re.search(
+                r"runs \w+ \(\S+\) and \w+ \(\S+\) of one accumulation in one session.run, "
+                r"in no fixed order.*run_accumulation.*accum_apply_op",
+                findings[0].message,
+            )
+
+
 # -- tf1_accum's own ops give no findings ------------------------------------
 
 
@@ -367,15 +387,19 @@ def test_moving_averages_in_update_ops_are_not_findings():
         assert tf1_accum.check_graph(train_op, train_op) == []
 
 
-def test_weighted_accumulation_is_clean():
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "embedding"])
+def test_weighted_accumulation_is_clean(sparse):
+    # An embedding's rows touched are marked by a maximum with the weight:
+    # the fused apply reads them, and the ids are not what it applies.
     with tf.Graph().as_default():
-        model = Model(tf.float32, sparse=False)
+        model = Model(tf.float32, sparse)
         weight = tf.cast(tf.shape(model.labels)[0], tf.float32)
         acc = tf1_accum.build_accumulation(
             model.loss, v1.train.AdamOptimizer(0.1), weight=weight, fused=True
         )
         assert tf1_accum.check_graph(acc.apply_op, acc.accum_op) == []
         assert tf1_accum.check_graph(acc.accum_apply_op, acc.accum_op) == []
+        assert tf1_accum.check_graph(acc.accum_apply_op) == []
 
 
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])

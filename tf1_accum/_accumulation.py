@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import typing
 
 import tensorflow as tf
+from tensorflow.python.client import session as _tf_session
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
@@ -25,6 +27,9 @@ class Accumulation(typing.NamedTuple):
     A window is: ``accum_op`` once per micro-batch (each with that micro-batch's
     ``feed_dict``), then ``apply_op`` once, with no feed. ``apply_op`` resets
     the window itself, so the next ``accum_op`` starts the next window.
+    Each op runs in a ``session.run`` of its own: TensorFlow runs the ops of
+    one run in no fixed order, so a run fetching two of them (``accum_op``
+    with ``apply_op``) is refused with a ``ValueError`` before anything runs.
     Several threads may run these ops on one session: they take turns, and no
     micro-batch is lost or applied twice (see :ref:`ways-in-threads`).
 
@@ -323,6 +328,9 @@ def build_accumulation(
                     ),
                     name="accumulate_and_apply",
                 )
+    ops = {"zero_op": zero_op, "accum_op": accum_op, "apply_op": apply_op}
+    ops["accum_apply_op"] = accum_apply_op
+    _one_per_run(ops)
     return Accumulation(
         zero_op=zero_op,
         accum_op=accum_op,
@@ -343,3 +351,57 @@ def build_accumulation(
 def _op_first(applied: Applied) -> tuple[tf.Operation, Applied]:
     """An `Applied` as ``(op, applied)``, for `Window.exclusive`: the op holds the lock."""
     return applied.op, applied
+
+
+# The attribute that marks an op of `Accumulation` with its window and field.
+_WINDOW_OP = "_tf1_accum_window_op"
+
+
+def window_op_of(op: tf.Operation) -> tuple[object, str] | None:
+    """``(window, field)`` of an op that `build_accumulation` returned, else None."""
+    return getattr(op, _WINDOW_OP, None)
+
+
+def _one_per_run(ops: dict[str, tf.Operation | None]) -> None:
+    """Makes ``session.run`` refuse two of a window's ``ops`` (by field) in one run.
+
+    The ops of one run run in no fixed order, and no op can see which others
+    its run fetches before it changes a variable: the fetches are checked in
+    Python, when ``session.run`` (or ``make_callable``) sorts them, before
+    anything runs. An op that groups two of them is `check_graph`'s to find.
+    """
+    window = object()
+    for field, op in ops.items():
+        if op is not None:
+            setattr(op, _WINDOW_OP, (window, field))
+    handler = _tf_session._FetchHandler
+    if getattr(handler.__init__, "_tf1_accum_one_per_run", False):
+        return
+    original = handler.__init__
+
+    @functools.wraps(original)
+    def init(self: typing.Any, *args: typing.Any, **kwargs: typing.Any) -> None:
+        original(self, *args, **kwargs)
+        seen: dict[object, str] = {}
+        for op in self.targets():
+            mark = getattr(op, _WINDOW_OP, None)
+            if mark is None:
+                continue
+            if mark[0] in seen:
+                raise ValueError(_two_in_one_run(seen[mark[0]], mark[1]))
+            seen[mark[0]] = mark[1]
+
+    init.__dict__["_tf1_accum_one_per_run"] = True
+    handler.__init__ = init
+
+
+def _two_in_one_run(first: str, second: str) -> str:
+    return (
+        f"tf1_accum: {first} and {second} of one accumulation are fetched in one "
+        "session.run. TensorFlow runs the ops of one run in no fixed order: an apply_op "
+        "run before accum_op would apply the window without this micro-batch and leave "
+        "it to the next window. Nothing was run. Run each in a session.run of its own: "
+        "accum_op with each micro-batch's feed, then apply_op with no feed; or build "
+        "with fused=True and run accum_apply_op with the last micro-batch's feed (it "
+        "adds it, then applies). run_accumulation runs a window either way."
+    )

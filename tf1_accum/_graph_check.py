@@ -13,12 +13,14 @@ import typing
 
 import tensorflow as tf
 
+from tf1_accum import _accumulation
 from tf1_accum import _schedule_check
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
 
 APPLY_NEEDS_FEED = "apply_needs_feed"
 APPLY_ACCUMULATES = "apply_accumulates"
+OPS_IN_ONE_RUN = "ops_in_one_run"
 NEVER_RESET = "never_reset"
 SUM_NOT_MEAN = "sum_not_mean"
 STEP_NOT_PER_UPDATE = "step_not_per_update"
@@ -26,6 +28,7 @@ SCHEDULE_IN_MICRO_BATCHES = _schedule_check.SCHEDULE_IN_MICRO_BATCHES
 _KINDS = (
     APPLY_NEEDS_FEED,
     APPLY_ACCUMULATES,
+    OPS_IN_ONE_RUN,
     NEVER_RESET,
     SUM_NOT_MEAN,
     STEP_NOT_PER_UPDATE,
@@ -91,6 +94,9 @@ _ASSIGNED = {
     "ScatterNdUpdate": 2,
     "ResourceScatterNdUpdate": 2,
 }
+# Other writes in place (input 0 is the variable): a sparse window's rows
+# touched are marked with a maximum. What they output is state, not data.
+_UPDATED = frozenset({"ScatterMax", "ResourceScatterMax", "ScatterMin", "ResourceScatterMin"})
 # Ops that read a tensor's shape, not its values.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
 
@@ -106,6 +112,9 @@ class GraphFinding(typing.NamedTuple):
               a ``feed_dict`` and runs the forward and backward pass again;
             * ``"apply_accumulates"``: fetching the apply runs an accumulate
               op again, so the micro-batch fed with it is added a second time;
+            * ``"ops_in_one_run"``: fetching the apply runs two ops of one
+              `build_accumulation` window (``accum_op`` and ``apply_op``, say),
+              which one run runs in no fixed order;
             * ``"never_reset"``: nothing in the graph resets an accumulator
               (or the counter the apply divides by), so it sums (counts)
               over all of training, not over one window;
@@ -152,6 +161,9 @@ def check_graph(
       twice. Without ``accum_ops``: an accumulate op of fed data that the
       apply runs without also resetting that accumulator (an op that adds
       the last micro-batch, applies and resets is a correct fused step).
+    * ``"ops_in_one_run"``: fetching the apply runs two ops of one
+      `build_accumulation` window (``accum_op`` and ``apply_op``, grouped or
+      listed), in no fixed order: the apply may miss the micro-batch fed.
     * ``"never_reset"``: an accumulator the applied gradients come from, or
       a floating-point counter the apply divides by, is assigned nothing but
       its initializer, so it sums over all of training.
@@ -418,8 +430,11 @@ class _Checker:
         self.accumulates: dict[tf.Operation, tf.Operation] = {}  # accumulate op -> variable op
         self.fresh: set[tf.Operation] = set()  # accumulate ops that add fresh data
         self.resets: dict[tf.Operation, list[tf.Operation]] = {}  # variable op -> reset ops
+        self.writes = set()
         for op in self.all_ops:
-            if op.type in _ADDED:
+            if op.type in _UPDATED:
+                self.writes.add(op)
+            elif op.type in _ADDED:
                 var = self.variable_of(op.inputs[0])
                 if var is not None:
                     self.accumulates[op] = var
@@ -432,7 +447,7 @@ class _Checker:
                     self.accumulates[op] = var  # reads itself: a self-update
                 else:
                     self.resets.setdefault(var, []).append(op)
-        self.writes = set(self.accumulates)
+        self.writes.update(self.accumulates)
         self.writes.update(op for ops in self.resets.values() for op in ops)
         # A version 2 conditional that writes a variable in a branch (a
         # window's first add assigns, the others add) is a write too: what
@@ -628,9 +643,37 @@ class _Checker:
                     "the accumulators.",
                 )
             )
+        findings += self.one_run_findings(apply_set)
         findings += self.step_findings(apply_set, accum_set)
         findings += _schedule_check.schedule_findings(self, apply_set, GraphFinding)
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
+        return findings
+
+    def one_run_findings(self, apply_set: set[tf.Operation]) -> list[GraphFinding]:
+        """Two ops of one `build_accumulation` window that fetching the apply runs."""
+        first: dict[object, tuple[tf.Operation, str]] = {}
+        findings = []
+        for op in sorted(apply_set, key=lambda o: o.name):
+            window, field = _accumulation.window_op_of(op) or (None, "")
+            if window is None:
+                continue
+            if window not in first:
+                first[window] = (op, field)
+                continue
+            other, other_field = first[window]
+            findings.append(
+                GraphFinding(
+                    OPS_IN_ONE_RUN,
+                    op.name,
+                    f"Fetching {_names(self.apply_fetches)} runs {other_field} "
+                    f"({other.name}) and {field} ({op.name}) of one accumulation in one "
+                    "session.run, in no fixed order: an apply_op run before accum_op "
+                    "applies the window without the micro-batch fed, and leaves it to "
+                    "the next window. Run each in a session.run of its own (as "
+                    "run_accumulation does), or build with fused=True and run "
+                    "accum_apply_op with the last micro-batch's feed.",
+                )
+            )
         return findings
 
     def conditional(self, op: tf.Operation) -> bool:

@@ -14,6 +14,7 @@ found, 1 when something is (a file that cannot be parsed included, whatever
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -27,7 +28,7 @@ def _codes(text: str) -> set[str]:
     unknown = sorted(codes - set(_lint.RULES) - {"TFA000"})
     if unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA009"
+            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA010"
         )
     return codes
 
@@ -50,6 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="Exit status: 0 nothing found, 1 findings, 2 a file that cannot be read or a "
         "usage error.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     parser.add_argument(
         "--select", type=_codes, metavar="CODES", help="report only these rules (TFA001,TFA003)"
@@ -83,8 +85,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         f for f in findings
         if (selected is None or f.rule in selected) and f.rule not in (args.ignore or ())
     ]  # fmt: skip
-    if args.format == "json":
-        print(_lint.as_json(findings))
-    elif findings:
-        print(*findings, sep="\n")
+    try:
+        if args.format == "json":
+            print(_lint.as_json(findings))
+        elif findings:
+            print(*findings, sep="\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped early (``| head``): nothing more to write, and
+        # Python's flush at exit must not fail again on the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 2 if unreadable else 1 if findings else 0
+
+
+def _version() -> str:
+    """The installed package's version, read without importing it (nor TensorFlow)."""
+    try:
+        return importlib.metadata.version("tf1_accum")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"

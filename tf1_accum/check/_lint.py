@@ -88,12 +88,19 @@ RULES = {
         "(and the value read includes it twice); fetch the accumulator variables themselves, "
         "or use tf1_accum.build_accumulation, whose apply_op reads the accumulators and needs "
         "no feed"),
+    "TFA010": ("(h) accumulate and apply fetched in one run",
+        "this run fetches an accumulate op and an apply side by side, and TensorFlow runs "
+        "the ops of one run in no fixed order: the apply may run first, apply the window "
+        "without this micro-batch and leave it to the next window; run each in a "
+        "session.run of its own (tf1_accum.run_accumulation does), or build with "
+        "tf1_accum.build_accumulation(..., fused=True) and run accum_apply_op with the "
+        "last micro-batch's feed"),
 }  # fmt: skip
 
 _IGNORE = re.compile(r"#\s*tf1_accum\.check:\s*ignore\b(?:\s+(TFA\d{3}(?:\s*,\s*TFA\d{3})*))?")
 
 # Every rule starts from one of these words; most modules of a project hold none.
-_RELEVANT = re.compile(r"apply_gradients|initialized_value|assign|update_add|\bcond\b")
+_RELEVANT = re.compile(r"apply_gradients|initialized_value|assign|update_add|\bcond\b|apply_op")
 _IGNORE_FILE = re.compile(r"^#\s*tf1_accum\.check:\s*ignore-file\b", re.M)
 
 

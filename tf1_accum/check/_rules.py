@@ -5,7 +5,9 @@ Each rule looks at one place: TFA001 to TFA005 at the gradients given to
 running-average ``assign``, TFA006 at a ``tf.cond`` (`_cond_findings`),
 TFA007 at ``initialized_value()``, TFA008 at the ``session.run`` calls after a
 short loop or in an ``if`` (`_loop_findings`), TFA009 at a ``session.run``
-after a loop that fetches what the loop's adds compute (`_refetch_findings`).
+after a loop that fetches what the loop's adds compute (`_refetch_findings`),
+TFA010 at a ``session.run`` that fetches an add and an apply side by side
+(`_one_run_findings`).
 Whether a variable is an accumulator or a counter depends on what the whole
 module does to it, so `_Facts` gathers that first.
 """
@@ -37,14 +39,16 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     module = Module(tree, source, path, tables)
     facts = _Facts(module)
     blocks = _blocks(module.tree)
-    found = _loop_findings(module, facts, blocks)  # TFA008
+    completing = _completing_runs(module, facts, blocks)
+    found = _loop_findings(module, facts, blocks, completing)  # TFA008
     found |= _refetch_findings(module, facts, blocks)  # TFA009
+    found |= _one_run_findings(module, facts)  # TFA010
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
             found.add((call.lineno, call.col_offset + 1, "TFA007"))
         elif name in APPLIES and not module.callees(call):  # TFA001 to TFA005
-            found |= _apply_findings(module, facts, call)
+            found |= _apply_findings(module, facts, call, completing)
         elif name == "cond":  # TFA006
             found |= _cond_findings(module, facts, call)
         if name in ADDS | ASSIGNS:  # TFA005 on a running average
@@ -115,8 +119,13 @@ class _Facts:
 # -- TFA001 to TFA005: what apply_gradients is given --------------------
 
 
-def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
-    """TFA001 to TFA005, at the gradients given to ``apply_gradients``: what they hold."""
+def _apply_findings(
+    module: Module, facts: _Facts, call: ast.Call, completing: typing.Container[int]
+) -> Found:
+    """TFA001 to TFA005, at the gradients given to ``apply_gradients``: what they hold.
+
+    ``completing``: the ids of the runs that follow ``range(n - 1)`` accumulating runs.
+    """
     gradients = argument_of(call, 0, "grads_and_vars")
     if gradients is None:
         return set()
@@ -133,8 +142,12 @@ def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
         "TFA002": any(
             facts.is_counter(v) for t in [tags, *divided] for v in kinds_of(t, COUNTER_MEAN)
         ),
-        # computed from the adds themselves, outside a tf.cond, and run apart from them
-        "TFA003": bool(reruns) and not in_branch and not _fused(facts, reruns),
+        # computed from the adds themselves, outside a tf.cond, and run apart from
+        # them, not only as the last micro-batch of a window (after n - 1 adds)
+        "TFA003": bool(reruns)
+        and not in_branch
+        and not _fused(facts, reruns)
+        and not _completes(facts, reruns, completing),
         # fed back through placeholders by code that computes gradients (tests aside)
         "TFA004": PLACEHOLDER in tags and facts.computes_gradients and not _in_test(module, call),
         # divided by the global step
@@ -174,6 +187,18 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
         tags for _, tags in facts.runs if (kinds_of(tags, SUM) | kinds_of(tags, AFTER)) & vids
     ]
     return bool(adding) and all(_applies(tags) for tags in adding)
+
+
+def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
+    """Every run of an apply that adds to these accumulators again follows
+    ``range(n - 1)`` accumulating runs: it adds the window's last micro-batch."""
+    runs = [call for call in facts.calls if getattr(call.func, "attr", None) == "run"]
+    applying = [
+        run
+        for run in runs
+        if _applies(tags := _fetches(facts.module, run)) and kinds_of(tags, RERUN) & vids
+    ]
+    return bool(applying) and all(id(run) in completing for run in applying)
 
 
 def _enclosing(module: Module, node: ast.AST) -> Iterator[ast.AST]:
@@ -290,10 +315,10 @@ def _names(module: Module, node: ast.AST | None, depth: int = 0) -> set[Key]:
 # -- TFA008: a session run that applies without accumulating its micro-batch ----
 
 
-def _loop_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
-    """TFA008: ``for _ in range(n - 1): run(accumulate)`` then a run that only
-    applies, or an ``if`` that applies in one branch and accumulates in the other."""
-    found: Found = set()
+def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> dict[int, Run]:
+    """The first run that applies after each ``for _ in range(n - 1)`` loop of
+    accumulating runs (with no add between), by id of its call."""
+    found: dict[int, Run] = {}
     short_loops = [
         (block, i, statement) for block in blocks for i, statement in enumerate(block)
         if isinstance(statement, ast.For) and type(statement) is ast.For
@@ -306,12 +331,22 @@ def _loop_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -
             runs = _runs(module, [later])
             applying = [(run, tags) for run, tags in runs if _applies(tags)]
             if applying:
-                run, tags = applying[0]
-                if not _accumulates(facts, tags):
-                    found.add((run.lineno, run.col_offset + 1, "TFA008"))
+                found[id(applying[0][0])] = applying[0]
                 break
             if any(_accumulates(facts, tags) for _, tags in runs):
                 break
+    return found
+
+
+def _loop_findings(
+    module: Module, facts: _Facts, blocks: list[list[ast.AST]], completing: dict[int, Run]
+) -> Found:
+    """TFA008: ``for _ in range(n - 1): run(accumulate)`` then a run that only
+    applies, or an ``if`` that applies in one branch and accumulates in the other."""
+    found: Found = set()
+    for run, tags in completing.values():
+        if not _accumulates(facts, tags):
+            found.add((run.lineno, run.col_offset + 1, "TFA008"))
     # if the window is full: run(apply) else: run(accumulate), the applying
     # micro-batch not accumulated either. A branch that applies too (a whole
     # window, against a plain step when accum_steps == 1) is a choice of loop.
@@ -368,10 +403,15 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
 
 
+def _fetched(run: ast.Call) -> ast.expr:
+    """What ``session.run(fetches)`` (or ``op.run()``) fetches."""
+    fetched = argument_of(run, 0, "fetches")
+    return _receiver(run) if fetched is None else fetched
+
+
 def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
     """The tags of what ``session.run(fetches)`` (or ``op.run()``) runs."""
-    fetched = argument_of(run, 0, "fetches")
-    return module.tags(_receiver(run) if fetched is None else fetched)
+    return module.tags(_fetched(run))
 
 
 def _receiver(run: ast.Call) -> ast.expr:
@@ -380,8 +420,11 @@ def _receiver(run: ast.Call) -> ast.expr:
 
 
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
-    """What a run fetches adds to an accumulator."""
-    return any(facts.is_accumulator(v) for v in kinds_of(tags, SUM) | kinds_of(tags, AFTER))
+    """What a run fetches adds to an accumulator (an apply computed from the adds too)."""
+    added = kinds_of(tags, SUM) | kinds_of(tags, AFTER)
+    if _applies(tags):
+        added |= kinds_of(tags, RERUN)
+    return any(facts.is_accumulator(v) for v in added)
 
 
 def _applies(tags: AbstractSet[Tag]) -> bool:
@@ -436,8 +479,7 @@ def _fetched_parts(
     list, tuple or dict of fetches, through the names, items and module
     functions that hold or return them."""
     if node is None:
-        node = argument_of(run, 0, "fetches")
-        node = _receiver(run) if node is None else node
+        node = _fetched(run)
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
         return [p for e in node.elts for p in _fetched_parts(module, run, e, depth)]
     if isinstance(node, ast.Dict):
@@ -487,3 +529,56 @@ _CONTAINERS = (
     ast.GeneratorExp,
     ast.DictComp,
 )
+
+
+# -- TFA010: an add and an apply fetched side by side in one run ------------------
+
+#: The ops of a ``tf1_accum.build_accumulation`` result, each run in a run of its own.
+_WINDOW_OPS = frozenset({"zero_op", "accum_op", "apply_op", "accum_apply_op"})
+
+
+def _one_run_findings(module: Module, facts: _Facts) -> Found:
+    """TFA010 at ``session.run([accum_ops, train_op])``: an add and an apply that
+    reads the accumulator (not computed from the add), which one run runs in no
+    fixed order; or two ops of a tf1_accum window, ``[acc.accum_op, acc.apply_op]``."""
+    found: Found = set()
+    for run in facts.calls:
+        if getattr(run.func, "attr", None) != "run":
+            continue
+        items = _items(module, _fetched(run))
+        tags = [module.tags(item) for item in items]
+        added = [kinds_of(t, SUM) for t in tags if not _applies(t)]
+        applied = [
+            set(tag[1:]) - kinds_of(t, RERUN) - kinds_of(t, AFTER)
+            for t in tags
+            for tag in t
+            if tag[0] == APPLY
+        ]
+        raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
+        # The ops of a build_accumulation result: fields never assigned here.
+        fields = [
+            (ast.unparse(item.value), item.attr)
+            for item in items
+            if isinstance(item, ast.Attribute)
+            and item.attr in _WINDOW_OPS
+            and not module.stored(item)
+        ]
+        two = any(
+            a[0] == b[0] and a[1] != b[1] for i, a in enumerate(fields) for b in fields[i + 1 :]
+        )
+        if raced or two:
+            found.add((run.lineno, run.col_offset + 1, "TFA010"))
+    return found
+
+
+def _items(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
+    """The items of a list, tuple or dict of fetches, through names stored once
+    (not a loop's variable, which holds one item or another)."""
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [i for e in node.elts for i in _items(module, e, depth)]
+    if isinstance(node, ast.Dict):
+        return [i for v in node.values for i in _items(module, v, depth)]
+    stored = module.stored(node) if isinstance(node, ast.Name) and depth < 3 else []
+    if len(stored) == 1 and isinstance(stored[0], (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+        return _items(module, stored[0], depth + 1)
+    return [node]
