@@ -27,7 +27,8 @@ if typing.TYPE_CHECKING:
 
 # The session helper's window runner: (micro-batch feeds, error types to retry) -> results.
 Retry = typing.Union[typing.Type[BaseException], typing.Tuple[typing.Type[BaseException], ...]]
-Runner = typing.Callable[[typing.List[dict], Retry], typing.List[typing.Any]]
+_Results = typing.TypeVar("_Results")
+Runner = typing.Callable[[typing.List[dict], Retry], _Results]
 
 
 class SizeChange(typing.NamedTuple):
@@ -344,8 +345,8 @@ def plan_window(
 
 
 def run_window(
-    plan: Plan, run: Runner, read_counter: typing.Callable[[], int | None]
-) -> list[typing.Any]:
+    plan: Plan, run: Runner[_Results], read_counter: typing.Callable[[], int | None]
+) -> _Results:
     """Runs one window of ``plan``; returns the fetched values, one per micro-batch.
 
     ``run(feeds, retry)`` is the session helper's window runner (feeds: a
