@@ -116,11 +116,14 @@ def run_accumulation(
     divide the batch), or into N micro-batches whose sizes differ by one row
     at most, and runs them as one window. A value is cut when its
     placeholder's leading dimension is None and it has the batch's rows; the
-    others are fed whole to every micro-batch. Unequal micro-batches make the
-    large batch's update only when the accumulation was built with
-    ``weight=`` (the rows of each micro-batch, or the tokens its loss averages
-    over): without it, a split into unequal micro-batches is refused. See
-    :doc:`feed_the_batch`.
+    others are fed whole to every micro-batch, but one whose placeholder has
+    the batch's rows as a fixed leading dimension (a graph built for one
+    batch size) is refused when the micro-batches are smaller. Unequal
+    micro-batches make the large batch's update only when the accumulation
+    was built with ``weight=`` (the rows of each micro-batch, or the tokens
+    its loss averages over): without it, a split into unequal micro-batches
+    is refused. See :doc:`feed_the_batch`. A micro-batch that fails in a
+    reshape says that the graph may have been built for one batch size.
 
     ``memory_fit=``, a `MemoryFit`, also finds a micro-batch size that fits:
     a micro-batch that raises ``tf.errors.ResourceExhaustedError`` discards
@@ -209,7 +212,8 @@ def run_accumulation(
         ValueError: When splitting: ``micro_batch_size`` or
             ``micro_batches`` is not positive, or both are given; a key of the
             large batch names no tensor; it has nothing to split, no one
-            batch dimension, or 0 rows.
+            batch dimension, or 0 rows; a placeholder's fixed leading
+            dimension is the batch's rows, and the micro-batches are smaller.
         ValueError: When splitting: the micro-batches are unequal and the
             accumulation was built without ``weight=``, or differ from its
             statistics' ``micro_batch_size``.
