@@ -526,7 +526,7 @@ def test_micro_batches_feeding_the_apply_different_values_are_refused(sgd_window
         sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
     feeds = [{**model.feed(b), rate: r} for b, r in zip(batches, (0.1, 0.1, 0.2))]
     counting = CountingSession(sess)
-    message = r"feed_dicts\[2\] feeds rate:0 0.2, and feed_dicts\[1\] fed it 0.1: the apply"
+    message = r"micro-batch 2 feeds rate:0 0.2, and micro-batch 1 fed it 0.1: the apply"
     with pytest.raises(ValueError, match=message):
         tf1_accum.run_accumulation(counting, acc, feeds)
     assert counting.calls == []

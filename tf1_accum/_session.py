@@ -430,7 +430,7 @@ def _carry(
             _, earlier, at = carried[name]
             if value is not earlier and not np.array_equal(value, earlier):
                 raise ValueError(
-                    f"feed_dicts[{index}] feeds {name} {value!r}, and feed_dicts[{at}] fed it "
+                    f"micro-batch {index} feeds {name} {value!r}, and micro-batch {at} fed it "
                     f"{earlier!r}: the apply reads it, and runs once for the window, with one "
                     "value. Feed the same value to every micro-batch, or feed the apply's "
                     "alone as apply_feed_dict={placeholder: value}."
