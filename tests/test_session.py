@@ -586,9 +586,9 @@ def test_the_mean_of_the_fetched_losses_is_the_large_batch_loss(weighted):
             )
             unfetched = tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=sizes[0])
     assert fetched.weights == ([5.0, 5.0, 2.0] if weighted else None)
-    np.testing.assert_allclose(fetched.mean()["loss"], large_loss, rtol=1e-10)
+    np.testing.assert_allclose(fetched.window_mean()["loss"], large_loss, rtol=1e-10)
     with pytest.raises(ValueError, match=r"this window fetched none: pass fetches="):
-        unfetched.mean()
+        unfetched.window_mean()
 
 
 def test_the_signature_takes_one_large_batch_or_feed_dicts():

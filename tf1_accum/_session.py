@@ -30,7 +30,7 @@ class WindowFetches(list):
 
     weights: list[float] | None = None
 
-    def mean(self) -> typing.Any:
+    def window_mean(self) -> typing.Any:
         """The window's mean of the fetched values: with ``fetches=loss``, the window's loss.
 
         Each number (or array) of the fetched structure is averaged over the
@@ -44,7 +44,7 @@ class WindowFetches(list):
         """
         if any(value is None for value in self):
             raise ValueError(
-                "mean() averages the values fetched with each micro-batch, and this "
+                "window_mean() averages the values fetched with each micro-batch, and this "
                 "window fetched none: pass fetches= (the loss) to run_accumulation."
             )
         weights = np.ones(len(self)) if self.weights is None else np.asarray(self.weights)
@@ -150,7 +150,7 @@ def run_accumulation(
     ...         sess.run(tf.compat.v1.global_variables_initializer())
     ...         feeds = ({x: np.array(b)} for b in ([1.0, 2.0], [3.0, 4.0]))
     ...         losses = tf1_accum.run_accumulation(sess, acc, feeds, fetches=loss)
-    ...         print([float(l) for l in losses], float(losses.mean()))
+    ...         print([float(l) for l in losses], float(losses.window_mean()))
     ...         print(round(float(sess.run(w)), 4))
     [2.5, 12.5] 7.5
     2.5
@@ -164,7 +164,7 @@ def run_accumulation(
             generator, any iterable, whose ``None`` entries run a micro-batch
             with no feed (for input pipelines inside the graph).
         fetches: Optional fetches to evaluate with each micro-batch (the
-            loss, for the window's loss: ``run_accumulation(...).mean()``).
+            loss, for the window's loss: ``run_accumulation(...).window_mean()``).
         fused: Run the last micro-batch and the apply in one ``session.run``;
             None (the default) does so when ``accumulation.accum_apply_op``
             was built.
@@ -185,7 +185,7 @@ def run_accumulation(
 
     Returns:
         A list with one entry per micro-batch: the fetched values, or
-        ``None`` where ``fetches`` is None. Its ``mean()`` is the window's
+        ``None`` where ``fetches`` is None. Its ``window_mean()`` is the window's
         mean of them, weighted as the update (by ``weights``, each
         micro-batch's ``weight=``, fetched with ``fetches``): with
         ``fetches=loss``, the large batch's loss.
