@@ -78,12 +78,12 @@ def run_accumulation(
     ``memory_fit=``, see below), or an iterable of feed dicts, one per
     micro-batch. Each micro-batch is run with ``accumulation.accum_op``, and
     ``fetches`` (a loss, a metric, any structure ``Session.run`` accepts) is
-    evaluated in that same ``session.run``. The apply then runs with no
-    micro-batch fed, so the last micro-batch cannot be counted twice: it is
-    fed only ``apply_feed_dict`` and what the micro-batches fed to a
-    placeholder that the apply reads (a learning rate), the last
-    micro-batch's value, which every micro-batch that feeds it must feed
-    alike. N micro-batches take N + 1 ``session.run`` calls.
+    evaluated in that same ``session.run``. The apply then runs without the
+    micro-batch, so the last one cannot be counted twice. It is fed
+    ``apply_feed_dict``, and each placeholder it reads (a learning rate) that
+    the micro-batches were fed, as plain ``minimize`` is fed: the micro-batches
+    that feed one must feed it the same value, which the apply gets. N
+    micro-batches take N + 1 ``session.run`` calls.
 
     When the accumulation was built with ``fused=True`` (and unless this call
     says ``fused=False``), the last micro-batch runs ``accum_apply_op``
