@@ -512,3 +512,32 @@ def test_a_global_step_of_another_graph_is_refused_before_anything_is_built():
             )
         assert len(graph.get_operations()) == ops
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def test_a_run_after_one_that_failed_midway_counts_what_that_run_left():
+    """micro_batches counts the window applied, the failed run's micro-batch included."""
+    batches = make_batches(tf.float64, False, 5, 4)
+    batches[1] = (batches[1][0], np.full_like(batches[1][1], 1e6))  # fails the check
+
+    def checked_loss(batch):
+        check = tf.debugging.assert_less(batch[1], np.float64(100.0), message="label out of range")
+        with tf.control_dependencies([check]):
+            return tf.identity(_model_loss(False)(batch))
+
+    expected = plain_training("sgd", tf.float64, False, [[batches[0], batches[2], batches[3]]])
+    with tf.Graph().as_default():
+        acc = tf1_accum.build_dataset_accumulation(
+            checked_loss, OPTIMIZERS["sgd"](tf.float64), _dataset(batches), 3
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, acc.var_list)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="label out of range"):
+                sess.run(acc.train_op)
+            assert sess.run(acc.counter) == 1  # micro-batch 0, added before the failure
+            assert_same_values(values_by_name(sess, acc.var_list), before, 0, "failed run")
+            _, micro_batches = sess.run([acc.train_op, acc.micro_batches])
+            got = values_by_name(sess, acc.var_list)
+    assert micro_batches == 3
+    want = {name: expected[0][name] for name in got}
+    assert_same_values(got, want, RTOL[tf.float64], "the window after the failure")

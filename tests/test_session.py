@@ -1,5 +1,7 @@
 """Tests of run_accumulation."""
 
+import typing
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -261,13 +263,6 @@ def test_apply_feed_dict_feeds_a_learning_rate_placeholder(sgd_window):
         )
         sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
     feeds = [model.feed(b) for b in batches]
-    with pytest.raises(
-        tf.errors.InvalidArgumentError,
-        match=r"apply of the window failed before the update: the 3 micro-batches stay",
-    ):
-        tf1_accum.run_accumulation(sess, acc, feeds)
-    assert sess.run(acc.counter) == 3
-    sess.run(acc.zero_op)
     with pytest.raises(TypeError, match=r"apply_feed_dict must be a dict .*got 0.1"):
         tf1_accum.run_accumulation(sess, acc, feeds, apply_feed_dict=0.1)
     assert sess.run(acc.counter) == 0
@@ -328,7 +323,7 @@ def test_a_hook_fetching_the_loss_in_every_run_is_fed_by_apply_feed_dict():
     _assert_one_sgd_step(got, batches)
 
 
-def test_a_hook_failing_the_apply_run_before_the_update_says_the_window_stays():
+def test_a_hook_failing_the_apply_run_before_the_update_discards_the_window():
     # The hook feeds a malformed batch: the run fails before any op runs.
     batches = make_batches(tf.float64, False, 3, 4)
 
@@ -340,20 +335,14 @@ def test_a_hook_failing_the_apply_run_before_the_update_says_the_window_stays():
         before = values_by_name(sess, acc.var_list)
         with pytest.raises(
             ValueError,
-            match=r"apply of the window failed before the update: the 3 micro-batches stay "
-            r"accumulated; run apply_op \(with the feed it needs\) or zero_op: Cannot feed",
+            match=r"apply of the window failed before the update so the window was discarded "
+            r"\(accumulators and counter reset, no update applied\): Cannot feed",
         ):
             tf1_accum.run_accumulation(sess, acc, feeds)
-        assert sess.run([step, acc.counter], feed_dict=feeds[0]) == [0, 3]
+        assert sess.run([step, acc.counter], feed_dict=feeds[0]) == [0, 0]
         after = values_by_name(sess, acc.var_list)
         for name in before:
             np.testing.assert_array_equal(after[name], before[name])
-        # The window is still there: the apply takes it whole (run in a list, which
-        # the hook leaves alone).
-        sess.run([acc.apply_op])
-        assert sess.run([step, acc.counter], feed_dict=feeds[0]) == [1, 0]
-        got = values_by_name(sess, acc.var_list)
-    _assert_one_sgd_step(got, batches)
 
 
 def test_a_hook_failing_the_apply_run_after_the_update_says_it_was_applied():
@@ -483,3 +472,128 @@ def test_with_a_sync_replicas_optimizer_one_window_per_update(optimizer_name):
                 assert got["global_step"] == w + 1
                 want = {k: v for k, v in expected[w].items() if k in got}
                 assert_same_values(got, want, RTOL[tf.float32], f"SyncReplicas, window {w}")
+
+
+# ---- a learning rate fed with the micro-batches ----------------------------------------
+
+
+def _scheduled():
+    """A float64 model and Adam at a fed rate: (model, rate placeholder, optimizer)."""
+    model = Model(tf.float64, sparse=False)
+    rate = v1.placeholder(tf.float64, [], name="rate")
+    return model, rate, v1.train.AdamOptimizer(rate)
+
+
+def _plain_adam_step(batch, rate_value):
+    """Variables (and the large batch's loss before the step) after plain Adam on ``batch``."""
+    with tf.Graph().as_default():
+        model, rate, adam = _scheduled()
+        train = adam.minimize(model.loss)
+        with v1.Session() as plain:
+            plain.run(v1.global_variables_initializer())
+            feed = {**model.feed(batch), rate: rate_value}
+            loss, _ = plain.run([model.loss, train], feed)
+            return loss, values_by_name(plain, v1.global_variables())
+
+
+@pytest.mark.parametrize("way", ["large-batch", "feed-dicts"])
+def test_a_learning_rate_fed_with_the_batch_reaches_the_apply(way):
+    """Fed as plain minimize is fed, the rate is the apply's too: one plain step."""
+    batches = make_batches(tf.float64, False, 3, 4)
+    _, expected = _plain_adam_step(concat(batches), 0.05)
+    with tf.Graph().as_default():
+        model, rate, adam = _scheduled()
+        acc = tf1_accum.build_accumulation(model.loss, adam, weight=tf.shape(model.labels)[0])
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            if way == "large-batch":
+                feed = {**model.feed(concat(batches)), rate: 0.05}
+                tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=4)
+            else:
+                feeds = [{**model.feed(b), rate: 0.05} for b in batches]
+                tf1_accum.run_accumulation(sess, acc, feeds)
+            got = values_by_name(sess, v1.global_variables())
+    assert_same_values(got, expected, RTOL[tf.float64], way)
+
+
+def test_micro_batches_feeding_the_apply_different_values_are_refused(sgd_window):
+    model, _, sess, batches = sgd_window
+    with sess.graph.as_default():
+        rate = v1.placeholder(tf.float64, [], name="rate")
+        acc = tf1_accum.build_accumulation(
+            model.loss, v1.train.GradientDescentOptimizer(rate), name="scheduled"
+        )
+        sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
+    feeds = [{**model.feed(b), rate: r} for b, r in zip(batches, (0.1, 0.1, 0.2))]
+    counting = CountingSession(sess)
+    message = r"micro-batch 2 feeds rate:0 0.2, and micro-batch 1 fed it 0.1: the apply"
+    with pytest.raises(ValueError, match=message):
+        tf1_accum.run_accumulation(counting, acc, feeds)
+    assert counting.calls == []
+    # From a generator, the window runs until it finds out: it is discarded.
+    before = values_by_name(sess, acc.var_list)
+    with pytest.raises(ValueError, match=r"micro-batch 2 of the window failed so the window"):
+        tf1_accum.run_accumulation(sess, acc, iter(feeds))
+    assert sess.run(acc.counter) == 0
+    assert_same_values(values_by_name(sess, acc.var_list), before, 0, "refused window")
+
+
+def test_a_failed_apply_discards_the_window_and_the_next_call_runs(sgd_window):
+    """The rate fed nowhere: the apply fails, and the helper (memory_fit too) runs on."""
+    model, _, sess, batches = sgd_window
+    with sess.graph.as_default():
+        rate = v1.placeholder(tf.float64, [], name="rate")
+        acc = tf1_accum.build_accumulation(
+            model.loss,
+            v1.train.GradientDescentOptimizer(rate),
+            weight=tf.shape(model.labels)[0],
+            name="scheduled",
+        )
+        sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
+    before = values_by_name(sess, acc.var_list)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"apply of the window failed before the update so the window was discarded "
+        r"\(accumulators and counter reset, no update applied\): (.|\n)*rate",
+    ):
+        tf1_accum.run_accumulation(sess, acc, [model.feed(b) for b in batches])
+    assert sess.run(acc.counter) == 0
+    assert_same_values(values_by_name(sess, acc.var_list), before, 0, "failed apply")
+    fit = tf1_accum.MemoryFit()
+    # The reference's constant rate is a float32 0.1, cast to float64.
+    feed = {**model.feed(concat(batches)), rate: np.float32(0.1)}
+    tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=5, memory_fit=fit)
+    _assert_one_sgd_step(values_by_name(sess, acc.var_list), batches)
+
+
+# ---- the window's loss ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("weighted", [False, True], ids=["counted", "weighted"])
+def test_the_mean_of_the_fetched_losses_is_the_large_batch_loss(weighted):
+    sizes = [5, 5, 2] if weighted else [4, 4, 4]
+    batches = make_batches(tf.float64, False, 3, sizes)
+    large_loss, _ = _plain_adam_step(concat(batches), 0.05)
+    with tf.Graph().as_default():
+        model, rate, adam = _scheduled()
+        weight = tf.shape(model.labels)[0] if weighted else None
+        acc = tf1_accum.build_accumulation(model.loss, adam, weight=weight)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            feed = {**model.feed(concat(batches)), rate: 0.05}
+            fetched = tf1_accum.run_accumulation(
+                sess, acc, feed, fetches={"loss": model.loss}, micro_batch_size=sizes[0]
+            )
+            unfetched = tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=sizes[0])
+    assert fetched.weights == ([5.0, 5.0, 2.0] if weighted else None)
+    np.testing.assert_allclose(fetched.window_mean()["loss"], large_loss, rtol=1e-10)
+    with pytest.raises(ValueError, match=r"this window fetched none: pass fetches="):
+        unfetched.window_mean()
+
+
+def test_the_signature_takes_one_large_batch_or_feed_dicts():
+    hints = typing.get_type_hints(tf1_accum.run_accumulation)
+    assert (
+        hints["feed_dicts"]
+        == typing.Union[typing.Mapping, typing.Iterable[typing.Optional[typing.Mapping]]]
+    )

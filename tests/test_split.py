@@ -282,13 +282,13 @@ def test_statistics_built_with_a_micro_batch_size_take_only_that_size():
 def test_values_that_are_not_batch_shaped_are_fed_whole_to_every_micro_batch():
     rng = np.random.RandomState(3)
     x_value, y_value = rng.randn(10, 4), rng.randn(10, 1)
-    table_value, class_value = rng.randn(10, 4), rng.randn(3)
+    table_value, class_value = rng.randn(6, 4), rng.randn(3)
 
     def build():
         x = v1.placeholder(tf.float64, [None, 4], name="x")
         y = v1.placeholder(tf.float64, [None, 1], name="y")
         scale = v1.placeholder(tf.float64, [], name="scale")
-        table = v1.placeholder(tf.float64, [10, 4], name="table")  # known leading size
+        table = v1.placeholder(tf.float64, [6, 4], name="table")  # known leading size
         classes = v1.placeholder(tf.float64, [None], name="classes")  # 3 rows, not 10
         w = v1.get_variable("w", initializer=np.random.RandomState(0).randn(4, 1))
         features = x + tf.reduce_mean(table, 0)
@@ -980,3 +980,78 @@ def test_memory_fit_with_micro_batches_and_a_list_of_large_batches():
         SizeChange(0, None, 4, "first window"),
         SizeChange(0, 4, 2, "out of memory"),
     )
+
+
+def _built_for_one_batch_size(x, y, features):
+    """An accumulation of a float64 model on ``features``, a feed of ``ROWS`` rows, the loss."""
+    w = v1.get_variable("w", initializer=np.random.RandomState(0).randn(4, 1))
+    loss = tf.reduce_mean((tf.matmul(features, w) - y) ** 2)
+    acc = tf1_accum.build_accumulation(
+        loss, v1.train.GradientDescentOptimizer(0.1), weight=tf.shape(y)[0]
+    )
+    inputs, labels = make_batches(tf.float64, False, 1, ROWS)[0]
+    return acc, {x: inputs.reshape([ROWS] + x.shape.as_list()[1:]), y: labels}, loss
+
+
+@pytest.mark.parametrize("labels", [[None, 1], [ROWS, 1]], ids=["labels-any", "labels-fixed"])
+@pytest.mark.parametrize(
+    "split, cut",
+    [
+        ({"micro_batch_size": 4}, "micro_batch_size=4 cuts the batch into micro-batches of 3 x 4"),
+        ({"memory_fit": tf1_accum.MemoryFit}, "memory_fit cuts the batch into smaller"),
+    ],
+    ids=["size", "fit"],
+)
+def test_a_placeholder_built_for_one_batch_size_is_refused_before_anything_runs(labels, split, cut):
+    split = {k: v() if k == "memory_fit" else v for k, v in split.items()}
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [ROWS, 4], name="x")
+        y = v1.placeholder(tf.float64, labels, name="y")
+        acc, feed, _ = _built_for_one_batch_size(x, y, x)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(acc.accum_op, feed)  # a window in progress
+            before = values_by_name(sess, acc.var_list)
+            counting = CountingSession(sess)
+            message = (
+                rf"x:0 is a placeholder of shape \[12, 4\]: its batch dimension is fixed at 12 "
+                rf"rows, and {cut}.*None as its first dimension \(\[None, 4\]\)"
+            )
+            with pytest.raises(ValueError, match=message):
+                tf1_accum.run_accumulation(counting, acc, feed, **split)
+            assert counting.calls == []
+            assert sess.run(acc.counter) == 1
+            assert_same_values(values_by_name(sess, acc.var_list), before, 0, "refused")
+
+
+def test_a_reshape_to_one_batch_size_fails_with_a_hint_and_discards_the_window():
+    def build():
+        x = v1.placeholder(tf.float64, [None, 2, 2], name="x")
+        y = v1.placeholder(tf.float64, [None, 1], name="y")
+        return _built_for_one_batch_size(x, y, tf.reshape(x, [ROWS, 4]))
+
+    with tf.Graph().as_default():
+        _, feed, loss = build()
+        train = v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train, feed)
+            expected = values_by_name(sess, v1.trainable_variables())
+    with tf.Graph().as_default():
+        acc, feed, _ = build()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, acc.var_list)
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=r"micro-batch 0 of the window failed so the window was discarded (.|\n)*"
+                r"The large batch has 12 rows: a graph built for one batch size \(a reshape to a "
+                r"fixed batch, such as tf.reshape\(x, \[12, -1\]\)\) cannot take smaller",
+            ):
+                tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=4)
+            assert sess.run(acc.counter) == 0
+            assert_same_values(values_by_name(sess, acc.var_list), before, 0, "failed window")
+            # The whole batch, one micro-batch, fits the graph: one plain step.
+            tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=ROWS)
+            got = values_by_name(sess, acc.var_list)
+    assert_same_values(got, expected, RTOL[tf.float64], "the whole batch after the failure")

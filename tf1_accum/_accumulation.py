@@ -79,6 +79,8 @@ class Accumulation(typing.NamedTuple):
             the `GradientStatistics` of the window that ``accum_apply_op``
             applies, evaluated together with it; None otherwise.
         options: The `WindowOptions` the window was built with.
+        weight: The scalar ``weight`` it was built with (each micro-batch's
+            weight, computed from its feed), or None.
     """
 
     zero_op: tf.Operation
@@ -94,6 +96,7 @@ class Accumulation(typing.NamedTuple):
     statistics: typing.Optional[_stats.GradientStatistics] = None
     accum_apply_statistics: typing.Optional[_stats.GradientStatistics] = None
     options: typing.Optional[WindowOptions] = None
+    weight: typing.Optional[tf.Tensor] = None
 
 
 def build_accumulation(
@@ -345,6 +348,7 @@ def build_accumulation(
         statistics=applied.statistics,
         accum_apply_statistics=fused_applied and fused_applied.statistics,
         options=options,
+        weight=weight,
     )
 
 

@@ -36,10 +36,12 @@ class DatasetAccumulation(typing.NamedTuple):
             once. A window cut short by the end of the dataset is applied with
             its true count; the run after that raises
             ``tf.errors.OutOfRangeError``.
-        loss: Mean of the micro-batch losses of the window (weighted, with
-            ``weight``), evaluated in the same run when fetched with
+        loss: Mean of the losses of the micro-batches the run drew (weighted,
+            with ``weight``), evaluated in the same run when fetched with
             ``train_op``.
-        micro_batches: ``int64``: how many micro-batches the window held.
+        micro_batches: ``int64``: how many micro-batches the window applied:
+            those the run drew, and those a run that failed midway left in
+            the window (that run applied nothing; this one applies them).
         global_norm: float64 global norm of the window's gradient before
             clipping, evaluated with ``train_op``.
         skipped_windows: ``int64`` variable: windows skipped as non-finite.
@@ -439,7 +441,15 @@ def _build(
                     when=count > 0,
                     otherwise=lambda: tf.nest.flatten(iterator.get_next()),
                 )
-        done = (applied.applied, applied.norm, applied.statistics, loss_sum, weight_sum, drawn)
+        done = (
+            applied.applied,
+            applied.norm,
+            applied.statistics,
+            loss_sum,
+            weight_sum,
+            drawn,
+            count,
+        )
         return done, None
 
     # The whole window, drawing included, holds the window's mutex (see
@@ -452,7 +462,7 @@ def _build(
         references=_makes_references(variable_scope),
     ):
         done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0].window._state())
-    applied, norm, statistics, loss_sum, weight_sum, drawn = done
+    applied, norm, statistics, loss_sum, weight_sum, drawn, count = done
     ((window, loss_dtype),) = made  # the body was traced once
     with tf.compat.v1.name_scope(scope):
         train_op = tf.group(applied, name="train")
@@ -461,7 +471,7 @@ def _build(
     return DatasetAccumulation(
         train_op=train_op,
         loss=mean_loss,
-        micro_batches=drawn,
+        micro_batches=count,
         global_norm=norm,
         skipped_windows=window.skipped,
         counter=window.counter,

@@ -9,6 +9,7 @@ import contextlib
 import threading
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _accumulation
@@ -18,10 +19,50 @@ from tf1_accum import _split
 from tf1_accum import _stats
 
 
+class WindowFetches(list):
+    """What `run_accumulation` returns: a list of the fetched values, one per micro-batch.
+
+    Attributes:
+        weights: Each micro-batch's weight (floats, in order), fetched with
+            ``fetches`` from an accumulation built with ``weight=``; None
+            otherwise.
+    """
+
+    weights: list[float] | None = None
+
+    def window_mean(self) -> typing.Any:
+        """The window's mean of the fetched values: with ``fetches=loss``, the window's loss.
+
+        Each number (or array) of the fetched structure is averaged over the
+        micro-batches in float64, weighted as the update weighs them: by
+        ``weights`` (a micro-batch of weight 0 adds nothing, and a window of
+        total weight 0 has mean 0), else equally. When the loss is the mean
+        over each micro-batch, this is the loss of the large batch.
+
+        Raises:
+            ValueError: If nothing was fetched (``fetches=None``).
+        """
+        if any(value is None for value in self):
+            raise ValueError(
+                "window_mean() averages the values fetched with each micro-batch, and this "
+                "window fetched none: pass fetches= (the loss) to run_accumulation."
+            )
+        weights = np.ones(len(self)) if self.weights is None else np.asarray(self.weights)
+        total = weights.sum()
+
+        def mean(*values: typing.Any) -> np.ndarray:
+            stacked = np.asarray(values, np.float64)
+            w = weights.reshape((-1,) + (1,) * (stacked.ndim - 1))
+            terms = np.where(w == 0, 0.0, stacked * w)
+            return terms.sum(axis=0) / total if total else np.zeros_like(terms[0])
+
+        return tf.nest.map_structure(mean, *self)
+
+
 def run_accumulation(
     sess: tf.compat.v1.Session,
     accumulation: _accumulation.Accumulation,
-    feed_dicts: typing.Iterable[dict | None],
+    feed_dicts: typing.Mapping | typing.Iterable[typing.Mapping | None],
     fetches: typing.Any = None,
     *,
     fused: bool | None = None,
@@ -29,14 +70,20 @@ def run_accumulation(
     micro_batch_size: int | None = None,
     micro_batches: int | None = None,
     memory_fit: _split.MemoryFit | None = None,
-) -> list:
+) -> WindowFetches:
     """Runs one window: accumulates each micro-batch, then applies once.
 
-    Each feed dict is run with ``accumulation.accum_op``, and ``fetches`` (a
-    loss, a metric, any structure ``Session.run`` accepts) is evaluated in that
-    same ``session.run``. The apply then runs with no micro-batch fed, so the
-    last micro-batch cannot be counted twice. N micro-batches take N + 1
-    ``session.run`` calls.
+    The window is a large batch, one feed dict that the helper splits into
+    micro-batches (given ``micro_batch_size=``, ``micro_batches=`` or
+    ``memory_fit=``, see below), or an iterable of feed dicts, one per
+    micro-batch. Each micro-batch is run with ``accumulation.accum_op``, and
+    ``fetches`` (a loss, a metric, any structure ``Session.run`` accepts) is
+    evaluated in that same ``session.run``. The apply then runs without the
+    micro-batch, so the last one cannot be counted twice. It is fed
+    ``apply_feed_dict``, and each placeholder it reads (a learning rate) that
+    the micro-batches were fed, as plain ``minimize`` is fed: the micro-batches
+    that feed one must feed it the same value, which the apply gets. N
+    micro-batches take N + 1 ``session.run`` calls.
 
     When the accumulation was built with ``fused=True`` (and unless this call
     says ``fused=False``), the last micro-batch runs ``accum_apply_op``
@@ -56,7 +103,8 @@ def run_accumulation(
     again, of the same type where possible, with a message naming k. (With
     ``fused=True``, a failure in the last run after the update says so
     instead.) If the apply fails, the message says whether the update
-    happened.
+    happened; before the update, the window is discarded too, so the next
+    call starts a clean window.
 
     Several threads may call it on one accumulation and one session: each
     call runs its window whole while the others wait (see
@@ -68,11 +116,14 @@ def run_accumulation(
     divide the batch), or into N micro-batches whose sizes differ by one row
     at most, and runs them as one window. A value is cut when its
     placeholder's leading dimension is None and it has the batch's rows; the
-    others are fed whole to every micro-batch. Unequal micro-batches make the
-    large batch's update only when the accumulation was built with
-    ``weight=`` (the rows of each micro-batch, or the tokens its loss averages
-    over): without it, a split into unequal micro-batches is refused. See
-    :doc:`feed_the_batch`.
+    others are fed whole to every micro-batch, but one whose placeholder has
+    the batch's rows as a fixed leading dimension (a graph built for one
+    batch size) is refused when the micro-batches are smaller. Unequal
+    micro-batches make the large batch's update only when the accumulation
+    was built with ``weight=`` (the rows of each micro-batch, or the tokens
+    its loss averages over): without it, a split into unequal micro-batches
+    is refused. See :doc:`feed_the_batch`. A micro-batch that fails in a
+    reshape says that the graph may have been built for one batch size.
 
     ``memory_fit=``, a `MemoryFit`, also finds a micro-batch size that fits:
     a micro-batch that raises ``tf.errors.ResourceExhaustedError`` discards
@@ -99,24 +150,29 @@ def run_accumulation(
     ...         sess.run(tf.compat.v1.global_variables_initializer())
     ...         feeds = ({x: np.array(b)} for b in ([1.0, 2.0], [3.0, 4.0]))
     ...         losses = tf1_accum.run_accumulation(sess, acc, feeds, fetches=loss)
-    ...         print([float(l) for l in losses], round(float(sess.run(w)), 4))
-    [2.5, 12.5] 2.5
+    ...         print([float(l) for l in losses], float(losses.window_mean()))
+    ...         print(round(float(sess.run(w)), 4))
+    [2.5, 12.5] 7.5
+    2.5
 
     Args:
         sess: A ``tf.compat.v1.Session`` (or anything with its ``run``, such as
             a ``MonitoredSession``) on the graph of ``accumulation``.
         accumulation: An `Accumulation` from `build_accumulation`.
-        feed_dicts: An iterable of feed dicts, one per micro-batch: a list, a
-            generator, any iterable. ``None`` entries run a micro-batch with no
-            feed (for input pipelines inside the graph).
-        fetches: Optional fetches to evaluate with each micro-batch.
+        feed_dicts: The large batch, one feed dict, to split (see above); or
+            an iterable of feed dicts, one per micro-batch: a list, a
+            generator, any iterable, whose ``None`` entries run a micro-batch
+            with no feed (for input pipelines inside the graph).
+        fetches: Optional fetches to evaluate with each micro-batch (the
+            loss, for the window's loss: ``run_accumulation(...).window_mean()``).
         fused: Run the last micro-batch and the apply in one ``session.run``;
             None (the default) does so when ``accumulation.accum_apply_op``
             was built.
-        apply_feed_dict: Optional feed for the apply run alone: a placeholder
-            the optimizer reads (a learning rate), or what a
-            ``MonitoredSession`` hook fetches in every run. Never a micro-batch:
-            the apply reads only the accumulators.
+        apply_feed_dict: Optional feed for the apply run alone, over what the
+            micro-batches fed (see above): a placeholder the optimizer reads
+            (a learning rate), or what a ``MonitoredSession`` hook fetches in
+            every run. Never a micro-batch: the apply reads only the
+            accumulators.
         micro_batch_size: Rows per micro-batch: ``feed_dicts`` is then the
             large batch, which the helper splits (see above). With
             ``memory_fit``, the largest micro-batch allowed.
@@ -128,8 +184,11 @@ def run_accumulation(
             the same one for every window.
 
     Returns:
-        A list with one entry per micro-batch: the fetched values, or ``None``
-        where ``fetches`` is None.
+        A list with one entry per micro-batch: the fetched values, or
+        ``None`` where ``fetches`` is None. Its ``window_mean()`` is the window's
+        mean of them, weighted as the update (by ``weights``, each
+        micro-batch's ``weight=``, fetched with ``fetches``): with
+        ``fetches=loss``, the large batch's loss.
 
     Raises:
         TypeError: If ``accumulation`` is not an `Accumulation`, ``fused`` is
@@ -143,6 +202,8 @@ def run_accumulation(
             helper does not split).
         ValueError: If ``feed_dicts`` holds no micro-batch, or ``fused=True``
             for an accumulation built without ``fused=True``.
+        ValueError: If two micro-batches feed different values to a
+            placeholder that the apply reads (a learning rate).
         ValueError: If ``fetches`` holds one of the accumulation's ops
             (``zero_op``, ``accum_op``, ``apply_op``, ``accum_apply_op``) or
             what an apply computes (``statistics``,
@@ -151,7 +212,8 @@ def run_accumulation(
         ValueError: When splitting: ``micro_batch_size`` or
             ``micro_batches`` is not positive, or both are given; a key of the
             large batch names no tensor; it has nothing to split, no one
-            batch dimension, or 0 rows.
+            batch dimension, or 0 rows; a placeholder's fixed leading
+            dimension is the batch's rows, and the micro-batches are smaller.
         ValueError: When splitting: the micro-batches are unequal and the
             accumulation was built without ``weight=``, or differ from its
             statistics' ``micro_batch_size``.
@@ -167,7 +229,8 @@ def run_accumulation(
 
     Each ``TypeError`` and ``ValueError`` above is raised before any
     micro-batch runs, except a feed dict from a generator that is not a
-    dict: it fails as micro-batch k.
+    dict, or that feeds a value the apply reads unlike an earlier one: it
+    fails as micro-batch k.
     """
     if not isinstance(accumulation, _accumulation.Accumulation):
         raise TypeError(
@@ -227,14 +290,23 @@ def _run_window(
     fused: bool,
     apply_feed_dict: typing.Mapping | None,
     retry: type[BaseException] | tuple[type[BaseException], ...] = (),
-) -> list:
+) -> WindowFetches:
     """`run_accumulation` once its arguments are checked and the window is its own.
 
     ``retry``: exception types after which a micro-batch's failure, once the
     window is discarded, raises `_split.WindowDiscarded` instead of the error,
     for the caller to run the window again (the memory fit of `_split`).
     """
-    results: list = []
+    results = WindowFetches()
+    weight = accumulation.weight if fetches is not None else None
+    weights: list[float] = []
+    # What the micro-batches feed that the apply reads (a learning rate), by name.
+    reads = frozenset() if fused else _apply_reads(accumulation, apply_feed_dict)
+    carried: dict[str, tuple[typing.Any, typing.Any, int]] = {}
+    if reads and isinstance(feed_dicts, collections.abc.Sequence):
+        for index, feed in enumerate(feed_dicts):  # refused before anything runs
+            _carry(reads, carried, feed, index)
+        reads = frozenset()
     last_feed = None
     iterator = iter(feed_dicts)
     failing = 0  # the micro-batch being fetched from feed_dicts or run
@@ -245,6 +317,8 @@ def _run_window(
             index = failing
             if feed is not None and type(feed) is not dict:  # a dict needs no check
                 _validate.check_feed_dict(f"feed_dicts[{index}]", feed)
+            if reads:
+                _carry(reads, carried, feed, index)
             failing = index + 1
             following = next(iterator, _END) if fused else None
             failing = index
@@ -257,9 +331,11 @@ def _run_window(
                 results.append(None)
             else:
                 # Session.run fetches no None: leave out what is not asked for.
-                asked = [f for f in (fetches, noise) if f is not None]
+                asked = [f for f in (fetches, weight, noise) if f is not None]
                 got = sess.run((op, *asked), feed_dict=feed)[1:]
                 results.append(got[0] if fetches is not None else None)
+                if weight is not None:
+                    weights.append(float(got[1]))
                 if noise is not None:
                     _stats.log_recommendation(*got[-1])
             failing = index + 1
@@ -280,17 +356,21 @@ def _run_window(
         _reraise(error, f"{hint}micro-batch {failing} of the window failed {what}")
     if not results:
         raise ValueError(_EMPTY_WINDOW)
+    if weight is not None:
+        results.weights = weights
     if not fused:
+        fed = {key: value for key, value, _ in carried.values()}
+        apply_feed = {**fed, **(apply_feed_dict or {})} or None
         statistics = accumulation.statistics
         try:
             if statistics is None:
-                sess.run(accumulation.apply_op, feed_dict=apply_feed_dict)
+                sess.run(accumulation.apply_op, feed_dict=apply_feed)
             else:
                 _, window_noise = sess.run(
-                    (accumulation.apply_op, _noise(statistics)), feed_dict=apply_feed_dict
+                    (accumulation.apply_op, _noise(statistics)), feed_dict=apply_feed
                 )
         except (Exception, KeyboardInterrupt) as error:
-            count = _counter(sess, accumulation, apply_feed_dict or last_feed)
+            count = _counter(sess, accumulation, apply_feed or last_feed)
             if count == 0:
                 what = (
                     "after the update: the window was applied (or skipped as non-finite) "
@@ -299,14 +379,63 @@ def _run_window(
             elif count is None:
                 what = "and the window's state could not be read"
             else:
-                what = (
-                    f"before the update: the {count} micro-batches stay accumulated; "
-                    "run apply_op (with the feed it needs) or zero_op"
-                )
+                # As a failed micro-batch: the next call starts a clean window.
+                what = "before the update " + _discard_window(sess, accumulation)
             _reraise(error, f"the apply of the window failed {what}")
         if statistics is not None:
             _stats.log_recommendation(*window_noise)
     return results
+
+
+def _apply_reads(
+    accumulation: _accumulation.Accumulation, apply_feed_dict: typing.Mapping | None
+) -> frozenset[str]:
+    """Names of the placeholders ``apply_op`` reads, less those ``apply_feed_dict`` feeds."""
+    apply_op = accumulation.apply_op
+    with _WINDOW_LOCKS_GUARD:
+        known = _APPLY_READS.setdefault(apply_op.graph, {})
+    names = known.get(apply_op.name)
+    if names is None:  # found once per accumulation: a walk of the apply's graph
+        found, seen, stack = set(), set(), [apply_op]
+        while stack:
+            op = stack.pop()
+            if op in seen:
+                continue
+            seen.add(op)
+            if op.type in ("Placeholder", "PlaceholderWithDefault"):
+                found.add(op.outputs[0].name)
+            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+        names = known[apply_op.name] = frozenset(found)
+    if not apply_feed_dict:
+        return names
+    return names - {getattr(key, "name", key) for key in apply_feed_dict}
+
+
+def _carry(
+    reads: frozenset[str],
+    carried: dict[str, tuple[typing.Any, typing.Any, int]],
+    feed: typing.Mapping | None,
+    index: int,
+) -> None:
+    """Keeps what ``feed`` gives a placeholder of ``reads``, for the apply's feed.
+
+    Raises:
+        ValueError: If it differs from what an earlier micro-batch fed it.
+    """
+    for key, value in (feed or {}).items():
+        name = getattr(key, "name", key)
+        if name not in reads:
+            continue
+        if name in carried:
+            _, earlier, at = carried[name]
+            if value is not earlier and not np.array_equal(value, earlier):
+                raise ValueError(
+                    f"micro-batch {index} feeds {name} {value!r}, and micro-batch {at} fed it "
+                    f"{earlier!r}: the apply reads it, and runs once for the window, with one "
+                    "value. Feed the same value to every micro-batch, or feed the apply's "
+                    "alone as apply_feed_dict={placeholder: value}."
+                )
+        carried[name] = (key, value, index)
 
 
 def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any) -> None:
@@ -366,6 +495,10 @@ _WINDOW_LOCKS: weakref.WeakKeyDictionary[tf.Graph, dict[str, _WindowLock]] = (
     weakref.WeakKeyDictionary()
 )
 _WINDOW_LOCKS_GUARD = threading.Lock()
+# Per graph, per apply_op's name: the placeholders it reads.
+_APPLY_READS: weakref.WeakKeyDictionary[tf.Graph, dict[str, frozenset[str]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class _WindowLock:

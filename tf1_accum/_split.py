@@ -27,7 +27,8 @@ if typing.TYPE_CHECKING:
 
 # The session helper's window runner: (micro-batch feeds, error types to retry) -> results.
 Retry = typing.Union[typing.Type[BaseException], typing.Tuple[typing.Type[BaseException], ...]]
-Runner = typing.Callable[[typing.List[dict], Retry], typing.List[typing.Any]]
+_Results = typing.TypeVar("_Results")
+Runner = typing.Callable[[typing.List[dict], Retry], _Results]
 
 
 class SizeChange(typing.NamedTuple):
@@ -241,6 +242,7 @@ class _Batch(typing.NamedTuple):
     feed: dict
     rows: int
     split: frozenset  # keys whose values are cut into micro-batches
+    fixed: dict  # batch data fed through a placeholder of fixed batch dimension: key -> shape
 
 
 class Plan(typing.NamedTuple):
@@ -318,6 +320,25 @@ def plan_window(
             "would count too much. Nothing was run."
         )
     plan = Plan(batches, weighted, micro_batch_size, micro_batches, memory_fit)
+    for batch in batches:
+        sizes = _sizes(plan, batch, _largest(plan, batch))
+        if batch.fixed and (memory_fit is not None or min(sizes) < batch.rows):
+            key, shape = next(iter(batch.fixed.items()))
+            cut = (
+                f"{_split_asked(plan)} cuts the batch into micro-batches of "
+                f"{_sizes_text(sizes)} rows"
+                if memory_fit is None
+                else "memory_fit cuts the batch into smaller micro-batches"
+            )
+            raise ValueError(
+                f"{_key_name(key)} is a placeholder of shape {shape}: its batch dimension is "
+                f"fixed at {batch.rows} rows, and {cut}, which it cannot take. Build the "
+                f"graph for any batch size: None as its first dimension ({[None, *shape[1:]]}), "
+                "and -1, not the batch size, where the batch is reshaped "
+                "(tf.reshape(x, [-1, 784])). If it is not batch data and only has as many rows "
+                "as the batch, split the batch yourself and pass one feed dict per "
+                "micro-batch. Nothing was run."
+            )
     if memory_fit is None:
         sizes = [s for b in batches for s in _sizes(plan, b, _largest(plan, b))]
         if not weighted and len(set(sizes)) > 1:
@@ -344,14 +365,35 @@ def plan_window(
 
 
 def run_window(
-    plan: Plan, run: Runner, read_counter: typing.Callable[[], int | None]
-) -> list[typing.Any]:
+    plan: Plan, run: Runner[_Results], read_counter: typing.Callable[[], int | None]
+) -> _Results:
     """Runs one window of ``plan``; returns the fetched values, one per micro-batch.
 
     ``run(feeds, retry)`` is the session helper's window runner (feeds: a
     list of feed dicts); ``read_counter()`` reads the window's counter (None
     if it cannot).
     """
+    try:
+        return _run_fitted(plan, run, read_counter)
+    except tf.errors.InvalidArgumentError as error:
+        whole = plan.memory_fit is None and all(_largest(plan, b) >= b.rows for b in plan.batches)
+        if whole or "reshape" not in error.message.lower():
+            raise
+        # A graph that reshapes to the batch size it was built for.
+        rows = max(b.rows for b in plan.batches)
+        hint = (
+            f"\nThe large batch has {rows} rows: a graph built for one batch size (a reshape "
+            f"to a fixed batch, such as tf.reshape(x, [{rows}, -1])) cannot take smaller "
+            "micro-batches. Reshape with -1 as the batch dimension (tf.reshape(x, [-1, 784])), "
+            "or split into micro-batches of the size the graph was built for."
+        )
+        raise type(error)(error.node_def, error.op, error.message + hint) from error
+
+
+def _run_fitted(
+    plan: Plan, run: Runner[_Results], read_counter: typing.Callable[[], int | None]
+) -> _Results:
+    """`run_window`, without the hint for a graph built for one batch size."""
     fit = plan.memory_fit
     if fit is None:
         return run(_micro_batches(plan, None), ())
@@ -450,6 +492,7 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
     """
     values = {}
     candidates = {}  # key -> leading size
+    fixed = {}  # key -> (leading size, shape): placeholders of a fixed leading size
     for key, value in feed.items():
         tensor = key
         if isinstance(key, str):
@@ -472,8 +515,14 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
         shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None
         known = shape is not None and shape.ndims is not None
         if value.ndim == 0 or (known and (shape.ndims == 0 or shape.as_list()[0] is not None)):
-            continue  # fed whole
+            if value.ndim and known and shape.ndims and value.shape[0] == shape.as_list()[0]:
+                fixed[key] = (value.shape[0], shape.as_list())
+            continue  # fed whole, unless it has the batch's rows (see plan_window)
         candidates[key] = value.shape[0]
+    sizes = collections.Counter(size for size, _ in fixed.values()).most_common(2)
+    if not candidates and (len(sizes) == 1 or (sizes and sizes[0][1] > sizes[1][1])):
+        # A graph built for one batch size: its rows are the placeholders'.
+        candidates = {key: size for key, (size, _) in fixed.items()}
     if not candidates:
         raise ValueError(
             f"{label} holds nothing to split: no value has a leading batch dimension "
@@ -494,8 +543,9 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
         raise ValueError(
             f"{label} holds a batch of 0 rows: nothing to accumulate. Nothing was run."
         )
-    split = frozenset(key for key, size in candidates.items() if size == rows)
-    return _Batch(values, rows, split)
+    split = frozenset(key for key, size in candidates.items() if size == rows and key not in fixed)
+    batch_shaped = {key: shape for key, (size, shape) in fixed.items() if size == rows}
+    return _Batch(values, rows, split, batch_shaped)
 
 
 def _keys_text(candidates: typing.Mapping[typing.Any, int]) -> str:
