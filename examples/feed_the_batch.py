@@ -135,12 +135,13 @@ def main(argv=None):
     split, fit = train("split to fit", data, args)
     largest = max(float(np.max(np.abs(a - b))) for a, b in zip(split, big))
     print()
-    print(f"{'window':>6}  {'rows per micro-batch':<22}why")
+    print(f"{'window':>6} {'rows':<9} why")  # rows: the micro-batch size, old -> new
     for change in fit.changes:
         rows = f"{change.old or '-'} -> {change.new}"
-        print(f"{change.window:>6}  {rows:<22}{change.reason}")
-    print(f"\nmicro-batch size in use: {fit.micro_batch_size} rows, after {fit.windows} windows")
-    print(f"largest parameter difference, split to fit vs big batch: {largest:.3g}")
+        print(f"{change.window:>6} {rows:<9} {change.reason}")
+    print(f"\nmicro-batch size in use: {fit.micro_batch_size} rows")
+    print(f"after {fit.windows} windows; largest parameter")
+    print(f"difference from the big batch: {largest:.3g}")
     return {"fit": fit, "max_param_diff": largest}
 
 

@@ -181,8 +181,8 @@ def test_feed_the_batch_finds_the_size_that_fits_and_matches_the_big_batch(capsy
         (10, 37, 30, "out of memory"),
     ]
     assert fit.micro_batch_size == 30 and fit.windows == 12
-    assert "    10  37 -> 30              out of memory" in out
-    assert "micro-batch size in use: 30 rows, after 12 windows" in out
+    assert "    10 37 -> 30  out of memory" in out
+    assert "micro-batch size in use: 30 rows\nafter 12 windows;" in out
     assert result["max_param_diff"] < 1e-5
 
 
