@@ -28,7 +28,9 @@ class WindowFetches(list):
             otherwise.
     """
 
-    weights: list[float] | None = None
+    def __init__(self, values: typing.Iterable = (), weights: list[float] | None = None) -> None:
+        super().__init__(values)
+        self.weights = weights
 
     def window_mean(self) -> typing.Any:
         """The window's mean of the fetched values: with ``fetches=loss``, the window's loss.
@@ -297,7 +299,7 @@ def _run_window(
     window is discarded, raises `_split.WindowDiscarded` instead of the error,
     for the caller to run the window again (the memory fit of `_split`).
     """
-    results = WindowFetches()
+    results: list = []
     weight = accumulation.weight if fetches is not None else None
     weights: list[float] = []
     # What the micro-batches feed that the apply reads (a learning rate), by name.
@@ -356,8 +358,6 @@ def _run_window(
         _reraise(error, f"{hint}micro-batch {failing} of the window failed {what}")
     if not results:
         raise ValueError(_EMPTY_WINDOW)
-    if weight is not None:
-        results.weights = weights
     if not fused:
         fed = {key: value for key, value, _ in carried.values()}
         apply_feed = {**fed, **(apply_feed_dict or {})} or None
@@ -384,7 +384,7 @@ def _run_window(
             _reraise(error, f"the apply of the window failed {what}")
         if statistics is not None:
             _stats.log_recommendation(*window_noise)
-    return results
+    return WindowFetches(results, weights if weight is not None else None)
 
 
 def _apply_reads(
