@@ -392,7 +392,7 @@ DATASET_ARGUMENT_ERRORS = {
     ),
     "var_list": (dict(var_list=["w"]), TypeError, r"var_list\[0\] must be a tf.Variable"),
     "global_step": (dict(global_step=2), TypeError, "global_step must be an integer"),
-    "clip_norm": (dict(clip_norm=0.0), ValueError, "clip_norm must be positive"),
+    "clip_norm": (dict(clip_norm=0.0), ValueError, "clip_norm must be a positive, finite number"),
 }
 
 

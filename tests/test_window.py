@@ -167,7 +167,8 @@ def _linear_model_of(batch):
     [
         ({"average": "yes"}, TypeError, r"average must be True or False, got 'yes'"),
         ({"skip_nonfinite": 1}, TypeError, r"skip_nonfinite must be True or False, got 1"),
-        ({"clip_norm": -1.0}, ValueError, r"clip_norm must be positive, got -1.0"),
+        ({"clip_norm": -1.0}, ValueError, r"clip_norm must be a positive, finite number, got -1.0"),
+        ({"clip_norm": float("inf")}, ValueError, r"finite number, got inf: pass clip_norm=None"),
         ({"clip_norm": "1"}, TypeError, r"clip_norm must be a positive number or None"),
         ({"update_ops": "op"}, TypeError, r"update_ops must be None"),
     ],

@@ -229,7 +229,8 @@ def build_accumulation(
             ops or tensors), ``cross_replica`` (a `CollectiveAllReduce` or a
             `HorovodAllReduce`).
         ValueError: If ``loss`` or ``weight`` is not a scalar, or
-            ``clip_norm`` or ``micro_batch_size`` is not positive.
+            ``clip_norm`` or ``micro_batch_size`` is not positive and
+            finite.
         ValueError: If a variable of ``var_list``, ``global_step``,
             ``weight`` or an op of ``update_ops`` is not in the loss's graph.
         ValueError: If options do not go together: ``statistics=True``

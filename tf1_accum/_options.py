@@ -56,13 +56,15 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
     [0.5, 0.0]
 
     Args:
-        clip_norm: A positive number.
+        clip_norm: A positive, finite number (``clip_norm=None`` in a way in
+            does not clip).
 
     Returns:
         A gradient transform (see ``transform=`` in the window options).
 
     Raises:
-        TypeError, ValueError: If ``clip_norm`` is not a positive number.
+        TypeError, ValueError: If ``clip_norm`` is not a positive, finite
+            number.
     """
     _validate.check_clip_norm(clip_norm)
 

@@ -211,13 +211,16 @@ def check_statistics_options(statistics: object, micro_batch_size: object, weigh
 
 
 def check_clip_norm(clip_norm: object) -> None:
-    """Checks that ``clip_norm`` is None or a positive number."""
+    """Checks that ``clip_norm`` is None or a positive, finite number."""
     if clip_norm is None:
         return
     if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float, np.number)):
         raise TypeError(f"clip_norm must be a positive number or None, got {describe(clip_norm)}.")
-    if not clip_norm > 0:
-        raise ValueError(f"clip_norm must be positive, got {clip_norm}.")
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(
+            f"clip_norm must be a positive, finite number, got {clip_norm}: pass "
+            "clip_norm=None for no clipping."
+        )
 
 
 def check_update_ops(
