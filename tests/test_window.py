@@ -187,8 +187,8 @@ def test_every_way_in_checks_the_window_options_with_one_text(way, options, erro
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtype, weighted):
-    """The accumulators hold the window's sum (weighted: of w_i g_i, times the window's
-    power of two), whichever way in built them; only the apply divides."""
+    """The accumulators hold the window's sum (weighted: of w_i g_i), whichever way in
+    built them; only the apply divides."""
     way.require("feed_window_ops")
     rng = np.random.RandomState(5)
     data = [(rng.randn(3, 4).astype(dtype.as_numpy_dtype),) for _ in range(3)]
@@ -224,8 +224,6 @@ def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtyp
                 sess.run(accumulate, feed)
             got = sess.run(accumulator)
             assert sess.run(built.counter) == len(data)
-    if weighted:
-        expected = expected * 0.5  # the power of two that brings the first weight, 3, to [1, 2)
     np.testing.assert_allclose(got, expected, rtol=1e-10 if dtype == tf.float64 else 1e-6)
 
 

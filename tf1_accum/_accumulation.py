@@ -45,8 +45,7 @@ class Accumulation(typing.NamedTuple):
         accumulators: Accumulator variables, aligned with ``var_list``
             (``accumulators[i]`` serves ``var_list[i]``). While ``counter`` is
             above 0, each holds the window's sum of micro-batch gradients
-            (with ``weight``, the weighted sum, which may be scaled by a power
-            of two that the mean does not see); while it is 0, nothing reads
+            (with ``weight``, the weighted sum); while it is 0, nothing reads
             them (see :doc:`concepts`). Float16 and bfloat16 variables
             accumulate in float32.
         var_list: The variables trained, in the order of ``accumulators``.
