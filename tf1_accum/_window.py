@@ -142,7 +142,12 @@ class Window:
         # computes the gradients, as local variables that worker initializes.
         worker = _worker_device(pairs)
         with tf.device(worker) if worker else contextlib.nullcontext():
-            self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+            # A weighted window's accumulators hold another sum: its
+            # counter has another name, so that a checkpoint of one kind of
+            # window fails to restore into the other (NotFoundError).
+            self.counter = state_variable(
+                lambda: tf.constant(0, tf.int64), "weighted_counter" if weighted else "counter"
+            )
             self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
             self.weight_total: tf.Variable | None = None
             if weighted:
