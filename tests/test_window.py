@@ -1,6 +1,8 @@
 """The window: its global norm (one pass per gradient, float64 only on overflow), and
 reference variables among resource variables."""
 
+import copy
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -301,3 +303,17 @@ def test_a_bad_transform_is_refused_and_leaves_no_state(way, transform, error, m
         with pytest.raises(error, match=message):
             way.build(_linear_model_of, sgd, data, 2, transform=transform)
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def _keep(gradient, variable, window):
+    return gradient
+
+
+def test_the_window_options_hash_and_deep_copy():
+    with tf.Graph().as_default():
+        update = tf.no_op()
+        options = tf1_accum.WindowOptions(transform=[_keep], update_ops=[update])
+        same = tf1_accum.WindowOptions(transform=(_keep,), update_ops=(update,))
+        assert options.transform == (_keep,) and options.update_ops == (update,)
+        assert hash(options) == hash(same) and options == same
+        assert copy.deepcopy({"options": options})["options"] is options

@@ -87,8 +87,10 @@ class WindowOptions:
     Every way in makes one of its keyword arguments; `Accumulation.options`
     holds it. The options are described in :ref:`window-options`.
     ``weighted`` says whether a ``weight`` was given (the weight itself
-    belongs to each micro-batch); ``update_ops`` is a tuple of ops, or None
-    for the graph's ``UPDATE_OPS``.
+    belongs to each micro-batch); ``transform`` is kept as a tuple (or None),
+    ``update_ops`` as a tuple of ops (or None for the graph's
+    ``UPDATE_OPS``), so the options can be hashed. They cannot change: a
+    deep copy is the options themselves (the ops of a graph are not copied).
 
     Raises:
         TypeError, ValueError: If an option has the wrong type or value, or
@@ -108,19 +110,22 @@ class WindowOptions:
         _validate.check_bool("average", self.average)
         _validate.check_clip_norm(self.clip_norm)
         _check_transform(self.transform)
+        if self.transform is not None:
+            given = (self.transform,) if callable(self.transform) else tuple(self.transform)
+            object.__setattr__(self, "transform", given)
         _validate.check_bool("skip_nonfinite", self.skip_nonfinite)
         _validate.check_statistics_options(self.statistics, self.micro_batch_size, self.weighted)
         update_ops = _validate.check_update_ops(self.update_ops)
         object.__setattr__(self, "update_ops", None if update_ops is None else tuple(update_ops))
 
+    def __deepcopy__(self, memo: dict) -> WindowOptions:
+        return self
+
 
 def transforms_of(options: WindowOptions) -> tuple[GradientTransform, ...]:
     """The gradient transforms in the order they run: ``clip_norm``'s, then ``transform``."""
     clip = () if options.clip_norm is None else (clip_by_global_norm(options.clip_norm),)
-    given = options.transform
-    if given is None:
-        return clip
-    return clip + (tuple(given) if not callable(given) else (given,))
+    return clip + tuple(typing.cast(typing.Sequence[GradientTransform], options.transform or ()))
 
 
 def update_ops_in(options: WindowOptions, graph: tf.Graph) -> list[tf.Operation]:
