@@ -253,7 +253,10 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
 ):
     """The transforms run on each variable's mean, after clip_norm's clipping, with the
     window's norm and count: the updates equal large-batch training that transforms its
-    own gradient the same way. The second window is short (flushed, or the data's end)."""
+    own (dense) gradient the same way. The second window is short (flushed, or the data's
+    end). A sparse gradient reaches a transform with each row once, summed over the
+    window: large-batch training's holds a row per lookup, so only a transform that
+    scales every row by one factor (clip_norm's) sees the same there."""
     windows = _mixed_batches()
     transforms = [] if transform is None else transform
     transforms = transforms if isinstance(transforms, list) else [transforms]
@@ -292,8 +295,13 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
         ([abs, 3], TypeError, r"transform\[1\] must be a callable .*, got 3"),
         (lambda g, v, w: g[:1], ValueError, r"must return the gradient's shape \[2\] for w, got"),
         (lambda g, v, w: 1.0, TypeError, r"must return a tensor for the gradient of w, got"),
+        (
+            lambda g, v, w: tf.cast(g, tf.int32),
+            TypeError,
+            r"must return the gradient's dtype float64 for w, got int32: cast its result",
+        ),
     ],
-    ids=["string", "list_with_int", "shape", "float"],
+    ids=["string", "list_with_int", "shape", "float", "dtype"],
 )
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_a_bad_transform_is_refused_and_leaves_no_state(way, transform, error, message):
@@ -303,6 +311,85 @@ def test_a_bad_transform_is_refused_and_leaves_no_state(way, transform, error, m
         with pytest.raises(error, match=message):
             way.build(_linear_model_of, sgd, data, 2, transform=transform)
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def _with_get_variable(gradient, variable):
+    return v1.get_variable(
+        variable.op.name + "/running",
+        shape=gradient.shape,
+        dtype=gradient.dtype,
+        initializer=tf.zeros_initializer(),
+        trainable=False,
+    )
+
+
+def _with_variable(gradient, variable):
+    return tf.Variable(lambda: tf.zeros(gradient.shape, gradient.dtype), trainable=False)
+
+
+@pytest.mark.parametrize(
+    "make", [_with_get_variable, _with_variable], ids=["get_variable", "Variable"]
+)
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_transform_with_state_runs_once_per_apply_as_in_plain_training(way, make):
+    """A transform that creates a variable and updates it (a running average of the
+    gradient) builds in every way in, and runs once per window: the updates equal
+    plain training with the same transform. Every apply a way builds (a flush, a fused
+    apply) shares the variable, as its optimizer's state."""
+
+    def running(gradient, variable, window):
+        state = make(gradient, variable)
+        return tf.identity(state.assign(0.5 * state + gradient))
+
+    windows = _mixed_batches()
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [None, 4])
+        y = v1.placeholder(tf.float64, [None, 1])
+        optimizer = v1.train.MomentumOptimizer(0.1, 0.9)
+        pairs = optimizer.compute_gradients(_mixed_loss((x, y)))
+        window = tf1_accum.WindowMean(tf.constant(0.0, tf.float64), tf.constant(0, tf.int64))
+        train_op = optimizer.apply_gradients([(running(g, v, window), v) for g, v in pairs])
+        expected = [
+            {k: v for k, v in values.items() if k in ("w1", "b1", "w2")}
+            for values in _large_batch_values(windows, train_op, x, y)
+        ]
+    with tf.Graph().as_default():
+        built = way.build(
+            _mixed_loss,
+            v1.train.MomentumOptimizer(0.1, 0.9),
+            [b for batches in windows for b in batches],
+            3,
+            transform=running,
+        )
+        _assert_each_window_equals(way, built, windows, expected)
+
+
+def test_the_gradients_fetched_with_apply_op_are_the_ones_it_applied():
+    """With a random transform, grads_and_vars read in the apply's run are what moved
+    the variables: the transform runs once, and both read its result."""
+
+    def noise(gradient, variable, window):
+        return gradient + tf.random.normal(tf.shape(gradient), stddev=1e-3, dtype=gradient.dtype)
+
+    (window,) = _mixed_batches()[:1]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [None, 4])
+        y = v1.placeholder(tf.float64, [None, 1])
+        rate = 0.5
+        acc = tf1_accum.build_accumulation(
+            _mixed_loss((x, y)),
+            v1.train.GradientDescentOptimizer(tf.constant(rate, tf.float64)),
+            transform=noise,
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = sess.run(acc.var_list)
+            for xs, ys in window:
+                sess.run(acc.accum_op, {x: xs, y: ys})
+            _, applied = sess.run((acc.apply_op, [g for g, _ in acc.grads_and_vars]))
+            after = sess.run(acc.var_list)
+    for var, start, gradient, end in zip(acc.var_list, before, applied, after):
+        np.testing.assert_allclose(end, start - rate * gradient, rtol=1e-15, err_msg=var.op.name)
 
 
 def _keep(gradient, variable, window):

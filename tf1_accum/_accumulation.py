@@ -52,8 +52,10 @@ class Accumulation(typing.NamedTuple):
             Variables whose gradient is None are not in it.
         grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
             to the optimizer: the accumulated mean (or sum, with
-            ``average=False``). A sparse gradient is a ``tf.IndexedSlices`` of
-            the rows touched in the window.
+            ``average=False``) after ``clip_norm`` and ``transform``, the
+            values the apply uses when fetched with ``apply_op``. A sparse
+            gradient is a ``tf.IndexedSlices`` of the rows touched in the
+            window.
         global_norm: float64 global norm of the window's gradient (the mean,
             or the sum) before any clipping. Fetch it in the same
             ``session.run`` as ``apply_op``, and only with it: after the apply
@@ -246,7 +248,7 @@ def build_accumulation(
             its ``apply_gradients`` is built.
         TypeError, ValueError: If ``transform`` is not a callable or a list
             of them, or a transform returns something other than a gradient
-            of the variable's shape (a tensor; ``tf.IndexedSlices`` for a
+            of the gradient's shape and dtype (a tensor; ``tf.IndexedSlices`` for a
             sparse one).
     """
     _validate.check_graph_mode("build_accumulation")

@@ -230,7 +230,7 @@ def build_dataset_accumulation(
             iterator cannot).
         TypeError, ValueError: If ``transform`` is not a callable or a list
             of them, or a transform returns something other than a gradient
-            of the variable's shape (a tensor; ``tf.IndexedSlices`` for a
+            of the gradient's shape and dtype (a tensor; ``tf.IndexedSlices`` for a
             sparse one).
     """
     _validate.check_graph_mode("build_dataset_accumulation")

@@ -165,32 +165,60 @@ def transformed(
 ) -> Gradient:
     """``gradient`` after each of ``transforms`` (`transforms_of`); checks what each returns.
 
+    A variable a transform creates is created outside the conditional the
+    apply may be built in, as in plain training (its initial value must not
+    come from a tensor computed there).
+
     Raises:
         TypeError: If a transform returns something other than a tensor (or
-            ``tf.IndexedSlices`` for a sparse gradient).
+            ``tf.IndexedSlices`` for a sparse gradient), or another dtype
+            than the gradient's.
         ValueError: If it returns another shape than the gradient's.
     """
     for transform in transforms:
-        result = transform(gradient, variable, window)
+        with tf.variable_creator_scope(_created_outside):
+            result = transform(gradient, variable, window)
         name = getattr(transform, "__qualname__", repr(transform))
-        if isinstance(gradient, tf.IndexedSlices):
-            if not isinstance(result, tf.IndexedSlices):
-                raise TypeError(
-                    f"transform {name} must return tf.IndexedSlices for the sparse gradient of "
-                    f"{variable.op.name}, got {_validate.describe(result)}."
-                )
-            shape, got = gradient.values.shape, result.values.shape
-        else:
-            if not isinstance(result, tf.Tensor):
-                raise TypeError(
-                    f"transform {name} must return a tensor for the gradient of "
-                    f"{variable.op.name}, got {_validate.describe(result)}."
-                )
-            shape, got = gradient.shape, result.shape
-        if not got.is_compatible_with(shape):
+        sparse = isinstance(gradient, tf.IndexedSlices)
+        what = "tf.IndexedSlices for the sparse gradient" if sparse else "a tensor for the gradient"
+        if not isinstance(result, tf.IndexedSlices if sparse else tf.Tensor):
+            raise TypeError(
+                f"transform {name} must return {what} of {variable.op.name}, got "
+                f"{_validate.describe(result)}."
+            )
+        values, got = (gradient.values, result.values) if sparse else (gradient, result)
+        dtype = values.dtype.base_dtype
+        if got.dtype.base_dtype != dtype:
+            raise TypeError(
+                f"transform {name} must return the gradient's dtype {dtype.name} for "
+                f"{variable.op.name}, got {got.dtype.base_dtype.name}: cast its result to "
+                f"{dtype.name}."
+            )
+        if not got.shape.is_compatible_with(values.shape):
+            shape = got.shape.as_list() if got.shape.rank is not None else got.shape
             raise ValueError(
-                f"transform {name} must return the gradient's shape {shape.as_list()} for "
-                f"{variable.op.name}, got {got.as_list() if got.rank is not None else got}."
+                f"transform {name} must return the gradient's shape {values.shape.as_list()} for "
+                f"{variable.op.name}, got {shape}."
             )
         gradient = result
     return gradient
+
+
+def _created_outside(
+    next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
+) -> tf.Variable:
+    """Creates a transform's variable in ``init_scope``, clear of the apply's conditional."""
+    value = kwargs.get("initial_value")
+    if isinstance(value, tf.Tensor):
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
+        if value.graph is not outer or value.op._get_control_flow_context() is not None:
+            raise ValueError(
+                "A gradient transform creates a variable from a tensor computed where the "
+                f"apply is built ({value.name}), inside a conditional (it "
+                "applies only when a window is complete): a variable's initial value cannot "
+                "come from there. Pass a callable, e.g. tf.Variable(lambda: tf.zeros(shape)), "
+                "or tf.compat.v1.get_variable(..., initializer=tf.zeros_initializer())."
+            )
+    with tf.init_scope():
+        return next_creator(**kwargs)

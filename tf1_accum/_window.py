@@ -138,6 +138,8 @@ class Window:
         # Every apply this window builds through one optimizer shares the
         # optimizer state that the first one created (see _shared_apply).
         self._shared_applies: dict[int, SharedApply] = {}
+        # The same for the variables the gradient transforms create.
+        self._transform_state = SharedApply(options.transform)
         # Parameter servers: the window's state stays on the worker that
         # computes the gradients, as local variables that worker initializes.
         worker = _worker_device(pairs)
@@ -434,18 +436,39 @@ class Window:
         nonempty: bool = False,
         name: str | None = None,
     ) -> Applied:
-        """`apply` without a condition: the mean, the optimizer's update, the reset."""
+        """`apply` without a condition: the mean, the optimizer's update, the reset.
+
+        Each transform of ``transform=`` runs once per variable, and the
+        optimizer, ``grads_and_vars`` and the non-finite check all read what
+        it returns. The check reads every gradient before the optimizer takes
+        one, so with ``transform=`` the apply holds them all at once (one
+        parameter copy); without, it makes one large mean at a time.
+        """
         mean = self.mean(after, nonempty)
-        # What apply_op hands the optimizer, for a user to fetch; the apply
-        # builds its own, inside the conditional that may skip it.
-        grads_and_vars = list(zip(mean.gradients(), self.var_list))
+        finite = tf.math.is_finite(mean.norm)
+        if self.options.transform is None:
+            # The mean, clipped by clip_norm, is pure and finite where the
+            # norm is: the apply makes each one where the optimizer takes
+            # it, one large gradient at a time. These, built apart for a
+            # user to fetch, compute the same values.
+            grads = mean.gradients()
+            make_grads = mean.gradients
+        else:
+            # Made once, before the apply: what the transforms return is
+            # what the optimizer takes and what the non-finite check reads.
+            with tf.compat.v1.name_scope(self.scope):
+                # A variable a transform creates is made by the first apply
+                # built and found again by the others (a flush, a fused apply).
+                grads = self._transform_state.build(mean.gradients)
+                squares = _square_norms([_values(g) for g in grads])
+                finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squares)))
+            make_grads = lambda: grads  # noqa: E731
+        grads_and_vars = list(zip(grads, self.var_list))
         # The optimizer builds its update in the caller's name scope, so that
         # its non-slot variables (Adam's beta powers) get the names plain
         # minimize() gives them.
         with tf.control_dependencies(mean.after):
-            update, applied = self._apply_if_finite(
-                optimizer, mean.gradients, global_step, mean.norm
-            )
+            update, applied = self._apply_if_finite(optimizer, make_grads, global_step, finite)
         with tf.compat.v1.name_scope(self.scope):
             with tf.control_dependencies([update] + mean.observed):
                 reset = tf.group(
@@ -476,20 +499,20 @@ class Window:
         optimizer: tf.compat.v1.train.Optimizer,
         make_grads: typing.Callable[[], list[Gradient]],
         global_step: tf.Variable | None,
-        norm: tf.Tensor,
+        finite: tf.Tensor,
     ) -> tuple[tf.Operation, tf.Tensor]:
         """Hands the window to the optimizer, unless it must be skipped.
 
-        The global norm is finite exactly when every gradient element is. A
-        loss-scale optimizer gets every window: it must see an overflow to
+        ``finite`` says whether every element of what the optimizer takes is
+        finite (see `_apply`). A loss-scale optimizer gets every window: it must see an overflow to
         lower its loss scale, and it skips that window itself. So does a
         ``SyncReplicasOptimizer``, whose apply cannot sit in a conditional
         (its chief waits for every worker's push): there a non-finite window
         is counted, not skipped.
 
-        ``make_grads()`` builds the gradients, aligned with the window's
-        variables, where the optimizer takes them: inside the conditional, so
-        each mean is computed only when the window is applied.
+        ``make_grads()`` returns the gradients, aligned with the window's
+        variables, where the optimizer takes them: a mean built there, inside
+        the conditional, is computed only when the window is applied.
 
         The optimizer's update is built by the window's `SharedApply` for it:
         its state is created once, however often the apply is built, and
@@ -501,7 +524,6 @@ class Window:
         shared = self._shared_applies.get(id(optimizer))
         if shared is None:
             shared = self._shared_applies[id(optimizer)] = SharedApply(optimizer)
-        finite = tf.math.is_finite(norm)
         count_skip = lambda: self.skipped.assign_add(  # noqa: E731
             tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
         )
