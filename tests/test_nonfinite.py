@@ -238,7 +238,7 @@ def _trained():
     return [v for v in tf1_accum.plain_variables() if v.op.name in ("w", "bias")]
 
 
-@pytest.mark.parametrize("way", WAYS, ids=str)
+@pytest.mark.parametrize("way", (*WAYS, BY_NAME["hook"]), ids=str)
 def test_a_transform_that_returns_a_nan_skips_the_window(way):
     """The check reads what the transforms return: a window whose mean is finite but
     whose transformed gradient is not (LARS on a zero gradient) is skipped and counted;
@@ -267,8 +267,7 @@ def test_a_transform_that_returns_a_nan_skips_the_window(way):
             2,
             transform=_lars,
         )
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
+        with way.session() as sess:
             way.run_window(sess, built, windows[0])
             assert sess.run(built.skipped_windows) == 1
             assert_same_values(values_by_name(sess, _trained()), start, 0.0, f"{way}")

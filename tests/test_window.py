@@ -10,6 +10,8 @@ import tensorflow as tf
 import tf1_accum
 from _imports import find_cycle
 from _imports import package_imports
+from _ways import BY_NAME
+from _ways import HOOK
 from _ways import WAYS
 
 v1 = tf.compat.v1
@@ -71,8 +73,7 @@ def _large_batch_values(windows, train_op, x, y, feed=lambda window: {}):
 
 def _assert_each_window_equals(way, built, windows, expected, check=None):
     """Runs ``windows`` through ``way``; after each, the variables equal ``expected``."""
-    with v1.Session() as sess:
-        sess.run(v1.global_variables_initializer())
+    with way.session() as sess:
         for w, window in enumerate(windows):
             way.run_window(sess, built, window)
             got = _mixed_values(sess)
@@ -330,7 +331,7 @@ def _with_variable(gradient, variable):
 @pytest.mark.parametrize(
     "make", [_with_get_variable, _with_variable], ids=["get_variable", "Variable"]
 )
-@pytest.mark.parametrize("way", WAYS, ids=str)
+@pytest.mark.parametrize("way", (*WAYS, HOOK), ids=str)
 def test_a_transform_with_state_runs_once_per_apply_as_in_plain_training(way, make):
     """A transform that creates a variable and updates it (a running average of the
     gradient) builds in every way in, and runs once per window: the updates equal
@@ -404,3 +405,24 @@ def test_the_window_options_hash_and_deep_copy():
         assert options.transform == (_keep,) and options.update_ops == (update,)
         assert hash(options) == hash(same) and options == same
         assert copy.deepcopy({"options": options})["options"] is options
+
+
+@pytest.mark.parametrize("way", [BY_NAME["optimizer"], BY_NAME["dataset"]], ids=str)
+def test_a_transform_variable_made_from_a_tensor_of_the_apply_is_refused_saying_what_to_do(way):
+    """These ways build the apply inside a conditional: a variable cannot start from a
+    tensor computed there, and the error says to pass a callable."""
+
+    def made_from_gradient(gradient, variable, window):
+        return gradient + tf.Variable(tf.zeros_like(gradient), trainable=False)
+
+    with tf.Graph().as_default():
+        data = [(np.ones((2, 2)),)] * 4
+        with pytest.raises(ValueError, match=r"creates a variable from a tensor computed where"):
+            way.build(
+                _linear_model_of,
+                v1.train.GradientDescentOptimizer(0.1),
+                data,
+                2,
+                transform=made_from_gradient,
+            )
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []

@@ -173,7 +173,9 @@ def transformed(
         TypeError: If a transform returns something other than a tensor (or
             ``tf.IndexedSlices`` for a sparse gradient), or another dtype
             than the gradient's.
-        ValueError: If it returns another shape than the gradient's.
+        ValueError: If it returns another shape than the gradient's, or
+            creates a variable from a tensor computed inside the conditional
+            the apply is built in.
     """
     for transform in transforms:
         with tf.variable_creator_scope(_created_outside):
