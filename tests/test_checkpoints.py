@@ -1,6 +1,7 @@
 """Checkpoints: mid-window save and restore, and interchange with plain training."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import tf1_accum
@@ -110,3 +111,34 @@ def test_accumulating_checkpoint_restores_into_a_plain_graph(tmp_path):
     assert set(restored) == set(saved)
     for name, value in saved.items():
         np.testing.assert_array_equal(restored[name], value, err_msg=name)
+
+
+def _window_of(weighted):
+    model = Model(tf.float64, sparse=False)
+    weight = v1.placeholder_with_default(tf.constant(2.0, tf.float64), []) if weighted else None
+    acc = tf1_accum.build_accumulation(model.loss, v1.train.AdamOptimizer(0.05), weight=weight)
+    return model, acc
+
+
+@pytest.mark.parametrize(
+    "saved, restored, missing",
+    [(True, False, "accumulation/counter"), (False, True, "accumulation/weight_total")],
+    ids=["weighted_into_unweighted", "unweighted_into_weighted"],
+)
+def test_a_mid_window_checkpoint_does_not_restore_into_the_other_kind_of_window(
+    tmp_path, saved, restored, missing
+):
+    """A weighted window's accumulators hold the weighted sum, which the counter's mean
+    would misread (and the other way round): the restore fails, naming what is missing."""
+    batch = make_batches(tf.float64, False, 1, 5)[0]
+    with tf.Graph().as_default():
+        model, acc = _window_of(saved)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(acc.accum_op, model.feed(batch))
+            path = v1.train.Saver().save(sess, str(tmp_path / "mid"))
+    with tf.Graph().as_default():
+        _window_of(restored)
+        with v1.Session() as sess:
+            with pytest.raises(tf.errors.NotFoundError, match=f"Key {missing} not found"):
+                v1.train.Saver().restore(sess, path)

@@ -121,8 +121,10 @@ def test_global_norm_without_clipping_and_zero_in_accumulating_runs():
 @pytest.mark.parametrize(
     "clip_norm, error, message",
     [
-        (0.0, ValueError, "clip_norm must be positive, got 0.0"),
-        (-1, ValueError, "clip_norm must be positive, got -1"),
+        (0.0, ValueError, "clip_norm must be a positive, finite number, got 0.0"),
+        (-1, ValueError, "clip_norm must be a positive, finite number, got -1"),
+        (float("inf"), ValueError, "finite number, got inf: pass clip_norm=None for no clipping"),
+        (float("nan"), ValueError, "clip_norm must be a positive, finite number, got nan"),
         ("1", TypeError, r"clip_norm must be a positive number or None, got '1'"),
     ],
 )

@@ -219,3 +219,59 @@ def test_dynamic_loss_scale_through_build_accumulation_and_the_helper():
         after_good, expected, RTOL_TIGHT[tf.float32], "the window after the overflow"
     )
     assert after_good["global_step"] == 1
+
+
+def _lars(gradient, variable, window):
+    """Each gradient scaled to norm 1: NaN where a variable's gradient is 0."""
+    return gradient / tf.norm(gradient)
+
+
+def _gated_loss(batch):
+    """A linear model, and a variable whose gradient is the mean of a gate column."""
+    x, gate, y = batch
+    w = v1.get_variable("w", initializer=np.array([[1.0], [-2.0]]))
+    bias = v1.get_variable("bias", initializer=np.array([0.5]))
+    return tf.reduce_mean((tf.matmul(x, w) - y) ** 2) + tf.reduce_mean(gate) * bias[0]
+
+
+def _trained():
+    return [v for v in tf1_accum.plain_variables() if v.op.name in ("w", "bias")]
+
+
+@pytest.mark.parametrize("way", (*WAYS, BY_NAME["hook"]), ids=str)
+def test_a_transform_that_returns_a_nan_skips_the_window(way):
+    """The check reads what the transforms return: a window whose mean is finite but
+    whose transformed gradient is not (LARS on a zero gradient) is skipped and counted;
+    the next window is applied as plain training with the same transform would."""
+    rng = np.random.RandomState(4)
+
+    def batch(gate):
+        return rng.randn(3, 2), np.full((3, 1), gate), rng.randn(3, 1)
+
+    windows = [[batch(0.0), batch(0.0)], [batch(1.0), batch(2.0)]]
+    with tf.Graph().as_default():
+        inputs = tuple(v1.placeholder(tf.float64, [None, n]) for n in (2, 1, 1))
+        sgd = v1.train.GradientDescentOptimizer(0.1)
+        pairs = sgd.compute_gradients(_gated_loss(inputs))
+        train_op = sgd.apply_gradients([(_lars(g, v, None), v) for g, v in pairs])
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            start = values_by_name(sess, v1.global_variables())
+            sess.run(train_op, dict(zip(inputs, concat(windows[1]))))
+            expected = values_by_name(sess, v1.global_variables())
+    with tf.Graph().as_default():
+        built = way.build(
+            _gated_loss,
+            v1.train.GradientDescentOptimizer(0.1),
+            [b for window in windows for b in window],
+            2,
+            transform=_lars,
+        )
+        with way.session() as sess:
+            way.run_window(sess, built, windows[0])
+            assert sess.run(built.skipped_windows) == 1
+            assert_same_values(values_by_name(sess, _trained()), start, 0.0, f"{way}")
+            way.run_window(sess, built, windows[1])
+            assert sess.run(built.skipped_windows) == 1
+            got = values_by_name(sess, _trained())
+    assert_same_values(got, expected, RTOL[tf.float64], f"{way}: the window after the skip")

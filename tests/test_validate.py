@@ -392,7 +392,7 @@ DATASET_ARGUMENT_ERRORS = {
     ),
     "var_list": (dict(var_list=["w"]), TypeError, r"var_list\[0\] must be a tf.Variable"),
     "global_step": (dict(global_step=2), TypeError, "global_step must be an integer"),
-    "clip_norm": (dict(clip_norm=0.0), ValueError, "clip_norm must be positive"),
+    "clip_norm": (dict(clip_norm=0.0), ValueError, "clip_norm must be a positive, finite number"),
 }
 
 
@@ -517,16 +517,24 @@ def test_a_weight_callable_that_returns_no_number_is_refused():
         assert v1.global_variables() == [w]
 
 
-def test_a_failed_build_puts_back_every_collection_of_the_library():
-    from tf1_accum import _state
-    from tf1_accum import _unhooked
-    from tf1_accum import _validate
-    from tf1_accum import _window
-
-    names = {
-        _state.STATE_COLLECTION,
-        _state.MUTEX_COLLECTION,
-        _window.APPLY_DUE_COLLECTION,
-        _unhooked.TRAIN_OP_COUNTERS,
-    }
-    assert names == set(_validate._OWN_COLLECTIONS)
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda loss, transform: tf1_accum.build_accumulation(loss, _sgd(), transform=transform),
+        lambda loss, transform: tf1_accum.AccumulationOptimizer(
+            _sgd(), 2, transform=transform
+        ).minimize(loss),
+    ],
+    ids=["build_accumulation", "AccumulationOptimizer"],
+)
+def test_a_build_that_fails_after_building_leaves_every_collection_as_it_was(build):
+    """A transform is refused once the window and its conditionals are built: every
+    collection (the conditionals' contexts, tf1_accum's own, TensorFlow's) is put back,
+    and none is left that was not there."""
+    with tf.Graph().as_default() as graph:
+        x, w, loss = _model()
+        before = _snapshot(graph)
+        with pytest.raises(ValueError, match="must return the gradient's shape"):
+            build(loss, lambda g, v, window: g[:1])
+        assert len(graph.get_operations()) > before[0]
+        assert _snapshot(graph)[1:] == before[1:]

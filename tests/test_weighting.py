@@ -436,32 +436,50 @@ def test_a_window_of_padding_only_is_skipped_and_counted_then_training_goes_on(w
     assert_same_values(got, want, 1e-10, f"{way}: the window after the skipped one")
 
 
+_FINITE_AND_NON_NEGATIVE = "a weight must be finite and non-negative"
+_NORMAL = r"a positive weight must be a normal {} number, in \[{}, {}\]"
+
+
 @pytest.mark.parametrize(
-    "bad, what",
-    [(np.inf, r"infinite \(inf\)"), (np.nan, r"NaN \(nan\)"), (-2.0, r"negative \(-2\)")],
-    ids=["inf", "nan", "negative"],
+    "bad, dtype, what, rule",
+    [
+        (np.inf, tf.float64, r"infinite \(inf\)", _FINITE_AND_NON_NEGATIVE),
+        (np.nan, tf.float64, r"NaN \(nan\)", _FINITE_AND_NON_NEGATIVE),
+        (-2.0, tf.float64, r"negative \(-2\)", _FINITE_AND_NON_NEGATIVE),
+        (
+            1e-300,
+            tf.float32,
+            r"outside the range of float32 \(1e-300\)",
+            _NORMAL.format("float32", "1.17549e-38", r"3.40282e\+38"),
+        ),
+    ],
+    ids=["inf", "nan", "negative", "1e-300_on_float32"],
 )
 @pytest.mark.parametrize("way", WAYS, ids=str)
-def test_a_non_finite_or_negative_weight_fails_naming_it_and_changes_nothing(bad, what, way):
-    """An infinite weight used to skip the window silently; a NaN one was called negative.
+def test_a_weight_that_cannot_weight_a_gradient_fails_naming_it_and_changes_nothing(
+    bad, dtype, what, rule, way
+):
+    """An infinite weight used to skip the window silently, a NaN one was called
+    negative, and a positive one that the accumulators' dtype rounds to 0 would change
+    the mean: each fails the run that brings it, before anything is added.
 
     The weight of each micro-batch arrives with it; the third one is bad.
     """
     batches = [
-        (*b, np.float64(w)) for b, w in zip(make_batches(tf.float64, False, 3, 4), [1.0, 2.0, bad])
+        (*b, np.float64(w)) for b, w in zip(make_batches(dtype, False, 3, 4), [1.0, 2.0, bad])
     ]
     with tf.Graph().as_default():
         step = v1.train.get_or_create_global_step()
         built = way.build(
-            lambda b: Model(tf.float64, False, inputs=b[0], labels=b[1]).loss,
-            OPTIMIZERS["momentum"](tf.float64),
+            lambda b: Model(dtype, False, inputs=b[0], labels=b[1]).loss,
+            OPTIMIZERS["momentum"](dtype),
             batches,
             3,
             global_step=step,
             weight=lambda b: b[2],
         )
         state = v1.get_collection(tf1_accum.STATE_COLLECTION)
-        message = f"weight is {what}: a weight must be finite and non-negative"
+        message = f"weight is {what}: {rule}"
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             before = []  # the state before each micro-batch but the first
@@ -474,58 +492,57 @@ def test_a_non_finite_or_negative_weight_fails_naming_it_and_changes_nothing(bad
                     np.testing.assert_array_equal(got, want)
 
 
-def _scaled_weight_training(dtype, weight_dtype, factor, loss_scale, windows, way):
-    """Accumulates with weight = size * factor (in weight_dtype) on loss * loss_scale."""
-    with tf.Graph().as_default():
-        step = v1.train.get_or_create_global_step()
-        built = way.build(
-            lambda b: Model(dtype, False, inputs=b[0], labels=b[1]).loss * loss_scale,
-            v1.train.AdamOptimizer(0.05),
-            [b for window in windows for b in window],
-            len(SIZES),
-            global_step=step,
-            weight=lambda b: (
-                tf.cast(tf.shape(b[0])[0], weight_dtype) * tf.constant(factor, weight_dtype)
-            ),
-        )
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            results = []
-            for window in windows:
-                way.run_window(sess, built, window)
-                results.append(values_by_name(sess, tf1_accum.plain_variables()))
-    return results
-
-
-def _plain_scaled(dtype, loss_scale, windows):
-    with tf.Graph().as_default():
-        model = Model(dtype, False)
-        step = v1.train.get_or_create_global_step()
-        train_op = v1.train.AdamOptimizer(0.05).minimize(model.loss * loss_scale, global_step=step)
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            results = []
-            for window in windows:
-                inputs, labels = (np.concatenate(part) for part in zip(*window))
-                sess.run(train_op, model.feed((inputs, labels)))
-                results.append(values_by_name(sess, v1.global_variables()))
-    return results
+def _weighted_examples(batch):
+    """A micro-batch of the linear model, each example carrying its micro-batch's weight."""
+    x, y, weight = batch
+    return x, y, np.full((len(x), 1), weight, np.float32)
 
 
 @pytest.mark.parametrize("way", WAYS, ids=str)
-@pytest.mark.parametrize(
-    "weight_dtype, factor, loss_scale",
-    [(tf.float32, 1e-30, 1e-10), (tf.float64, 1e-300, 1.0)],
-    ids=["float32 weights 1e-30, gradients 1e-10", "float64 weights 1e-300"],
-)
-def test_tiny_weights_train_a_float32_model_exactly(weight_dtype, factor, loss_scale, way):
-    """Their products with the gradients used to underflow: an update of 0, or a skipped window."""
-    batches = make_batches(tf.float32, False, 8, SIZES * 2)
-    windows = [batches[:4], batches[4:]]
-    expected = _plain_scaled(tf.float32, loss_scale, windows)
-    actual = _scaled_weight_training(tf.float32, weight_dtype, factor, loss_scale, windows, way)
-    for w, (got, want) in enumerate(zip(actual, expected)):
-        assert_same_values(
-            got, want, RTOL_TIGHT[tf.float32], f"{factor:g} weights, {way}: window {w}"
+def test_weights_from_1e_30_to_1e10_train_a_float32_model_as_the_large_batch(way):
+    """The accumulators hold the plain weighted sum: weights far apart in one window
+    (the heavy ones first or last) neither overflow nor skip the window, and the update
+    equals the large batch's weighted mean. A power of two chosen by the first weight
+    (2**100) used to overflow float32 on the weight 1e10."""
+    weights = [[1e-30, 1e10, 3e-30, 2e10], [4e9, 1e-30, 1e10, 2e-30]]
+    batches = make_batches(tf.float32, False, 8, 5)
+    windows = [
+        [(*b, np.float32(w)) for b, w in zip(batches[4 * k : 4 * k + 4], weights[k])]
+        for k in range(2)
+    ]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float32, [None, 4])
+        y = v1.placeholder(tf.float32, [None, 1])
+        e = v1.placeholder(tf.float32, [None, 1])
+        Model(tf.float32, False, inputs=x, labels=y)  # its variables, as the window's start
+        hidden = tf.tanh(tf.matmul(x, _var("w1")) + _var("b1"))
+        squares = (tf.matmul(hidden, _var("w2")) - y) ** 2
+        loss = tf.reduce_sum(e * squares) / tf.reduce_sum(e)
+        train_op = v1.train.AdamOptimizer(0.05).minimize(loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            expected = []
+            for window in windows:
+                xs, ys, es = (np.concatenate(p) for p in zip(*map(_weighted_examples, window)))
+                sess.run(train_op, {x: xs, y: ys, e: es})
+                expected.append(values_by_name(sess, v1.global_variables()))
+    with tf.Graph().as_default():
+        built = way.build(
+            lambda b: Model(tf.float32, False, inputs=b[0], labels=b[1]).loss,
+            v1.train.AdamOptimizer(0.05),
+            [b for window in windows for b in window],
+            4,
+            weight=lambda b: b[2],
         )
-    assert got["global_step"] == 2
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for w, window in enumerate(windows):
+                way.run_window(sess, built, window)
+                assert sess.run(built.skipped_windows) == 0, f"{way}: window {w} skipped"
+                got = values_by_name(sess, v1.global_variables())
+                got = {k: v for k, v in got.items() if k in expected[w]}
+                assert_same_values(got, expected[w], RTOL_TIGHT[tf.float32], f"{way}: window {w}")
+
+
+def _var(name):
+    return [v for v in v1.global_variables() if v.op.name == name][0]

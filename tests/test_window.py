@@ -1,6 +1,8 @@
 """The window: its global norm (one pass per gradient, float64 only on overflow), and
 reference variables among resource variables."""
 
+import copy
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -8,6 +10,8 @@ import tensorflow as tf
 import tf1_accum
 from _imports import find_cycle
 from _imports import package_imports
+from _ways import BY_NAME
+from _ways import HOOK
 from _ways import WAYS
 
 v1 = tf.compat.v1
@@ -69,8 +73,7 @@ def _large_batch_values(windows, train_op, x, y, feed=lambda window: {}):
 
 def _assert_each_window_equals(way, built, windows, expected, check=None):
     """Runs ``windows`` through ``way``; after each, the variables equal ``expected``."""
-    with v1.Session() as sess:
-        sess.run(v1.global_variables_initializer())
+    with way.session() as sess:
         for w, window in enumerate(windows):
             way.run_window(sess, built, window)
             got = _mixed_values(sess)
@@ -167,7 +170,8 @@ def _linear_model_of(batch):
     [
         ({"average": "yes"}, TypeError, r"average must be True or False, got 'yes'"),
         ({"skip_nonfinite": 1}, TypeError, r"skip_nonfinite must be True or False, got 1"),
-        ({"clip_norm": -1.0}, ValueError, r"clip_norm must be positive, got -1.0"),
+        ({"clip_norm": -1.0}, ValueError, r"clip_norm must be a positive, finite number, got -1.0"),
+        ({"clip_norm": float("inf")}, ValueError, r"finite number, got inf: pass clip_norm=None"),
         ({"clip_norm": "1"}, TypeError, r"clip_norm must be a positive number or None"),
         ({"update_ops": "op"}, TypeError, r"update_ops must be None"),
     ],
@@ -186,8 +190,8 @@ def test_every_way_in_checks_the_window_options_with_one_text(way, options, erro
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtype, weighted):
-    """The accumulators hold the window's sum (weighted: of w_i g_i, times the window's
-    power of two), whichever way in built them; only the apply divides."""
+    """The accumulators hold the window's sum (weighted: of w_i g_i), whichever way in
+    built them; only the apply divides."""
     way.require("feed_window_ops")
     rng = np.random.RandomState(5)
     data = [(rng.randn(3, 4).astype(dtype.as_numpy_dtype),) for _ in range(3)]
@@ -223,8 +227,6 @@ def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtyp
                 sess.run(accumulate, feed)
             got = sess.run(accumulator)
             assert sess.run(built.counter) == len(data)
-    if weighted:
-        expected = expected * 0.5  # the power of two that brings the first weight, 3, to [1, 2)
     np.testing.assert_allclose(got, expected, rtol=1e-10 if dtype == tf.float64 else 1e-6)
 
 
@@ -252,7 +254,10 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
 ):
     """The transforms run on each variable's mean, after clip_norm's clipping, with the
     window's norm and count: the updates equal large-batch training that transforms its
-    own gradient the same way. The second window is short (flushed, or the data's end)."""
+    own (dense) gradient the same way. The second window is short (flushed, or the data's
+    end). A sparse gradient reaches a transform with each row once, summed over the
+    window: large-batch training's holds a row per lookup, so only a transform that
+    scales every row by one factor (clip_norm's) sees the same there."""
     windows = _mixed_batches()
     transforms = [] if transform is None else transform
     transforms = transforms if isinstance(transforms, list) else [transforms]
@@ -291,8 +296,13 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
         ([abs, 3], TypeError, r"transform\[1\] must be a callable .*, got 3"),
         (lambda g, v, w: g[:1], ValueError, r"must return the gradient's shape \[2\] for w, got"),
         (lambda g, v, w: 1.0, TypeError, r"must return a tensor for the gradient of w, got"),
+        (
+            lambda g, v, w: tf.cast(g, tf.int32),
+            TypeError,
+            r"must return the gradient's dtype float64 for w, got int32: cast its result",
+        ),
     ],
-    ids=["string", "list_with_int", "shape", "float"],
+    ids=["string", "list_with_int", "shape", "float", "dtype"],
 )
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_a_bad_transform_is_refused_and_leaves_no_state(way, transform, error, message):
@@ -301,4 +311,118 @@ def test_a_bad_transform_is_refused_and_leaves_no_state(way, transform, error, m
         data = [(np.ones((2, 2)),)] * 4
         with pytest.raises(error, match=message):
             way.build(_linear_model_of, sgd, data, 2, transform=transform)
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+def _with_get_variable(gradient, variable):
+    return v1.get_variable(
+        variable.op.name + "/running",
+        shape=gradient.shape,
+        dtype=gradient.dtype,
+        initializer=tf.zeros_initializer(),
+        trainable=False,
+    )
+
+
+def _with_variable(gradient, variable):
+    return tf.Variable(lambda: tf.zeros(gradient.shape, gradient.dtype), trainable=False)
+
+
+@pytest.mark.parametrize(
+    "make", [_with_get_variable, _with_variable], ids=["get_variable", "Variable"]
+)
+@pytest.mark.parametrize("way", (*WAYS, HOOK), ids=str)
+def test_a_transform_with_state_runs_once_per_apply_as_in_plain_training(way, make):
+    """A transform that creates a variable and updates it (a running average of the
+    gradient) builds in every way in, and runs once per window: the updates equal
+    plain training with the same transform. Every apply a way builds (a flush, a fused
+    apply) shares the variable, as its optimizer's state."""
+
+    def running(gradient, variable, window):
+        state = make(gradient, variable)
+        return tf.identity(state.assign(0.5 * state + gradient))
+
+    windows = _mixed_batches()
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [None, 4])
+        y = v1.placeholder(tf.float64, [None, 1])
+        optimizer = v1.train.MomentumOptimizer(0.1, 0.9)
+        pairs = optimizer.compute_gradients(_mixed_loss((x, y)))
+        window = tf1_accum.WindowMean(tf.constant(0.0, tf.float64), tf.constant(0, tf.int64))
+        train_op = optimizer.apply_gradients([(running(g, v, window), v) for g, v in pairs])
+        expected = [
+            {k: v for k, v in values.items() if k in ("w1", "b1", "w2")}
+            for values in _large_batch_values(windows, train_op, x, y)
+        ]
+    with tf.Graph().as_default():
+        built = way.build(
+            _mixed_loss,
+            v1.train.MomentumOptimizer(0.1, 0.9),
+            [b for batches in windows for b in batches],
+            3,
+            transform=running,
+        )
+        _assert_each_window_equals(way, built, windows, expected)
+
+
+def test_the_gradients_fetched_with_apply_op_are_the_ones_it_applied():
+    """With a random transform, grads_and_vars read in the apply's run are what moved
+    the variables: the transform runs once, and both read its result."""
+
+    def noise(gradient, variable, window):
+        return gradient + tf.random.normal(tf.shape(gradient), stddev=1e-3, dtype=gradient.dtype)
+
+    (window,) = _mixed_batches()[:1]
+    with tf.Graph().as_default():
+        x = v1.placeholder(tf.float64, [None, 4])
+        y = v1.placeholder(tf.float64, [None, 1])
+        rate = 0.5
+        acc = tf1_accum.build_accumulation(
+            _mixed_loss((x, y)),
+            v1.train.GradientDescentOptimizer(tf.constant(rate, tf.float64)),
+            transform=noise,
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = sess.run(acc.var_list)
+            for xs, ys in window:
+                sess.run(acc.accum_op, {x: xs, y: ys})
+            _, applied = sess.run((acc.apply_op, [g for g, _ in acc.grads_and_vars]))
+            after = sess.run(acc.var_list)
+    for var, start, gradient, end in zip(acc.var_list, before, applied, after):
+        np.testing.assert_allclose(end, start - rate * gradient, rtol=1e-15, err_msg=var.op.name)
+
+
+def _keep(gradient, variable, window):
+    return gradient
+
+
+def test_the_window_options_hash_and_deep_copy():
+    with tf.Graph().as_default():
+        update = tf.no_op()
+        options = tf1_accum.WindowOptions(transform=[_keep], update_ops=[update])
+        same = tf1_accum.WindowOptions(transform=(_keep,), update_ops=(update,))
+        assert options.transform == (_keep,) and options.update_ops == (update,)
+        assert hash(options) == hash(same) and options == same
+        assert copy.deepcopy({"options": options})["options"] is options
+
+
+@pytest.mark.parametrize("way", [BY_NAME["optimizer"], BY_NAME["dataset"]], ids=str)
+def test_a_transform_variable_made_from_a_tensor_of_the_apply_is_refused_saying_what_to_do(way):
+    """These ways build the apply inside a conditional: a variable cannot start from a
+    tensor computed there, and the error says to pass a callable."""
+
+    def made_from_gradient(gradient, variable, window):
+        return gradient + tf.Variable(tf.zeros_like(gradient), trainable=False)
+
+    with tf.Graph().as_default():
+        data = [(np.ones((2, 2)),)] * 4
+        with pytest.raises(ValueError, match=r"creates a variable from a tensor computed where"):
+            way.build(
+                _linear_model_of,
+                v1.train.GradientDescentOptimizer(0.1),
+                data,
+                2,
+                transform=made_from_gradient,
+            )
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []

@@ -50,16 +50,17 @@ class Accumulation(typing.NamedTuple):
         accumulators: Accumulator variables, aligned with ``var_list``
             (``accumulators[i]`` serves ``var_list[i]``). While ``counter`` is
             above 0, each holds the window's sum of micro-batch gradients
-            (with ``weight``, the weighted sum, which may be scaled by a power
-            of two that the mean does not see); while it is 0, nothing reads
+            (with ``weight``, the weighted sum); while it is 0, nothing reads
             them (see :doc:`concepts`). Float16 and bfloat16 variables
             accumulate in float32.
         var_list: The variables trained, in the order of ``accumulators``.
             Variables whose gradient is None are not in it.
         grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
             to the optimizer: the accumulated mean (or sum, with
-            ``average=False``). A sparse gradient is a ``tf.IndexedSlices`` of
-            the rows touched in the window.
+            ``average=False``) after ``clip_norm`` and ``transform``, the
+            values the apply uses when fetched with ``apply_op``. A sparse
+            gradient is a ``tf.IndexedSlices`` of the rows touched in the
+            window.
         global_norm: float64 global norm of the window's gradient (the mean,
             or the sum) before any clipping. Fetch it in the same
             ``session.run`` as ``apply_op``, and only with it: after the apply
@@ -237,7 +238,8 @@ def build_accumulation(
             ops or tensors), ``cross_replica`` (a `CollectiveAllReduce` or a
             `HorovodAllReduce`).
         ValueError: If ``loss`` or ``weight`` is not a scalar, or
-            ``clip_norm`` or ``micro_batch_size`` is not positive.
+            ``clip_norm`` or ``micro_batch_size`` is not positive and
+            finite.
         ValueError: If a variable of ``var_list``, ``global_step``,
             ``weight`` or an op of ``update_ops`` is not in the loss's graph.
         ValueError: If options do not go together: ``statistics=True``
@@ -254,7 +256,7 @@ def build_accumulation(
             its ``apply_gradients`` is built.
         TypeError, ValueError: If ``transform`` is not a callable or a list
             of them, or a transform returns something other than a gradient
-            of the variable's shape (a tensor; ``tf.IndexedSlices`` for a
+            of the gradient's shape and dtype (a tensor; ``tf.IndexedSlices`` for a
             sparse one).
     """
     _validate.check_graph_mode("build_accumulation")

@@ -211,7 +211,7 @@ def build_dataset_accumulation(
         TypeError: If ``loss_fn`` returns something other than a
             floating-point tensor, or ``weight`` other than a real tensor.
         ValueError: If ``steps`` is less than 1, or ``clip_norm`` or
-            ``micro_batch_size`` is not positive.
+            ``micro_batch_size`` is not positive and finite.
         ValueError: If ``update_ops`` is a non-empty list: ops built outside
             the loop cannot run once per micro-batch drawn inside it.
         ValueError: If options do not go together: ``statistics=True``
@@ -232,7 +232,7 @@ def build_dataset_accumulation(
             iterator cannot).
         TypeError, ValueError: If ``transform`` is not a callable or a list
             of them, or a transform returns something other than a gradient
-            of the variable's shape (a tensor; ``tf.IndexedSlices`` for a
+            of the gradient's shape and dtype (a tensor; ``tf.IndexedSlices`` for a
             sparse one).
     """
     _validate.check_graph_mode("build_dataset_accumulation")

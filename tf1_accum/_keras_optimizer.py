@@ -146,7 +146,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         steps: Micro-batches per update, an int of at least 1.
         average: True (the default) applies the mean of the micro-batch
             gradients, False their sum, as in `AccumulationOptimizer`.
-        clip_norm: Optional positive number: the window's gradient is clipped
+        clip_norm: Optional positive, finite number: the window's gradient is clipped
             to this global norm before the apply.
         skip_nonfinite: True (the default) skips a window whose gradient holds
             a NaN or an Inf.

@@ -170,13 +170,13 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             wrong type, or ``cross_replica`` is not a `CollectiveAllReduce`
             or a `HorovodAllReduce`.
         ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
-            positive, ``weight`` (a tensor) is not a scalar, ``statistics=True``
+            positive and finite, ``weight`` (a tensor) is not a scalar, ``statistics=True``
             without ``micro_batch_size`` or ``weight``, or ``micro_batch_size``
             is not positive, or is given without ``statistics=True`` or
             together with ``weight``.
         TypeError: If ``transform`` is not a callable or a list of them (a
             transform that returns something other than a gradient of its
-            variable's shape is refused by ``minimize``, with the graph's
+            variable's shape and dtype is refused by ``minimize``, with the graph's
             collections put back).
     """
 

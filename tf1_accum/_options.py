@@ -56,13 +56,15 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
     [0.5, 0.0]
 
     Args:
-        clip_norm: A positive number.
+        clip_norm: A positive, finite number (``clip_norm=None`` in a way in
+            does not clip).
 
     Returns:
         A gradient transform (see ``transform=`` in the window options).
 
     Raises:
-        TypeError, ValueError: If ``clip_norm`` is not a positive number.
+        TypeError, ValueError: If ``clip_norm`` is not a positive, finite
+            number.
     """
     _validate.check_clip_norm(clip_norm)
 
@@ -85,8 +87,10 @@ class WindowOptions:
     Every way in makes one of its keyword arguments; `Accumulation.options`
     holds it. The options are described in :ref:`window-options`.
     ``weighted`` says whether a ``weight`` was given (the weight itself
-    belongs to each micro-batch); ``update_ops`` is a tuple of ops, or None
-    for the graph's ``UPDATE_OPS``.
+    belongs to each micro-batch); ``transform`` is kept as a tuple (or None),
+    ``update_ops`` as a tuple of ops (or None for the graph's
+    ``UPDATE_OPS``), so the options can be hashed. They cannot change: a
+    deep copy is the options themselves (the ops of a graph are not copied).
 
     Raises:
         TypeError, ValueError: If an option has the wrong type or value, or
@@ -106,19 +110,22 @@ class WindowOptions:
         _validate.check_bool("average", self.average)
         _validate.check_clip_norm(self.clip_norm)
         _check_transform(self.transform)
+        if self.transform is not None:
+            given = (self.transform,) if callable(self.transform) else tuple(self.transform)
+            object.__setattr__(self, "transform", given)
         _validate.check_bool("skip_nonfinite", self.skip_nonfinite)
         _validate.check_statistics_options(self.statistics, self.micro_batch_size, self.weighted)
         update_ops = _validate.check_update_ops(self.update_ops)
         object.__setattr__(self, "update_ops", None if update_ops is None else tuple(update_ops))
 
+    def __deepcopy__(self, memo: dict) -> WindowOptions:
+        return self
+
 
 def transforms_of(options: WindowOptions) -> tuple[GradientTransform, ...]:
     """The gradient transforms in the order they run: ``clip_norm``'s, then ``transform``."""
     clip = () if options.clip_norm is None else (clip_by_global_norm(options.clip_norm),)
-    given = options.transform
-    if given is None:
-        return clip
-    return clip + (tuple(given) if not callable(given) else (given,))
+    return clip + tuple(typing.cast(typing.Sequence[GradientTransform], options.transform or ()))
 
 
 def update_ops_in(options: WindowOptions, graph: tf.Graph) -> list[tf.Operation]:
@@ -158,32 +165,62 @@ def transformed(
 ) -> Gradient:
     """``gradient`` after each of ``transforms`` (`transforms_of`); checks what each returns.
 
+    A variable a transform creates is created outside the conditional the
+    apply may be built in, as in plain training (its initial value must not
+    come from a tensor computed there).
+
     Raises:
         TypeError: If a transform returns something other than a tensor (or
-            ``tf.IndexedSlices`` for a sparse gradient).
-        ValueError: If it returns another shape than the gradient's.
+            ``tf.IndexedSlices`` for a sparse gradient), or another dtype
+            than the gradient's.
+        ValueError: If it returns another shape than the gradient's, or
+            creates a variable from a tensor computed inside the conditional
+            the apply is built in.
     """
     for transform in transforms:
-        result = transform(gradient, variable, window)
+        with tf.variable_creator_scope(_created_outside):
+            result = transform(gradient, variable, window)
         name = getattr(transform, "__qualname__", repr(transform))
-        if isinstance(gradient, tf.IndexedSlices):
-            if not isinstance(result, tf.IndexedSlices):
-                raise TypeError(
-                    f"transform {name} must return tf.IndexedSlices for the sparse gradient of "
-                    f"{variable.op.name}, got {_validate.describe(result)}."
-                )
-            shape, got = gradient.values.shape, result.values.shape
-        else:
-            if not isinstance(result, tf.Tensor):
-                raise TypeError(
-                    f"transform {name} must return a tensor for the gradient of "
-                    f"{variable.op.name}, got {_validate.describe(result)}."
-                )
-            shape, got = gradient.shape, result.shape
-        if not got.is_compatible_with(shape):
+        sparse = isinstance(gradient, tf.IndexedSlices)
+        what = "tf.IndexedSlices for the sparse gradient" if sparse else "a tensor for the gradient"
+        if not isinstance(result, tf.IndexedSlices if sparse else tf.Tensor):
+            raise TypeError(
+                f"transform {name} must return {what} of {variable.op.name}, got "
+                f"{_validate.describe(result)}."
+            )
+        values, got = (gradient.values, result.values) if sparse else (gradient, result)
+        dtype = values.dtype.base_dtype
+        if got.dtype.base_dtype != dtype:
+            raise TypeError(
+                f"transform {name} must return the gradient's dtype {dtype.name} for "
+                f"{variable.op.name}, got {got.dtype.base_dtype.name}: cast its result to "
+                f"{dtype.name}."
+            )
+        if not got.shape.is_compatible_with(values.shape):
+            shape = got.shape.as_list() if got.shape.rank is not None else got.shape
             raise ValueError(
-                f"transform {name} must return the gradient's shape {shape.as_list()} for "
-                f"{variable.op.name}, got {got.as_list() if got.rank is not None else got}."
+                f"transform {name} must return the gradient's shape {values.shape.as_list()} for "
+                f"{variable.op.name}, got {shape}."
             )
         gradient = result
     return gradient
+
+
+def _created_outside(
+    next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
+) -> tf.Variable:
+    """Creates a transform's variable in ``init_scope``, clear of the apply's conditional."""
+    value = kwargs.get("initial_value")
+    if isinstance(value, tf.Tensor):
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
+        if value.graph is not outer or value.op._get_control_flow_context() is not None:
+            raise ValueError(
+                "A gradient transform creates a variable from a tensor computed where the "
+                f"apply is built ({value.name}), inside a conditional (it "
+                "applies only when a window is complete): a variable's initial value cannot "
+                "come from there. Pass a callable, e.g. tf.Variable(lambda: tf.zeros(shape)), "
+                "or tf.compat.v1.get_variable(..., initializer=tf.zeros_initializer())."
+            )
+    with tf.init_scope():
+        return next_creator(**kwargs)

@@ -26,6 +26,8 @@ import tensorflow as tf
 
 from tf1_accum._wrapping import counts_its_own_steps
 
+_T = typing.TypeVar("_T")
+
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
     "apply_gradients from a tensor computed there ({tensor}). tf1_accum builds the "
@@ -66,9 +68,14 @@ class SharedApply:
         Returns:
             The update op.
         """
+        with _outer_train_ops_only():
+            return self.build(lambda: self._apply(grads_and_vars, global_step))
+
+    def build(self, make: typing.Callable[[], _T]) -> _T:
+        """Returns ``make()``, built over the variables its first build created."""
         reuse = self._replaying if self._created is not None else self._recording
-        with reuse(), _outer_train_ops_only():
-            return self._apply(grads_and_vars, global_step)
+        with reuse():
+            return make()
 
     def _apply(
         self,

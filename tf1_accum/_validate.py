@@ -211,13 +211,16 @@ def check_statistics_options(statistics: object, micro_batch_size: object, weigh
 
 
 def check_clip_norm(clip_norm: object) -> None:
-    """Checks that ``clip_norm`` is None or a positive number."""
+    """Checks that ``clip_norm`` is None or a positive, finite number."""
     if clip_norm is None:
         return
     if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float, np.number)):
         raise TypeError(f"clip_norm must be a positive number or None, got {describe(clip_norm)}.")
-    if not clip_norm > 0:
-        raise ValueError(f"clip_norm must be positive, got {clip_norm}.")
+    if not (clip_norm > 0 and math.isfinite(clip_norm)):
+        raise ValueError(
+            f"clip_norm must be a positive, finite number, got {clip_norm}: pass "
+            "clip_norm=None for no clipping."
+        )
 
 
 def check_update_ops(
@@ -438,69 +441,42 @@ def _caller_stacklevel() -> int:
     return level
 
 
-# The collections a failed build puts back: those that hold variables and the
-# ops a user fetches from them. The control-flow contexts stay: they describe
-# ops that remain in the graph. Read from the class's own namespace, not with
-# getattr: that would evaluate the deprecated GraphKeys.VARIABLES property,
-# and TensorFlow would log a deprecation warning on the user's import.
-# Collections of tf1_accum that a build may start (made before its first item).
-_OWN_COLLECTIONS = (
-    "tf1_accum_state",
-    "tf1_accum_mutexes",
-    "tf1_accum_apply_due",
-    "tf1_accum_train_op_counters",
-)
-
-_GUARDED_COLLECTIONS = tuple(
-    sorted(
-        {
-            value
-            for cls in type.mro(tf.compat.v1.GraphKeys)
-            for key, value in vars(cls).items()
-            if key.isupper() and isinstance(value, str)
-        }
-        - {tf.compat.v1.GraphKeys.COND_CONTEXT, tf.compat.v1.GraphKeys.WHILE_CONTEXT}
-    )
-)
-
-
 @contextlib.contextmanager
-def restored_on_failure(
-    graph: tf.Graph, what: str, extra_collections: typing.Iterable[str] = ()
-) -> typing.Iterator[None]:
+def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
     """Puts the graph's collections back if the build inside raises, and says what remains.
 
     Ops cannot be taken out of a ``tf.Graph``: those built before the failure
     stay in it, unused (nothing runs them), and so do the names of variables
     made by ``tf.compat.v1.get_variable``. Every collection of variables and
     of ops (global, local and trainable variables, ``UPDATE_OPS``,
-    ``SUMMARIES``, tf1_accum's state...) is put back as it was, so the
+    ``SUMMARIES``, the control-flow contexts, tf1_accum's state...) is put
+    back as it was, and a collection the build started is removed, so the
     initializers, a ``Saver`` and ``UPDATE_OPS`` see nothing of the failed
     build. The error gets a note saying so, and an ``AttributeError`` of
     ``tf.compat.v1.layers`` under Keras 3 (the user's model code, called by
     the build) a note saying how to run it with Keras 2.
     """
-    # tf1_accum's own collections (its state, mutexes, apply predicates) too.
-    own = [key for key in graph.get_all_collection_keys() if key.startswith("tf1_accum_")]
-    keys = _GUARDED_COLLECTIONS + tuple(extra_collections) + _OWN_COLLECTIONS + tuple(own)
-    kept = {key: list(graph.get_collection(key)) for key in keys}
+    kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
     try:
         yield
     except Exception as error:
-        kept_ids = {id(v) for v in kept[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES]}
-        kept_ids |= {id(v) for v in kept[tf.compat.v1.GraphKeys.LOCAL_VARIABLES]}
+        variables = (
+            tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+            tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
+        )
+        kept_ids = {id(v) for key in variables for v in kept.get(key, ())}
         made = [
             v.op.name
-            for key in (
-                tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-                tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
-            )
+            for key in variables
             for v in graph.get_collection(key)
             if id(v) not in kept_ids
         ]
-        for key, items in kept.items():
-            graph.get_collection_ref(key)[:] = items
+        for key in graph.get_all_collection_keys():
+            if key in kept:
+                graph.get_collection_ref(key)[:] = kept[key]
+            elif not key.startswith("__"):  # TensorFlow's variable store and scope stay
+                graph.clear_collection(key)
         built = len(graph.get_operations()) - ops_before
         if built or made:
             note = (

@@ -138,24 +138,24 @@ class Window:
         # Every apply this window builds through one optimizer shares the
         # optimizer state that the first one created (see _shared_apply).
         self._shared_applies: dict[int, SharedApply] = {}
+        # The same for the variables the gradient transforms create.
+        self._transform_state = SharedApply(options.transform)
         # Parameter servers: the window's state stays on the worker that
         # computes the gradients, as local variables that worker initializes.
         worker = _worker_device(pairs)
         with tf.device(worker) if worker else contextlib.nullcontext():
-            self.counter = state_variable(lambda: tf.constant(0, tf.int64), "counter")
+            # A weighted window's accumulators hold another sum: its
+            # counter has another name, so that a checkpoint of one kind of
+            # window fails to restore into the other (NotFoundError).
+            self.counter = state_variable(
+                lambda: tf.constant(0, tf.int64), "weighted_counter" if weighted else "counter"
+            )
             self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
             self.weight_total: tf.Variable | None = None
-            self.weight_scale: tf.Variable | None = None
             if weighted:
                 self.weight_total = state_variable(
                     lambda: tf.constant(0.0, tf.float64), "weight_total"
                 )
-                # Only where a common factor of the weights cancels: a mean,
-                # one worker's, without statistics (see _normalized).
-                if options.average and statistics is None and cross_replica is None:
-                    self.weight_scale = state_variable(
-                        lambda: tf.constant(1.0, tf.float64), "weight_scale"
-                    )
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
             self.mutex = new_mutex() if mutex is None else mutex
             self.statistics_state: MovingAverages | None = None
@@ -173,7 +173,7 @@ class Window:
             _make_local(self._state())
 
     def _state(self) -> list[tf.Variable]:
-        state = [self.counter, self.skipped, self.weight_total, self.weight_scale]
+        state = [self.counter, self.skipped, self.weight_total]
         state.append(self.square_norms)
         state.append(self.weighted_micro_batches)
         state += self.statistics_state or ()
@@ -228,10 +228,9 @@ class Window:
             weight_after = square_after = counted_after = None
             if self.weight_total is not None:
                 weight = tf.cast(weight, tf.float64)
-                with tf.control_dependencies([_check_weight(weight)]):
+                dtypes = {slot.dtype for slot in self.slots}
+                with tf.control_dependencies([_check_weight(weight, dtypes)]):
                     weight = tf.identity(weight)
-                    if self.weight_scale is not None:
-                        weight = self._normalized(weight)
                     weight_after = self.weight_total.assign_add(weight, use_locking=True)
                 stateful.append(weight_after)
             if self.statistics is not None and self.square_norms is not None:  # made together
@@ -260,22 +259,6 @@ class Window:
                 square_norm=square_after,
                 micro_batches=counted_after,
             )
-
-    def _normalized(self, weight: tf.Tensor) -> tf.Tensor:
-        """``weight`` times the window's power of two, chosen by its first positive weight.
-
-        The weighted mean does not change when every weight is multiplied by
-        one power of two, and the multiply is exact: the factor brings the
-        window's first positive weight into [1, 2), so tiny weights neither
-        underflow nor round to 0 in the accumulator's dtype.
-        """
-        fresh = tf.logical_and(tf.equal(tf.identity(self.weight_total), 0.0), weight > 0)
-        # Only a window with a weight scale normalizes (see add).
-        scale = typing.cast(tf.Variable, self.weight_scale).assign(
-            tf.where(fresh, _power_of_two_below_inverse(weight), tf.identity(self.weight_scale)),
-            use_locking=True,
-        )
-        return weight * scale
 
     def reset(self, name: str | None = None) -> tf.Operation:
         """Empties the window: the counter and totals to 0, sparse touched rows to zero.
@@ -453,18 +436,39 @@ class Window:
         nonempty: bool = False,
         name: str | None = None,
     ) -> Applied:
-        """`apply` without a condition: the mean, the optimizer's update, the reset."""
+        """`apply` without a condition: the mean, the optimizer's update, the reset.
+
+        Each transform of ``transform=`` runs once per variable, and the
+        optimizer, ``grads_and_vars`` and the non-finite check all read what
+        it returns. The check reads every gradient before the optimizer takes
+        one, so with ``transform=`` the apply holds them all at once (one
+        parameter copy); without, it makes one large mean at a time.
+        """
         mean = self.mean(after, nonempty)
-        # What apply_op hands the optimizer, for a user to fetch; the apply
-        # builds its own, inside the conditional that may skip it.
-        grads_and_vars = list(zip(mean.gradients(), self.var_list))
+        finite = tf.math.is_finite(mean.norm)
+        if self.options.transform is None:
+            # The mean, clipped by clip_norm, is pure and finite where the
+            # norm is: the apply makes each one where the optimizer takes
+            # it, one large gradient at a time. These, built apart for a
+            # user to fetch, compute the same values.
+            grads = mean.gradients()
+            make_grads = mean.gradients
+        else:
+            # Made once, before the apply: what the transforms return is
+            # what the optimizer takes and what the non-finite check reads.
+            with tf.compat.v1.name_scope(self.scope):
+                # A variable a transform creates is made by the first apply
+                # built and found again by the others (a flush, a fused apply).
+                grads = self._transform_state.build(mean.gradients)
+                squares = _square_norms([_values(g) for g in grads])
+                finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squares)))
+            make_grads = lambda: grads  # noqa: E731
+        grads_and_vars = list(zip(grads, self.var_list))
         # The optimizer builds its update in the caller's name scope, so that
         # its non-slot variables (Adam's beta powers) get the names plain
         # minimize() gives them.
         with tf.control_dependencies(mean.after):
-            update, applied = self._apply_if_finite(
-                optimizer, mean.gradients, global_step, mean.norm
-            )
+            update, applied = self._apply_if_finite(optimizer, make_grads, global_step, finite)
         with tf.compat.v1.name_scope(self.scope):
             with tf.control_dependencies([update] + mean.observed):
                 reset = tf.group(
@@ -495,20 +499,20 @@ class Window:
         optimizer: tf.compat.v1.train.Optimizer,
         make_grads: typing.Callable[[], list[Gradient]],
         global_step: tf.Variable | None,
-        norm: tf.Tensor,
+        finite: tf.Tensor,
     ) -> tuple[tf.Operation, tf.Tensor]:
         """Hands the window to the optimizer, unless it must be skipped.
 
-        The global norm is finite exactly when every gradient element is. A
-        loss-scale optimizer gets every window: it must see an overflow to
+        ``finite`` says whether every element of what the optimizer takes is
+        finite (see `_apply`). A loss-scale optimizer gets every window: it must see an overflow to
         lower its loss scale, and it skips that window itself. So does a
         ``SyncReplicasOptimizer``, whose apply cannot sit in a conditional
         (its chief waits for every worker's push): there a non-finite window
         is counted, not skipped.
 
-        ``make_grads()`` builds the gradients, aligned with the window's
-        variables, where the optimizer takes them: inside the conditional, so
-        each mean is computed only when the window is applied.
+        ``make_grads()`` returns the gradients, aligned with the window's
+        variables, where the optimizer takes them: a mean built there, inside
+        the conditional, is computed only when the window is applied.
 
         The optimizer's update is built by the window's `SharedApply` for it:
         its state is created once, however often the apply is built, and
@@ -520,7 +524,6 @@ class Window:
         shared = self._shared_applies.get(id(optimizer))
         if shared is None:
             shared = self._shared_applies[id(optimizer)] = SharedApply(optimizer)
-        finite = tf.math.is_finite(norm)
         count_skip = lambda: self.skipped.assign_add(  # noqa: E731
             tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
         )
@@ -668,12 +671,33 @@ def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
     return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
 
 
-def _check_weight(weight: tf.Tensor) -> tf.Operation:
-    """An assert that the float64 ``weight`` is finite and non-negative, naming what it is."""
+def _check_weight(weight: tf.Tensor, dtypes: typing.Iterable[tf.DType]) -> tf.Operation:
+    """An assert that the float64 ``weight`` can weight a gradient, naming what it is.
+
+    It must be finite and non-negative; if positive, a normal number of
+    every accumulator dtype of ``dtypes``: the accumulators hold the plain
+    weighted sum, and a weight that rounds to 0 (or Inf) there would change
+    the mean silently.
+    """
+    narrowest = min(dtypes, key=lambda d: d.size)
+    low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
+    finite = tf.math.is_finite(weight)
+    in_range = tf.logical_or(tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high))
     what = tf.where(
         tf.math.is_nan(weight),
         "NaN",
-        tf.where(tf.math.is_inf(weight), "infinite", "negative"),
+        tf.where(
+            tf.math.is_inf(weight),
+            "infinite",
+            tf.where(weight < 0, "negative", f"outside the range of {narrowest.name}"),
+        ),
+    )
+    rule = tf.where(
+        tf.logical_and(finite, weight > 0),
+        f"a positive weight must be a normal {narrowest.name} number, in [{low:g}, {high:g}], "
+        "as the accumulators are; with average=True only the weights' ratios matter: "
+        "scale them all by one factor.",
+        "a weight must be finite and non-negative.",
     )
     message = tf.strings.join(
         [
@@ -681,22 +705,15 @@ def _check_weight(weight: tf.Tensor) -> tf.Operation:
             what,
             " (",
             tf.strings.as_string(weight, shortest=True),
-            "): a weight must be finite and non-negative.",
+            "): ",
+            rule,
         ]
     )
     return tf.debugging.Assert(
-        tf.logical_and(tf.math.is_finite(weight), weight >= 0),
+        tf.logical_and(finite, tf.logical_and(weight >= 0, in_range)),
         [message],
         name="check_weight",
     )
-
-
-def _power_of_two_below_inverse(weight: tf.Tensor) -> tf.Tensor:
-    """A power of two p with weight * p in [1, 2), built from its exponent bits (exact)."""
-    # Off by one power where log() rounds across one: still a power of two, still exact.
-    exponent = tf.cast(tf.floor(tf.math.log(weight) / np.log(2.0)), tf.int64)
-    biased = tf.clip_by_value(1023 - exponent, 1, 2046)
-    return tf.bitcast(tf.bitwise.left_shift(biased, 52), tf.float64)
 
 
 def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: str) -> tf.Variable:
