@@ -1,10 +1,13 @@
 """Tests of AccumulationOptimizer."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf1_accum
+from _helpers import RTOL
 from _helpers import RTOL_TIGHT
 from _helpers import Model
 from _helpers import assert_same_values
@@ -474,3 +477,40 @@ def test_a_weight_callable_that_needs_arguments_is_refused_when_the_wrapper_is_m
                 v1.train.GradientDescentOptimizer(0.1), steps=2, weight=lambda batch: batch
             )
         assert v1.global_variables() == []
+
+
+@pytest.mark.skipif(
+    os.environ.get("TF1_ACCUM_GRAPH_MODE") == "ref_v2",
+    reason="its conditional cannot take reference variables: plain training fails too",
+)
+def test_a_dynamic_loss_scale_around_the_wrapper_trains_as_large_batches():
+    """The loss-scale optimizer builds the wrapper's apply in its conditional.
+
+    MixedPrecisionLossScaleOptimizer(AccumulationOptimizer(...)); its loss
+    scale is float32, so is the model.
+    """
+    batches = make_batches(tf.float32, False, 7, 3)
+
+    def train(accumulate):
+        with tf.Graph().as_default():
+            model = Model(tf.float32, False)
+            step = v1.train.get_or_create_global_step()
+            opt = v1.train.GradientDescentOptimizer(0.1)
+            if accumulate:
+                opt = wrapper = tf1_accum.AccumulationOptimizer(opt, 3)
+            opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
+            train_op = opt.minimize(model.loss, global_step=step)
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                if accumulate:
+                    for batch in batches:
+                        sess.run(train_op, model.feed(batch))
+                    sess.run(wrapper.flush_op)  # the seventh micro-batch, alone
+                else:
+                    for window in (batches[:3], batches[3:6], batches[6:]):
+                        sess.run(train_op, model.feed(concat(window)))
+                return values_by_name(sess, v1.trainable_variables()), int(sess.run(step))
+
+    (got, got_step), (expected, expected_step) = train(True), train(False)
+    assert got_step == expected_step == 3
+    assert_same_values(got, expected, RTOL[tf.float32], "loss scale around the wrapper")

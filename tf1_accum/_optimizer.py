@@ -436,7 +436,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
         graph = tf.compat.v1.get_default_graph()
-        _validate.check_global_step(global_step, graph)
+        # Inside a loss-scale optimizer's conditional, the default graph is the
+        # branch's function graph, and global_step a variable of the graph outside.
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
+        _validate.check_global_step(global_step, outer)
         grads_and_vars = list(grads_and_vars)
         _validate.check_not_under_sync_replicas(grads_and_vars)
         pairs = _validate.usable_gradients(grads_and_vars)
@@ -499,8 +503,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # finalizes the graph before the end of training. After the
             # flushes of the train ops built before in this graph, in turn:
             # flush_op flushes every window.
-            earlier = [b.flush.op for b in self._built(graph)]
-            with tf.control_dependencies(None), tf.control_dependencies(earlier[-1:]):
+            # Clear of the train op's control flow, and of a conditional it is
+            # built in (a loss-scale optimizer's): in the graph the session runs.
+            with tf.init_scope():
+                outer = tf.compat.v1.get_default_graph()
+            earlier = [b.flush.op for b in self._built(outer)]
+            with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
 
                 def flush() -> tuple[Applied, None]:
                     with tf.compat.v1.name_scope(window.scope):
@@ -511,7 +519,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         self._builds.append(_Build(window, train, flushed, start))
         # A MonitoredTrainingSession or Estimator that ends mid-window without
         # make_session_run_hook's hook may leave the window out of every checkpoint.
-        graph.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
+        outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
         _unhooked.watch_checkpoint_saver_hook()
         with tf.compat.v1.name_scope(scope):
             return tf.group(train.applied, name="train")
