@@ -183,3 +183,15 @@ def test_feed_the_batch_finds_the_size_that_fits_and_matches_the_big_batch(capsy
     assert "    10  37 -> 30              out of memory" in out
     assert "micro-batch size in use: 30 rows, after 12 windows" in out
     assert result["max_param_diff"] < 1e-5
+
+
+def test_gan_trains_as_the_large_batch_gan_and_the_unchanged_loop_stops(capsys):
+    gan = _load("real_programs/gan")
+    result = gan.main(["--steps", "3", "--micro-batch", "4", "--batches", "3"])
+    out = capsys.readouterr().out
+    assert "largest relative difference from the large-batch GAN" in out
+    assert result["max_rel_diff"] <= gan.TOLERANCE
+    assert result["unchanged_loop_error"].startswith(
+        "tf1_accum: the train op Accumulation_1 (training generator/b, generator/w) ran while "
+        "the window of Accumulation"
+    )

@@ -44,6 +44,100 @@ def _check_weight(weight: object) -> None:
     _validate.check_weight(weight, getattr(weight, "graph", None))
 
 
+class _Reach:
+    """What one train op's window trains, and (worked out when first asked) what its loss reads."""
+
+    def __init__(self, window: Window, steps: int, roots: list[tf.Tensor]) -> None:
+        self.window, self.steps, self._roots = window, steps, roots
+        self.trains = {v.op.name for v in window.var_list}
+        self._reads: set[str] | None = None
+
+    @property
+    def reads(self) -> set[str]:
+        """Names of the variables that the loss (or the gradients given) reads."""
+        if self._reads is None:
+            ops: set[tf.Operation] = set()
+            for root in self._roots:
+                if root.op not in ops:
+                    ops |= _validate._ancestors(root.op)
+            self._reads = {op.name for op in ops}
+            self._roots = []
+        return self._reads
+
+    @property
+    def name(self) -> str:
+        return self.window.scope.rstrip("/")
+
+    def describe(self) -> str:
+        trains = sorted(self.trains)
+        more = ", ..." if len(trains) > 2 else ""
+        return f"{self.name} (training {', '.join(trains[:2])}{more})"
+
+    def coupling(self, other: _Reach) -> str | None:
+        """Why an update of one window changes the gradients of the other's, or None."""
+        for trains, reads, says in (
+            (self.trains, other.trains, "both train {}"),
+            (other.trains, self.reads, "{{other}} trains {}, which the loss of {{this}} reads"),
+            (self.trains, other.reads, "{{this}} trains {}, which the loss of {{other}} reads"),
+        ):
+            shared = sorted(trains & reads)
+            if shared:
+                return says.format(shared[0])
+        return None
+
+
+def _reaches(graph: tf.Graph) -> list[_Reach]:
+    """The train ops built in ``graph`` by every AccumulationOptimizer, in order.
+
+    Kept on the graph itself: they hold its tensors, and go with it.
+    """
+    if not hasattr(graph, "_tf1_accum_reaches"):
+        graph._tf1_accum_reaches = []  # type: ignore[attr-defined]
+    return typing.cast(list, graph._tf1_accum_reaches)  # type: ignore[attr-defined]
+
+
+def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
+    """Stops a run of ``this`` train op while a window coupled with it is partly full.
+
+    Two windows are coupled when an update of one changes the gradients the
+    other accumulates (a GAN's discriminator and generator, two tasks on
+    shared layers). Only the train op built later checks, before its
+    micro-batch is added: a scalar read of each coupled counter per run.
+    """
+    checks = []
+    for other in earlier:
+        why = this.coupling(other)
+        if why is None:
+            continue
+        names = {"this": this.name, "other": other.name}
+        message = (
+            f"tf1_accum: the train op {this.describe()} ran while the window of "
+            f"{other.describe()} is partly full, and the two are coupled: "
+            + why.format(**names)
+            + ". An update of either in the middle of the other's window mixes "
+            "gradients from before and after it, which no large-batch step computes. "
+            "Run one train op a whole window in a row (steps runs) before the other: "
+            "a GAN runs the discriminator's train op on the batch's N micro-batches, "
+            "then the generator's on N micro-batches, once per generator step (see "
+            '"Several optimizers on shared variables" in the concepts page). This '
+            f"micro-batch was not accumulated. Micro-batches in {names['other']}'s window:"
+        )
+        with tf.compat.v1.name_scope(this.window.scope):
+            count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
+            checks.append(
+                tf.raw_ops.Assert(
+                    condition=tf.equal(count, 0),
+                    data=[tf.constant(message), count],
+                    name="coupled_window_empty",
+                )
+            )
+    return checks
+
+
+def _gradient_tensors(pairs: Pairs) -> list[tf.Tensor]:
+    return [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
+
+
 class _Build(typing.NamedTuple):
     """What building one train op returned."""
 
@@ -81,7 +175,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     hand-written ``global_step.assign(global_step + 1)`` grouped with the
     train op (BERT's ``create_optimizer``) would count every micro-batch
     besides every update. Such a run stops with an ``InvalidArgumentError``
-    that says what to change, before its micro-batch is added. Gradients
+    that says what to change, before its micro-batch is added. So does a
+    run of a train op while the partly full window of one built before it
+    is coupled with it (a GAN's discriminator and generator: see
+    "Several optimizers on shared variables" in :doc:`concepts`). Gradients
     handed to ``apply_gradients`` from ``tf.clip_by_global_norm`` (or
     ``clip_by_norm``, ``clip_by_value``) get a ``UserWarning``: they clip
     each micro-batch, where ``clip_norm=`` clips the window. See the
@@ -447,7 +544,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _migration.warn_if_clipped(pairs, self._options.clip_norm)
         update_ops = self._checked_for(pairs, graph)
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
-            return self._build(pairs, global_step, name, graph, update_ops)
+            return self._build(
+                pairs, global_step, name, graph, update_ops, _gradient_tensors(pairs)
+            )
 
     def _checked_for(self, pairs: Pairs, graph: tf.Graph) -> list[tf.Operation]:
         """Checks the variables and the options against the gradients' graph; the update ops."""
@@ -464,10 +563,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str | None,
         graph: tf.Graph,
         update_ops: list[tf.Operation],
+        roots: list[tf.Tensor],
     ) -> tf.Operation:
         options = self._options
         weight = self._weight() if callable(self._weight) else self._weight
         _validate.check_weight(weight, graph)
+        # Inside a loss-scale optimizer's conditional, the graph the session runs.
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
@@ -481,6 +584,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         # The train op and the flush each hold the window's mutex while they
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
+        reach = _Reach(window, self._steps, roots)
         with window.control_flow(global_step):
             start = None
             if global_step is not None:
@@ -489,6 +593,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             def accumulate_and_apply() -> tuple[Applied, None]:
                 # With global_step: each run first checks that nothing else moved it.
                 checked = [] if start is None else [start.check(self._steps)]
+                checked += _check_alone(reach, _reaches(outer))
                 with tf.control_dependencies(checked):
                     added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
                 # The counter's increment waits for every add: the apply,
@@ -504,9 +609,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # flushes of the train ops built before in this graph, in turn:
             # flush_op flushes every window.
             # Clear of the train op's control flow, and of a conditional it is
-            # built in (a loss-scale optimizer's): in the graph the session runs.
-            with tf.init_scope():
-                outer = tf.compat.v1.get_default_graph()
+            # built in (a loss-scale optimizer's).
             earlier = [b.flush.op for b in self._built(outer)]
             with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
 
@@ -517,6 +620,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
                 flushed, _ = window.exclusive(flush, name="flush")
         self._builds.append(_Build(window, train, flushed, start))
+        _reaches(outer).append(reach)
         # A MonitoredTrainingSession or Estimator that ends mid-window without
         # make_session_run_hook's hook may leave the window out of every checkpoint.
         outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
@@ -581,7 +685,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             pairs = _validate.usable_gradients(grads_and_vars)
             update_ops = self._checked_for(pairs, loss.graph)
             with loss.graph.as_default():
-                return self._build(pairs, global_step, name, loss.graph, update_ops)
+                return self._build(pairs, global_step, name, loss.graph, update_ops, [loss])
 
     def get_slot(self, var: tf.Variable, name: str) -> tf.Variable | None:
         """The wrapped optimizer's slot ``name`` of ``var`` (as plain training names it)."""
