@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+import warnings
 
 import tensorflow as tf
 
@@ -134,6 +135,41 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
     return checks
 
 
+def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None:
+    """Warns of an op of ``UPDATE_OPS`` that needs a placeholder fed that the loss does not read.
+
+    It belongs to another model (a GAN's other network, with batch norm):
+    every run of the train op would fail for want of its feed. A program may
+    feed that placeholder on purpose, so this warns. The walk back from each
+    op stops at what the loss reads: an op of the loss's model stops at once.
+    """
+    for op in update_ops:
+        seen, stack, fed = {op}, [op], []
+        while stack:
+            current = stack.pop()
+            if current.type == "Placeholder":
+                fed.append(current.name)
+            for tensor in current.inputs:
+                if tensor.op not in seen and tensor.op.name not in reach.reads:
+                    seen.add(tensor.op)
+                    stack.append(tensor.op)
+        if fed:
+            warnings.warn(
+                f"tf1_accum: the update op {op.name} is in "
+                "tf.compat.v1.GraphKeys.UPDATE_OPS, which the train op of "
+                f"{reach.name} runs with each micro-batch (update_ops=None, the "
+                f"default), and it needs placeholder {', '.join(sorted(fed))} fed, "
+                "which this train op's loss does not read: it belongs to another model "
+                "(a GAN's other network). Each run would fail with \"You must feed a "
+                f"value for placeholder tensor '{sorted(fed)[0]}'\". Pass update_ops= "
+                "this model's ops (e.g. tf.compat.v1.get_collection(tf.compat.v1."
+                'GraphKeys.UPDATE_OPS, scope="generator")), or [] for none.',
+                UserWarning,
+                stacklevel=_validate._caller_stacklevel(),
+            )
+            return
+
+
 def _gradient_tensors(pairs: Pairs) -> list[tf.Tensor]:
     return [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
 
@@ -245,8 +281,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         update_ops: Ops the train op runs with each micro-batch (batch-norm
             moving-average updates). None (the default) takes the graph's
             ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
-            is built (``minimize`` or ``apply_gradients``); a list runs exactly
-            those ops, ``[]`` none. ``flush_op`` never runs them.
+            is built (``minimize`` or ``apply_gradients``), with a
+            ``UserWarning`` naming any of them that needs a placeholder fed
+            that the loss does not read (another model's, as a GAN's); a list
+            runs exactly those ops, ``[]`` none. ``flush_op`` never runs them.
         cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
             as in `build_accumulation`: every ``steps``-th run (and
             ``flush_op``) sums the window across the workers in one
@@ -585,6 +623,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
         reach = _Reach(window, self._steps, roots)
+        if options.update_ops is None:
+            _warn_of_other_models(update_ops, reach)
         with window.control_flow(global_step):
             start = None
             if global_step is not None:
