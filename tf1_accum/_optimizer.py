@@ -665,6 +665,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         # make_session_run_hook's hook may leave the window out of every checkpoint.
         outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
         _unhooked.watch_checkpoint_saver_hook()
+        _unhooked.watch_keras_fit()
         with tf.compat.v1.name_scope(scope):
             return tf.group(train.applied, name="train")
 
