@@ -154,7 +154,7 @@ def test_windows_that_share_no_variable_may_interleave():
                 if steps > 1:
                     opt = tf1_accum.AccumulationOptimizer(opt, steps)
                 models.append(model)
-                train_ops.append(opt.minimize(model.loss))
+                train_ops.append(opt.minimize(model.loss, var_list=v1.trainable_variables(name)))
             with v1.Session() as sess:
                 sess.run(v1.global_variables_initializer())
                 for start in range(0, len(batches), 2 * STEPS):

@@ -48,14 +48,14 @@ def _check_weight(weight: object) -> None:
 class _Reach:
     """What one train op's window trains, and (worked out when first asked) what its loss reads."""
 
-    def __init__(self, window: Window, steps: int, roots: list[tf.Tensor]) -> None:
-        self.window, self.steps, self._roots = window, steps, roots
+    def __init__(self, window: Window, roots: list[tf.Tensor]) -> None:
+        self.window, self._roots = window, roots
         self.trains = {v.op.name for v in window.var_list}
         self._reads: set[str] | None = None
 
     @property
     def reads(self) -> set[str]:
-        """Names of the variables that the loss (or the gradients given) reads."""
+        """Names of the ops the loss (or the gradients given) reads: variables, placeholders..."""
         if self._reads is None:
             ops: set[tf.Operation] = set()
             for root in self._roots:
@@ -619,12 +619,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                     None if self._cross_replica is None else self._cross_replica._reducer()
                 ),
             )
+        reach = _Reach(window, roots)
+        if options.update_ops is None:
+            _warn_of_other_models(update_ops, reach)
         # The train op and the flush each hold the window's mutex while they
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
-        reach = _Reach(window, self._steps, roots)
-        if options.update_ops is None:
-            _warn_of_other_models(update_ops, reach)
         with window.control_flow(global_step):
             start = None
             if global_step is not None:
