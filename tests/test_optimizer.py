@@ -498,8 +498,14 @@ def test_a_dynamic_loss_scale_around_the_wrapper_trains_as_large_batches():
             model = Model(tf.float32, False)
             step = v1.train.get_or_create_global_step()
             opt = v1.train.GradientDescentOptimizer(0.1)
-            if accumulate:
-                opt = wrapper = tf1_accum.AccumulationOptimizer(opt, 3)
+            if accumulate:  # with a weight and an update op of the graph outside the apply
+                seen = v1.get_variable("seen", initializer=np.int64(0), trainable=False)
+                opt = wrapper = tf1_accum.AccumulationOptimizer(
+                    opt,
+                    3,
+                    weight=tf.cast(tf.shape(model.labels)[0], tf.float32),
+                    update_ops=[seen.assign_add(1).op],
+                )
             opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
             train_op = opt.minimize(model.loss, global_step=step)
             with v1.Session() as sess:
@@ -508,6 +514,7 @@ def test_a_dynamic_loss_scale_around_the_wrapper_trains_as_large_batches():
                     for batch in batches:
                         sess.run(train_op, model.feed(batch))
                     sess.run(wrapper.flush_op)  # the seventh micro-batch, alone
+                    assert int(sess.run(seen)) == 7
                 else:
                     for window in (batches[:3], batches[3:6], batches[6:]):
                         sess.run(train_op, model.feed(concat(window)))

@@ -580,7 +580,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _validate.check_not_under_sync_replicas(grads_and_vars)
         pairs = _validate.usable_gradients(grads_and_vars)
         _migration.warn_if_clipped(pairs, self._options.clip_norm)
-        update_ops = self._checked_for(pairs, graph)
+        update_ops = self._checked_for(pairs, outer)
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
             return self._build(
                 pairs, global_step, name, graph, update_ops, _gradient_tensors(pairs)
@@ -604,11 +604,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         roots: list[tf.Tensor],
     ) -> tf.Operation:
         options = self._options
-        weight = self._weight() if callable(self._weight) else self._weight
-        _validate.check_weight(weight, graph)
         # Inside a loss-scale optimizer's conditional, the graph the session runs.
         with tf.init_scope():
             outer = tf.compat.v1.get_default_graph()
+        weight = self._weight() if callable(self._weight) else self._weight
+        _validate.check_weight(weight, graph if callable(self._weight) else outer)
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
