@@ -246,3 +246,15 @@ def test_resumable_training_prints_its_usage_before_importing_tensorflow():
     )
     assert done.stdout == "exit 2 False\n", done.stderr
     assert "error: the following arguments are required: --checkpoint-dir" in done.stderr
+
+
+def test_gan_trains_as_the_large_batch_gan_and_the_unchanged_loop_stops(capsys):
+    gan = _load("real_programs/gan")
+    result = gan.main(["--steps", "3", "--micro-batch", "4", "--batches", "3"])
+    out = capsys.readouterr().out
+    assert "largest relative difference from the large-batch GAN" in out
+    assert result["max_rel_diff"] <= gan.TOLERANCE
+    assert result["unchanged_loop_error"].startswith(
+        "tf1_accum: the train op Accumulation_1 (training generator/b, generator/w) ran while "
+        "the window of Accumulation"
+    )

@@ -1,5 +1,7 @@
 """tf_keras in graph mode: model.fit with AccumulationOptimizer, and Keras legacy optimizers."""
 
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -293,6 +295,37 @@ def test_a_partial_last_window_is_flushed_by_a_callback(floatx):
     for i, (a, e) in enumerate(zip(got, want)):
         assert np.max(np.abs(a - e)) <= 1e-10 * np.max(np.abs(e)), f"weight {i}"
     assert iterations == plain_iterations == 6
+
+
+def _fit_warnings(callbacks):
+    """Fits 2 epochs of 7 micro-batches (windows of 3); returns (fit's warnings, iterations)."""
+    rng = np.random.RandomState(1)
+    x, y = rng.randn(7 * B, 4), rng.randn(7 * B, 1)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        _, iterations, _ = _fit(
+            FIT_OPTIMIZERS["keras_adam"], B, x, y, wrap=True, callbacks=callbacks
+        )
+    return [str(w.message) for w in record if "tf1_accum: fit ended" in str(w.message)], iterations
+
+
+def test_fit_without_a_flush_warns_at_its_end_of_epochs_that_ended_mid_window(floatx):
+    floatx("float64")
+    messages, iterations = _fit_warnings(callbacks=[])
+    assert iterations == 4  # plain fit with batches of 3 x B: 6
+    assert messages == [
+        "tf1_accum: fit ended 2 of its 2 epochs in the middle of an accumulation window, and "
+        "no callback ran the optimizer's flush_op: each such epoch's last micro-batches went "
+        "into the next epoch's first window, where fit with batches steps times larger "
+        "applies a short last batch, and the last 2 were not applied at all. Run flush_op at "
+        "each epoch's end: callbacks=[tf_keras.callbacks.LambdaCallback(on_epoch_end=lambda "
+        "epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+    ]
+
+
+def test_fit_with_a_flush_at_each_epochs_end_does_not_warn(floatx):
+    floatx("float64")
+    assert _fit_warnings(callbacks=[_flush_at_epoch_end]) == ([], 6)
 
 
 def _load_example(name):

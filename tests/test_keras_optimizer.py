@@ -263,6 +263,22 @@ def test_flush_op_applies_the_last_short_window_of_each_epoch(float64):
         assert np.max(np.abs(a - e)) <= 1e-10 * np.max(np.abs(e)), f"weight {i}"
 
 
+def test_fit_without_a_flush_warns_at_its_end(float64):
+    # 5 micro-batches an epoch, windows of 3: the epochs end with 2, then 1.
+    x, y = _data(PER_EPOCH * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N))
+        with pytest.warns(UserWarning) as record:
+            _fit(model, x, y, 2)
+        assert _state(model) == (3, 1)
+    [message] = [str(w.message) for w in record if "tf1_accum: fit ended" in str(w.message)]
+    assert message.startswith(
+        "tf1_accum: fit ended 2 of its 2 epochs in the middle of an accumulation window"
+    )
+    assert "the last 1 were not applied at all" in message
+
+
 def test_learning_rate_is_the_wrapped_optimizers():
     with tf.Graph().as_default(), v1.Session():
         model = _cnn()

@@ -1,10 +1,15 @@
 """Tests of AccumulationOptimizer."""
 
+import os
+import re
+import warnings
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import tf1_accum
+from _helpers import RTOL
 from _helpers import RTOL_TIGHT
 from _helpers import Model
 from _helpers import assert_same_values
@@ -474,3 +479,126 @@ def test_a_weight_callable_that_needs_arguments_is_refused_when_the_wrapper_is_m
                 v1.train.GradientDescentOptimizer(0.1), steps=2, weight=lambda batch: batch
             )
         assert v1.global_variables() == []
+
+
+@pytest.mark.skipif(
+    os.environ.get("TF1_ACCUM_GRAPH_MODE") == "ref_v2",
+    reason="its conditional cannot take reference variables: plain training fails too",
+)
+def test_a_dynamic_loss_scale_around_the_wrapper_trains_as_large_batches():
+    """The loss-scale optimizer builds the wrapper's apply in its conditional.
+
+    MixedPrecisionLossScaleOptimizer(AccumulationOptimizer(...)); its loss
+    scale is float32, so is the model.
+    """
+    batches = make_batches(tf.float32, False, 7, 3)
+
+    def train(accumulate):
+        with tf.Graph().as_default():
+            model = Model(tf.float32, False)
+            step = v1.train.get_or_create_global_step()
+            opt = v1.train.GradientDescentOptimizer(0.1)
+            if accumulate:  # with a weight and an update op of the graph outside the apply
+                seen = v1.get_variable("seen", initializer=np.int64(0), trainable=False)
+                opt = wrapper = tf1_accum.AccumulationOptimizer(
+                    opt,
+                    3,
+                    weight=tf.cast(tf.shape(model.labels)[0], tf.float32),
+                    update_ops=[seen.assign_add(1).op],
+                )
+            opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
+            train_op = opt.minimize(model.loss, global_step=step)
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                if accumulate:
+                    for batch in batches:
+                        sess.run(train_op, model.feed(batch))
+                    sess.run(wrapper.flush_op)  # the seventh micro-batch, alone
+                    assert int(sess.run(seen)) == 7
+                else:
+                    for window in (batches[:3], batches[3:6], batches[6:]):
+                        sess.run(train_op, model.feed(concat(window)))
+                return values_by_name(sess, v1.trainable_variables()), int(sess.run(step))
+
+    (got, got_step), (expected, expected_step) = train(True), train(False)
+    assert got_step == expected_step == 3
+    assert_same_values(got, expected, RTOL[tf.float32], "loss scale around the wrapper")
+
+
+def _gan_with_batch_norm():
+    """A GAN whose discriminator normalizes its input: (real, noise, d_loss, g_loss)."""
+    rng = np.random.RandomState(0)
+    real = v1.placeholder(tf.float64, [None, 3], name="real_images")
+    noise = v1.placeholder(tf.float64, [None, 2], name="noise")
+    with v1.variable_scope("generator"):
+        fake = tf.matmul(noise, v1.get_variable("w", initializer=rng.randn(2, 3), dtype=tf.float64))
+
+    def discriminate(x):
+        with v1.variable_scope("discriminator", reuse=v1.AUTO_REUSE):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # the layer's deprecation notice
+                normalized = v1.layers.batch_normalization(x, training=True, name="bn")
+            return tf.matmul(
+                normalized, v1.get_variable("w", initializer=rng.randn(3, 1), dtype=tf.float64)
+            )
+
+    d_fake = discriminate(fake)
+    d_loss = tf.reduce_mean(tf.nn.softplus(-discriminate(real)) + tf.nn.softplus(d_fake))
+    return real, noise, d_loss, tf.reduce_mean(tf.nn.softplus(-d_fake))
+
+
+def _other_models_warnings(record):
+    return [str(w.message) for w in record if "belongs to another model" in str(w.message)]
+
+
+def test_an_update_op_of_another_model_in_update_ops_is_named_at_build():
+    """The generator's train op would run the discriminator's batch-norm update on real data."""
+    batch = np.random.RandomState(1).randn(4, 2)
+    with tf.Graph().as_default():
+        real, noise, d_loss, g_loss = _gan_with_batch_norm()
+        d_vars = v1.trainable_variables("discriminator")
+        g_vars = v1.trainable_variables("generator")
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.01), 2).minimize(
+                d_loss, var_list=d_vars
+            )
+            assert _other_models_warnings(record) == []  # its loss reads both placeholders
+            g_train = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.01), 2).minimize(
+                g_loss, var_list=g_vars
+            )
+        [message] = _other_models_warnings(record)
+        assert re.match(
+            r"tf1_accum: the update op discriminator_1/bn/[\w/]+ is in "
+            r"tf.compat.v1.GraphKeys.UPDATE_OPS, which the train op of Accumulation_1 runs "
+            r"with each micro-batch \(update_ops=None, the default\), and it needs "
+            r"placeholder real_images fed, which this train op's loss does not read.*Pass "
+            r"update_ops= this model's ops",
+            message,
+        ), message
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            with pytest.raises(tf.errors.InvalidArgumentError, match="real_images"):
+                sess.run(g_train, {noise: batch})
+
+
+def test_update_ops_of_the_model_itself_train_without_a_warning():
+    batch = np.random.RandomState(1).randn(4, 2)
+    with tf.Graph().as_default():
+        real, noise, d_loss, g_loss = _gan_with_batch_norm()
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            wrapper = tf1_accum.AccumulationOptimizer(
+                v1.train.AdamOptimizer(0.01),
+                2,
+                update_ops=v1.get_collection(v1.GraphKeys.UPDATE_OPS, scope="generator"),
+            )
+            g_train = wrapper.minimize(g_loss, var_list=v1.trainable_variables("generator"))
+        assert _other_models_warnings(record) == []
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = sess.run(v1.trainable_variables("generator"))
+            for _ in range(2):
+                sess.run(g_train, {noise: batch})
+            after = sess.run(v1.trainable_variables("generator"))
+        assert not np.array_equal(before[0], after[0])

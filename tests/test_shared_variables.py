@@ -7,6 +7,10 @@ first, so each of two accumulations sharing variables trains exactly as its
 plain counterpart, and a checkpoint interchanges with plain training.
 """
 
+import importlib.util
+import pathlib
+
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -101,3 +105,66 @@ def test_two_optimizers_of_one_class_on_shared_variables_each_train_exactly(firs
         assert set(have) == set(want)
         assert_same_values(have, want, RTOL[DTYPE], f"{first} then {second}, window {index}")
     assert got[-1]["global_step"] == 2 * WINDOWS
+
+
+def _gan_example():
+    path = pathlib.Path(__file__).resolve().parent.parent / "examples" / "real_programs"
+    spec = importlib.util.spec_from_file_location("real_programs_gan", path / "gan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_gan_loop_left_as_it_was_stops_before_mixing_a_window():
+    """Discriminator, generator, generator per micro-batch: the generator's run stops."""
+    gan = _gan_example()
+    (real, noises), steps = gan.make_batches(1, 12)[0], 3
+    with tf.Graph().as_default():
+        built = gan.build(steps)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, v1.trainable_variables())
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=r"train op Accumulation_1 \(training generator/b, generator/w\) ran while "
+                r"the window of Accumulation \(training discriminator/b1, discriminator/w1, "
+                r"\.\.\.\) is partly full, and the two are coupled: Accumulation trains "
+                r"discriminator/b1, which the loss of Accumulation_1 reads.*This micro-batch "
+                r"was not accumulated",
+            ):
+                gan.run_unchanged(sess, built, real, noises, steps)
+            # The generator's micro-batch was not added; nothing was applied.
+            assert sess.run([built.d_opt.micro_step, built.g_opt.micro_step]) == [1, 0]
+            after = values_by_name(sess, v1.trainable_variables())
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
+
+
+def test_windows_that_share_no_variable_may_interleave():
+    """Two models, a wrapper each, run in turns per micro-batch: each trains as its large batch."""
+    batches = make_batches(DTYPE, False, 2 * STEPS * WINDOWS, 4)
+
+    def train(steps):
+        with tf.Graph().as_default():
+            models, train_ops = [], []
+            for name in ("first", "second"):
+                with v1.variable_scope(name):
+                    model = Model(DTYPE, False)
+                opt = v1.train.AdamOptimizer(0.05)
+                if steps > 1:
+                    opt = tf1_accum.AccumulationOptimizer(opt, steps)
+                models.append(model)
+                train_ops.append(opt.minimize(model.loss, var_list=v1.trainable_variables(name)))
+            with v1.Session() as sess:
+                sess.run(v1.global_variables_initializer())
+                for start in range(0, len(batches), 2 * STEPS):
+                    window = batches[start : start + 2 * STEPS]
+                    runs = [window[:STEPS], window[STEPS:]]
+                    if steps == 1:  # plain: one step on each model's batches joined
+                        runs = [[concat(part)] for part in runs]
+                    for first, second in zip(*runs):
+                        sess.run(train_ops[0], models[0].feed(first))
+                        sess.run(train_ops[1], models[1].feed(second))
+                return values_by_name(sess, v1.trainable_variables())
+
+    assert_same_values(train(STEPS), train(1), RTOL[DTYPE], "two models in turns")

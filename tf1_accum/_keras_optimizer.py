@@ -108,7 +108,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ``iterations`` is the wrapped optimizer's: it counts updates. Keras' own
     batch-level updates (batch normalization's moving averages) run with every
     micro-batch, as Keras runs them. To apply the short last window of an
-    epoch, run `flush_op` in ``on_epoch_end``.
+    epoch, run `flush_op` in ``on_epoch_end``; without it, a ``fit`` whose
+    epochs end mid-window warns at its end.
 
     Only the HDF5 format keeps the state in a TF1 graph. The SavedModel
     directory format (``model.save(path)`` without ``.h5``) raises
@@ -238,6 +239,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             f"{what} exists once the train op is built in this graph: model.fit() "
             "builds it (or call apply_gradients() first)."
         )
+
+    def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
+        """(counter, flush op) of the train op built in ``graph``, as `AccumulationOptimizer`'s."""
+        return [w for g, acc, _ in self._built if g is graph for w in acc._built_windows(graph)]
 
     def _state(self) -> list[tf.Variable]:
         """The window's variables in the default graph, in the order they are saved."""

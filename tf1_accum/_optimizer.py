@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import typing
+import warnings
 
 import tensorflow as tf
 
@@ -44,6 +45,135 @@ def _check_weight(weight: object) -> None:
     _validate.check_weight(weight, getattr(weight, "graph", None))
 
 
+class _Reach:
+    """What one train op's window trains, and (worked out when first asked) what its loss reads."""
+
+    def __init__(self, window: Window, roots: list[tf.Tensor]) -> None:
+        self.window, self._roots = window, roots
+        self.trains = {v.op.name for v in window.var_list}
+        self._reads: set[str] | None = None
+
+    @property
+    def reads(self) -> set[str]:
+        """Names of the ops the loss (or the gradients given) reads: variables, placeholders..."""
+        if self._reads is None:
+            ops: set[tf.Operation] = set()
+            for root in self._roots:
+                if root.op not in ops:
+                    ops |= _validate._ancestors(root.op)
+            self._reads = {op.name for op in ops}
+            self._roots = []
+        return self._reads
+
+    @property
+    def name(self) -> str:
+        return self.window.scope.rstrip("/")
+
+    def describe(self) -> str:
+        trains = sorted(self.trains)
+        more = ", ..." if len(trains) > 2 else ""
+        return f"{self.name} (training {', '.join(trains[:2])}{more})"
+
+    def coupling(self, other: _Reach) -> str | None:
+        """Why an update of one window changes the gradients of the other's, or None."""
+        for trains, reads, says in (
+            (self.trains, other.trains, "both train {}"),
+            (other.trains, self.reads, "{{other}} trains {}, which the loss of {{this}} reads"),
+            (self.trains, other.reads, "{{this}} trains {}, which the loss of {{other}} reads"),
+        ):
+            shared = sorted(trains & reads)
+            if shared:
+                return says.format(shared[0])
+        return None
+
+
+def _reaches(graph: tf.Graph) -> list[_Reach]:
+    """The train ops built in ``graph`` by every AccumulationOptimizer, in order.
+
+    Kept on the graph itself: they hold its tensors, and go with it.
+    """
+    if not hasattr(graph, "_tf1_accum_reaches"):
+        graph._tf1_accum_reaches = []  # type: ignore[attr-defined]
+    return typing.cast(list, graph._tf1_accum_reaches)  # type: ignore[attr-defined]
+
+
+def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
+    """Stops a run of ``this`` train op while a window coupled with it is partly full.
+
+    Two windows are coupled when an update of one changes the gradients the
+    other accumulates (a GAN's discriminator and generator, two tasks on
+    shared layers). Only the train op built later checks, before its
+    micro-batch is added: a scalar read of each coupled counter per run.
+    """
+    checks = []
+    for other in earlier:
+        why = this.coupling(other)
+        if why is None:
+            continue
+        names = {"this": this.name, "other": other.name}
+        message = (
+            f"tf1_accum: the train op {this.describe()} ran while the window of "
+            f"{other.describe()} is partly full, and the two are coupled: "
+            + why.format(**names)
+            + ". An update of either in the middle of the other's window mixes "
+            "gradients from before and after it, which no large-batch step computes. "
+            "Run one train op a whole window in a row (steps runs) before the other: "
+            "a GAN runs the discriminator's train op on the batch's N micro-batches, "
+            "then the generator's on N micro-batches, once per generator step (see "
+            '"Several optimizers on shared variables" in the concepts page). This '
+            f"micro-batch was not accumulated. Micro-batches in {names['other']}'s window:"
+        )
+        with tf.compat.v1.name_scope(this.window.scope):
+            count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
+            checks.append(
+                tf.raw_ops.Assert(
+                    condition=tf.equal(count, 0),
+                    data=[tf.constant(message), count],
+                    name="coupled_window_empty",
+                )
+            )
+    return checks
+
+
+def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None:
+    """Warns of an op of ``UPDATE_OPS`` that needs a placeholder fed that the loss does not read.
+
+    It belongs to another model (a GAN's other network, with batch norm):
+    every run of the train op would fail for want of its feed. A program may
+    feed that placeholder on purpose, so this warns. The walk back from each
+    op stops at what the loss reads: an op of the loss's model stops at once.
+    """
+    for op in update_ops:
+        seen, stack, fed = {op}, [op], []
+        while stack:
+            current = stack.pop()
+            if current.type == "Placeholder":
+                fed.append(current.name)
+            for tensor in current.inputs:
+                if tensor.op not in seen and tensor.op.name not in reach.reads:
+                    seen.add(tensor.op)
+                    stack.append(tensor.op)
+        if fed:
+            warnings.warn(
+                f"tf1_accum: the update op {op.name} is in "
+                "tf.compat.v1.GraphKeys.UPDATE_OPS, which the train op of "
+                f"{reach.name} runs with each micro-batch (update_ops=None, the "
+                f"default), and it needs placeholder {', '.join(sorted(fed))} fed, "
+                "which this train op's loss does not read: it belongs to another model "
+                "(a GAN's other network). Each run would fail with \"You must feed a "
+                f"value for placeholder tensor '{sorted(fed)[0]}'\". Pass update_ops= "
+                "this model's ops (e.g. tf.compat.v1.get_collection(tf.compat.v1."
+                'GraphKeys.UPDATE_OPS, scope="generator")), or [] for none.',
+                UserWarning,
+                stacklevel=_validate._caller_stacklevel(),
+            )
+            return
+
+
+def _gradient_tensors(pairs: Pairs) -> list[tf.Tensor]:
+    return [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
+
+
 class _Build(typing.NamedTuple):
     """What building one train op returned."""
 
@@ -81,7 +211,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     hand-written ``global_step.assign(global_step + 1)`` grouped with the
     train op (BERT's ``create_optimizer``) would count every micro-batch
     besides every update. Such a run stops with an ``InvalidArgumentError``
-    that says what to change, before its micro-batch is added. Gradients
+    that says what to change, before its micro-batch is added. So does a
+    run of a train op while the partly full window of one built before it
+    is coupled with it (a GAN's discriminator and generator: see
+    "Several optimizers on shared variables" in :doc:`concepts`). Gradients
     handed to ``apply_gradients`` from ``tf.clip_by_global_norm`` (or
     ``clip_by_norm``, ``clip_by_value``) get a ``UserWarning``: they clip
     each micro-batch, where ``clip_norm=`` clips the window. See the
@@ -148,8 +281,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         update_ops: Ops the train op runs with each micro-batch (batch-norm
             moving-average updates). None (the default) takes the graph's
             ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
-            is built (``minimize`` or ``apply_gradients``); a list runs exactly
-            those ops, ``[]`` none. ``flush_op`` never runs them.
+            is built (``minimize`` or ``apply_gradients``), with a
+            ``UserWarning`` naming any of them that needs a placeholder fed
+            that the loss does not read (another model's, as a GAN's); a list
+            runs exactly those ops, ``[]`` none. ``flush_op`` never runs them.
         cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
             as in `build_accumulation`: every ``steps``-th run (and
             ``flush_op``) sums the window across the workers in one
@@ -436,14 +571,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
         graph = tf.compat.v1.get_default_graph()
-        _validate.check_global_step(global_step, graph)
+        # Inside a loss-scale optimizer's conditional, the default graph is the
+        # branch's function graph, and global_step a variable of the graph outside.
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
+        _validate.check_global_step(global_step, outer)
         grads_and_vars = list(grads_and_vars)
         _validate.check_not_under_sync_replicas(grads_and_vars)
         pairs = _validate.usable_gradients(grads_and_vars)
         _migration.warn_if_clipped(pairs, self._options.clip_norm)
-        update_ops = self._checked_for(pairs, graph)
+        update_ops = self._checked_for(pairs, outer)
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
-            return self._build(pairs, global_step, name, graph, update_ops)
+            return self._build(
+                pairs, global_step, name, graph, update_ops, _gradient_tensors(pairs)
+            )
 
     def _checked_for(self, pairs: Pairs, graph: tf.Graph) -> list[tf.Operation]:
         """Checks the variables and the options against the gradients' graph; the update ops."""
@@ -460,10 +601,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str | None,
         graph: tf.Graph,
         update_ops: list[tf.Operation],
+        roots: list[tf.Tensor],
     ) -> tf.Operation:
         options = self._options
+        # Inside a loss-scale optimizer's conditional, the graph the session runs.
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
         weight = self._weight() if callable(self._weight) else self._weight
-        _validate.check_weight(weight, graph)
+        _validate.check_weight(weight, graph if callable(self._weight) else outer)
         with tf.compat.v1.name_scope(name, self._name) as scope:
             window = Window(
                 pairs,
@@ -474,6 +619,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                     None if self._cross_replica is None else self._cross_replica._reducer()
                 ),
             )
+        reach = _Reach(window, roots)
+        if options.update_ops is None:
+            _warn_of_other_models(update_ops, reach)
         # The train op and the flush each hold the window's mutex while they
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
@@ -485,6 +633,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             def accumulate_and_apply() -> tuple[Applied, None]:
                 # With global_step: each run first checks that nothing else moved it.
                 checked = [] if start is None else [start.check(self._steps)]
+                checked += _check_alone(reach, _reaches(outer))
                 with tf.control_dependencies(checked):
                     added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
                 # The counter's increment waits for every add: the apply,
@@ -499,8 +648,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             # finalizes the graph before the end of training. After the
             # flushes of the train ops built before in this graph, in turn:
             # flush_op flushes every window.
-            earlier = [b.flush.op for b in self._built(graph)]
-            with tf.control_dependencies(None), tf.control_dependencies(earlier[-1:]):
+            # Clear of the train op's control flow, and of a conditional it is
+            # built in (a loss-scale optimizer's).
+            earlier = [b.flush.op for b in self._built(outer)]
+            with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
 
                 def flush() -> tuple[Applied, None]:
                     with tf.compat.v1.name_scope(window.scope):
@@ -509,10 +660,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
                 flushed, _ = window.exclusive(flush, name="flush")
         self._builds.append(_Build(window, train, flushed, start))
+        _reaches(outer).append(reach)
         # A MonitoredTrainingSession or Estimator that ends mid-window without
         # make_session_run_hook's hook may leave the window out of every checkpoint.
-        graph.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
+        outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
         _unhooked.watch_checkpoint_saver_hook()
+        _unhooked.watch_keras_fit()
         with tf.compat.v1.name_scope(scope):
             return tf.group(train.applied, name="train")
 
@@ -573,7 +726,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             pairs = _validate.usable_gradients(grads_and_vars)
             update_ops = self._checked_for(pairs, loss.graph)
             with loss.graph.as_default():
-                return self._build(pairs, global_step, name, loss.graph, update_ops)
+                return self._build(pairs, global_step, name, loss.graph, update_ops, [loss])
 
     def get_slot(self, var: tf.Variable, name: str) -> tf.Variable | None:
         """The wrapped optimizer's slot ``name`` of ``var`` (as plain training names it)."""

@@ -1,20 +1,29 @@
-"""A warning for sessions a framework saves that end mid-window without the accumulation hook.
+"""Warnings for loops a framework owns that end mid-window: sessions it saves, tf_keras ``fit``.
 
 ``CheckpointSaverHook.end()`` saves only if ``global_step`` moved since its
 last save, and ``global_step`` counts updates: a session that ends in the
 middle of a window keeps the window in its final checkpoint only by luck.
 `watch_checkpoint_saver_hook` wraps ``CheckpointSaverHook.end`` (once per
 process) to warn then; see the concepts page, "Design notes".
+
+A tf_keras ``fit`` whose epochs end mid-window, with no callback running
+``flush_op``, carries each epoch's last micro-batches into the next epoch
+and never applies the last ones, where ``fit`` with larger batches applies a
+short last batch each epoch. `watch_keras_fit` wraps tf_keras's
+``CallbackList`` (once per process) to warn at the end of such a ``fit``.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import typing
 import warnings
 import weakref
 
 import tensorflow as tf
+
+from tf1_accum import _validate
 
 #: Graph collection of the counter of each `AccumulationOptimizer` train op:
 #: the windows that `make_session_run_hook`'s hook keeps at the end of a session.
@@ -97,3 +106,63 @@ def _warn_if_left_out(
             UserWarning,
             stacklevel=2,
         )
+
+
+def watch_keras_fit() -> None:
+    """Makes tf_keras's ``fit`` warn at its end of epochs that ended mid-window (once).
+
+    Each epoch's end reads the counters of the model's optimizer, after every
+    callback ran (a flush callback leaves them at 0): one scalar read an
+    epoch, only for a model whose optimizer accumulates.
+    """
+    callbacks = getattr(sys.modules.get("tf_keras"), "callbacks", None)
+    hook_class = getattr(callbacks, "CallbackList", None)
+    if hook_class is None or getattr(hook_class.on_epoch_end, "_tf1_accum_watched", False):
+        return
+    epoch_end, train_end = hook_class.on_epoch_end, hook_class.on_train_end
+
+    @functools.wraps(epoch_end)
+    def on_epoch_end(self: typing.Any, epoch: int, logs: typing.Any = None) -> None:
+        epoch_end(self, epoch, logs)
+        optimizer = _accumulating(getattr(self, "model", None))
+        if optimizer is not None:
+            session = tf.compat.v1.keras.backend.get_session()
+            counters = [counter for counter, _ in optimizer._built_windows(session.graph)]
+            pending = sum(int(count) for count in session.run(counters))
+            self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
+
+    @functools.wraps(train_end)
+    def on_train_end(self: typing.Any, logs: typing.Any = None) -> None:
+        train_end(self, logs)
+        _warn_if_fit_left_windows(self.__dict__.pop("_tf1_accum_epochs", []))
+
+    on_epoch_end.__dict__["_tf1_accum_watched"] = True
+    hook_class.on_epoch_end, hook_class.on_train_end = on_epoch_end, on_train_end
+
+
+def _accumulating(model: typing.Any) -> typing.Any:
+    """``model``'s optimizer if it accumulates (a TF1 one is behind ``.optimizer``), or None."""
+    optimizer = getattr(model, "optimizer", None)
+    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+        if hasattr(candidate, "_built_windows"):
+            return candidate
+    return None
+
+
+def _warn_if_fit_left_windows(pending: list[int]) -> None:
+    """Warns when epochs of a ``fit`` ended with ``pending`` micro-batches not applied."""
+    mid_window = [count for count in pending if count]
+    if not mid_window:
+        return
+    warnings.warn(
+        f"tf1_accum: fit ended {len(mid_window)} of its {len(pending)} epochs in the "
+        "middle of an accumulation window, and no callback ran the optimizer's flush_op: "
+        "each such epoch's last micro-batches went into the next epoch's first window, "
+        "where fit with batches steps times larger applies a short last batch"
+        + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
+        + ". Run flush_op at "
+        "each epoch's end: callbacks=[tf_keras.callbacks.LambdaCallback(on_epoch_end="
+        "lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))].",
+        UserWarning,
+        stacklevel=_validate._caller_stacklevel(),
+    )
