@@ -297,7 +297,132 @@ def train_sync(cluster):
     return results
 
 
+# The Estimator (TensorFlow 2.15): chief, worker, ps from TF_CONFIG; the
+# chief is task 0 of this script, the worker task 1.
+ESTIMATOR_MAX_STEPS = 6  # of the 8 windows the two workers have, asynchronously
+
+
+def estimator_model_fn(features, labels, mode, config, kind, hook):
+    task = 0 if config.is_chief else 1
+    with v1.variable_scope(kind):
+        if kind == "async":
+            loss = linear_loss(features, labels)
+            inner = v1.train.GradientDescentOptimizer(LEARNING_RATE, use_locking=True)
+            steps = steps_of(task)
+        else:
+            loss = Model(tf.float64, False, seed=100, inputs=features, labels=labels).loss
+            inner = v1.train.SyncReplicasOptimizer(
+                v1.train.MomentumOptimizer(0.05, 0.9), WORKERS, total_num_replicas=WORKERS
+            )
+            steps = SYNC_STEPS
+        opt = tf1_accum.AccumulationOptimizer(inner, steps)
+        train_op = opt.minimize(loss, global_step=v1.train.get_global_step())
+    hooks = [hook]
+    if config.is_chief:
+        hooks.append(opt.make_session_run_hook())
+    if kind == "sync":
+        hooks.append(inner.make_session_run_hook(config.is_chief))
+    return tf.estimator.EstimatorSpec(
+        mode, loss=loss, train_op=train_op, training_hooks=hooks, scaffold=opt.make_scaffold()
+    )
+
+
+def estimator_input_fn(kind, task):
+    if kind == "async":
+        batches = linear_batches(task)
+    else:
+        batches = [b for window in sync_batches() for b in window[task]]
+    xs = np.stack([x for x, _ in batches])
+    ys = np.stack([y for _, y in batches])
+    return lambda: tf.data.Dataset.from_tensor_slices((xs, ys))
+
+
+class _Together(v1.train.SessionRunHook):
+    """The worker starts once the chief has initialized; at the end both read the values."""
+
+    def __init__(self, cluster, kind):
+        self.cluster, self.kind = cluster, kind
+        self.results = {}
+
+    def begin(self):
+        if self.cluster.task != 0:
+            wait_for(self.cluster.out_dir / f"estimator-{self.kind}-initialized")
+        self.step = v1.train.get_global_step()
+        self.variables = [v for v in v1.trainable_variables() if v.op.name.startswith(self.kind)]
+
+    def after_create_session(self, session, coord):
+        if self.cluster.task == 0:
+            (self.cluster.out_dir / f"estimator-{self.kind}-initialized").touch()
+
+    def end(self, session):
+        self.cluster.barrier(f"estimator-{self.kind}-trained")
+        final = values_by_name(session, self.variables)
+        self.results = {f"estimator-{self.kind}|{k.split('/')[-1]}": v for k, v in final.items()}
+        self.results[f"estimator-{self.kind}|global_step"] = np.array(session.run(self.step))
+        self.cluster.barrier(f"estimator-{self.kind}-read")
+
+
+def train_estimator(cluster, kind):
+    hook = _Together(cluster, kind)
+    config = tf.estimator.RunConfig(
+        model_dir=str(cluster.out_dir / f"estimator-{kind}"),
+        save_checkpoints_steps=2,
+        save_summary_steps=None,
+        log_step_count_steps=None,
+        session_config=cluster.config,
+    )
+
+    def model_fn(features, labels, mode, config):
+        return estimator_model_fn(features, labels, mode, config, kind, hook)
+
+    model = tf.estimator.Estimator(model_fn, config=config)
+    max_steps = ESTIMATOR_MAX_STEPS if kind == "async" else WINDOWS
+    model.train(estimator_input_fn(kind, cluster.task), max_steps=max_steps)
+    return hook.results
+
+
+def estimator_main(task, ports, out_dir):
+    """Task "ps", 0 (the chief) or 1 (the worker) of an Estimator cluster from TF_CONFIG."""
+    import json
+
+    ps, chief, other = [f"127.0.0.1:{p}" for p in ports.split(",")]
+    kind, index = {"ps": ("ps", 0), 0: ("chief", 0), 1: ("worker", 0)}[task]
+    os.environ["TF_CONFIG"] = json.dumps(
+        {
+            "cluster": {"ps": [ps], "chief": [chief], "worker": [other]},
+            "task": {"type": kind, "index": index},
+        }
+    )
+    cluster = Cluster.__new__(Cluster)
+    cluster.task, cluster.out_dir = task, out_dir
+    # The Estimator's session waits up to 120 s for the chief's queue runner,
+    # blocked in its next take when training ends: this ends that take sooner.
+    cluster.config = v1.ConfigProto(operation_timeout_in_ms=30000)
+    spec = tf.train.ClusterSpec({"ps": [ps], "chief": [chief], "worker": [other]})
+    cluster.server = v1.train.Server(spec, job_name=kind, task_index=index, config=cluster.config)
+    if task == "ps":
+        for other_task in range(WORKERS):
+            wait_for(out_dir / f"done{other_task}", 600)
+        return 0
+    results = {}
+    try:
+        for name in ("async", "sync"):
+            results.update(train_estimator(cluster, name))
+    except BaseException:
+        (out_dir / f"failed{task}").touch()
+        (out_dir / f"done{task}").touch()
+        raise
+    np.savez(out_dir / f"estimator{task}.npz", **results)
+    (out_dir / f"done{task}").touch()
+    for other_task in range(WORKERS):
+        wait_for(out_dir / f"done{other_task}", 120)
+    return 0
+
+
 def main():
+    if sys.argv[1] == "estimator":
+        task = sys.argv[2] if sys.argv[2] == "ps" else int(sys.argv[2])
+        return estimator_main(task, sys.argv[3], pathlib.Path(sys.argv[4]))
     task = sys.argv[1] if sys.argv[1] == "ps" else int(sys.argv[1])
     cluster = Cluster(task, sys.argv[2], pathlib.Path(sys.argv[3]))
     if task == "ps":

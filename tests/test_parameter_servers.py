@@ -20,6 +20,7 @@ from _helpers import RTOL
 from _helpers import Model
 from _helpers import assert_same_values
 from _helpers import concat
+from _helpers import make_batches
 from _helpers import relative_error
 from _helpers import values_by_name
 from test_distributed import finish
@@ -33,23 +34,28 @@ sys.path.insert(0, str(HERE))
 import _ps_worker as worker  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    out_dir = tmp_path_factory.mktemp("ps")
+def run_cluster(tasks, out_dir):
+    """Runs _ps_worker.py with each task's arguments, on free ports, killed after 240 s; outputs."""
     ports = ",".join(str(p) for p in free_ports(1 + worker.WORKERS))
     path = os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path)
     processes = [
         subprocess.Popen(
-            [sys.executable, str(HERE / "_ps_worker.py"), task, ports, str(out_dir)],
+            [sys.executable, str(HERE / "_ps_worker.py"), *task, ports, str(out_dir)],
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        for task in ["ps"] + [str(t) for t in range(worker.WORKERS)]
+        for task in tasks
     ]
-    outputs = finish(processes, limit=240)
+    return finish(processes, limit=240)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("ps")
+    outputs = run_cluster([[task] for task in ("ps", "0", "1")], out_dir)
     results = []
     for task in range(worker.WORKERS):
         path = out_dir / f"worker{task}.npz"
@@ -81,6 +87,102 @@ def test_synchronous_replicas_through_the_wrapper_equal_one_process_on_every_mic
         got = {name: results[f"sync|{name}"] for name in expected}
         assert_same_values(got, expected, RTOL[tf.float64], f"worker {task}")
         assert results["sync|global_step"] == worker.WINDOWS
+
+
+@pytest.fixture(scope="module")
+def estimator_cluster(tmp_path_factory):
+    """The Estimator's cluster from TF_CONFIG: ps, chief, worker; results and model dir."""
+    pytest.importorskip(
+        "tensorflow_estimator",
+        reason="tf.estimator exists only up to TensorFlow 2.15 (package tensorflow-estimator)",
+    )
+    out_dir = tmp_path_factory.mktemp("estimator")
+    outputs = run_cluster([["estimator", task] for task in ("ps", "0", "1")], out_dir)
+    results = []
+    for task in range(worker.WORKERS):
+        path = out_dir / f"estimator{task}.npz"
+        assert path.exists(), f"task {task} wrote no results:\n{_quiet(outputs[task + 1])[-6000:]}"
+        with np.load(path) as data:
+            results.append(dict(data))
+    return results, out_dir
+
+
+def test_an_asynchronous_estimator_applies_each_workers_own_windows(estimator_cluster):
+    # Training stops at global_step 6 of the 8 windows: the weights are the
+    # start minus lr x the means of the first windows of each worker, a0 + a1 = 6.
+    results, _ = estimator_cluster
+    initial = worker.linear_initial()
+    means = [worker.window_means(task) for task in range(worker.WORKERS)]
+    for task, result in enumerate(results):
+        assert result["estimator-async|global_step"] == worker.ESTIMATOR_MAX_STEPS
+        errors = {}
+        for a0 in range(worker.WINDOWS + 1):
+            a1 = worker.ESTIMATOR_MAX_STEPS - a0
+            if 0 <= a1 <= worker.WINDOWS:
+                applied = means[0][:a0] + means[1][:a1]
+                errors[a0, a1] = max(
+                    relative_error(
+                        result[f"estimator-async|{v}"],
+                        initial[v] - worker.LEARNING_RATE * sum(m[v] for m in applied),
+                    )
+                    for v in ("w", "b")
+                )
+        assert min(errors.values()) <= 1e-10, (task, errors)
+
+
+def _large_batch(windows, variables_of):
+    with tf.Graph().as_default():
+        step = v1.train.get_or_create_global_step()
+        with v1.variable_scope("sync"):  # as the model_fn: its slots are sync/sync/...
+            model = Model(tf.float64, False, seed=100)
+            optimizer = v1.train.MomentumOptimizer(0.05, 0.9)
+            train_op = optimizer.minimize(model.loss, global_step=step)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for window in windows:
+                sess.run(train_op, model.feed(concat(window)))
+            return variables_of(sess)
+
+
+def test_a_synchronous_estimator_equals_one_process_and_resumes_on_one_machine(
+    estimator_cluster,
+):
+    results, out_dir = estimator_cluster
+    cluster_windows = [[b for mine in w for b in mine] for w in worker.sync_batches()]
+    expected = _large_batch(
+        cluster_windows, lambda sess: values_by_name(sess, v1.trainable_variables())
+    )
+    for task, result in enumerate(results):
+        got = {name: result[f"estimator-sync|{name.split('/')[-1]}"] for name in expected}
+        assert_same_values(got, expected, RTOL[tf.float64], f"Estimator task {task}")
+        assert result["estimator-sync|global_step"] == worker.WINDOWS
+    # One machine, the same model_fn with the wrapper around Momentum alone,
+    # resumes the cluster's last checkpoint for 2 more windows of 6 micro-batches.
+    n = worker.WORKERS * worker.SYNC_STEPS
+    more = make_batches(tf.float64, False, 2 * n, worker.BATCH, seed=4)
+
+    def model_fn(features, labels, mode):
+        with v1.variable_scope("sync"):
+            loss = Model(tf.float64, False, seed=100, inputs=features, labels=labels).loss
+            opt = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.05, 0.9), n)
+            train_op = opt.minimize(loss, global_step=v1.train.get_global_step())
+        return tf.estimator.EstimatorSpec(
+            mode, loss=loss, train_op=train_op, scaffold=opt.make_scaffold()
+        )
+
+    def input_fn():
+        xs, ys = np.stack([x for x, _ in more]), np.stack([y for _, y in more])
+        return tf.data.Dataset.from_tensor_slices((xs, ys))
+
+    model = tf.estimator.Estimator(model_fn, model_dir=str(out_dir / "estimator-sync"))
+    model.train(input_fn)
+    reader = tf.train.load_checkpoint(str(out_dir / "estimator-sync"))
+    windows = cluster_windows + [more[:n], more[n:]]
+    expected = _large_batch(windows, lambda sess: values_by_name(sess, v1.global_variables()))
+    assert reader.get_tensor("global_step") == worker.WINDOWS + 2
+    got = {name: reader.get_tensor(name) for name in expected if name != "global_step"}
+    expected.pop("global_step")
+    assert_same_values(got, expected, RTOL[tf.float64], "resumed on one machine")
 
 
 @pytest.mark.parametrize("name", worker.ASYNC)
