@@ -199,6 +199,11 @@ def train_async(cluster, name):
                 seen = sess.run(step)
                 for i, (bx, by) in enumerate(batches):
                     sess.run(train_op, {x: bx, y: by})
+                    if task == 0 and i == n - 1:
+                        (cluster.out_dir / f"{name}-applied").touch()
+                    if task == 1 and i == 0:
+                        # Worker 0's first update lands inside this first window, for sure.
+                        wait_for(cluster.out_dir / f"{name}-applied")
                     now = sess.run(step)
                     foreign += (i + 1) % n != 0 and now > seen
                     seen = now
