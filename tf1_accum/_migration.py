@@ -11,7 +11,9 @@ it, and says what to do instead (the "Real programs" guide lists them all):
   ``apply_gradients``, which clips each micro-batch instead of the window.
 * `WindowStart`: a ``global_step`` that moves in the middle of a window,
   typically a hand-written ``global_step.assign(global_step + 1)`` run with
-  every micro-batch on top of the wrapper's own increment.
+  every micro-batch on top of the wrapper's own increment. A step shared by
+  the workers of a cluster moves with their updates: there the increment is
+  found in the graph instead (`WindowStart.hand_written`).
 """
 
 from __future__ import annotations
@@ -160,12 +162,25 @@ class WindowStart:
     The value is state of the window (in `STATE_COLLECTION`, saved with the
     counter): a run resumed in the middle of a window checks against the
     step its window started at.
+
+    A ``global_step`` on another job than the window (a parameter server,
+    under ``replica_device_setter``) is shared: the other workers' updates
+    move it inside this worker's windows, and nothing tells them apart from a
+    hand-written increment at run time. There `check` checks nothing (nor
+    reads the step from the parameter server with every micro-batch), and
+    the wrapper's hook looks for the increment in the graph when the session
+    starts (`hand_written`).
     """
 
     def __init__(self, global_step: tf.Variable, counter: tf.Variable, scope: str) -> None:
         self.global_step = global_step
         self.counter = counter
         self.scope = scope
+        here = tf.DeviceSpec.from_string(counter.device or "")
+        there = tf.DeviceSpec.from_string(global_step.device or "")
+        self.shared = bool(there.job) and (there.job, there.task) != (here.job, here.task)
+        # Ops of the wrapper's own built outside the conditional (a synchronous update).
+        self.own: set[str] = set()
         dtype = global_step.dtype.base_dtype
         with tf.compat.v1.name_scope(scope), tf.device(counter.device):
             self.variable = state_variable(
@@ -181,7 +196,33 @@ class WindowStart:
     def check(self, steps: int) -> tf.Operation:
         """The op to run before a micro-batch is added: record, or check, the step."""
         with tf.compat.v1.name_scope(self.scope):
+            if self.shared:
+                return tf.no_op(name="global_step_shared")
             return self._check(steps)
+
+    def hand_written(self) -> list[str]:
+        """The ops of the graph, outside control flow, that add to ``global_step``.
+
+        An ``assign_add`` of the step, or an assign of a value computed from
+        it (``global_step.assign(global_step + 1)``): the wrapper's own
+        increment and the wrapped optimizer's are inside the conditional
+        that applies, a restore or an initializer assigns a value read from
+        elsewhere.
+        """
+        step = self.global_step
+        target = getattr(step, "handle", None)
+        target = step.op if target is None else target.op
+        found = []
+        for op in step.graph.get_operations():
+            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not target:
+                continue
+            if op._get_control_flow_context() is not None or op.name in self.own:
+                continue
+            if op is step.initializer:
+                continue
+            if op.type.startswith("AssignAdd") or _reads(op.inputs[1], target):
+                found.append(op.name)
+        return found
 
     def _check(self, steps: int) -> tf.Operation:
         count = tf.identity(self.counter.read_value(), name="micro_batches_before")
@@ -214,6 +255,43 @@ class WindowStart:
                 tf.where(empty, step, start), use_locking=True, read_value=False
             )
         return tf.group(record, name="record_global_step")
+
+
+def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
+    """Refuses a shared ``global_step`` that the graph also increments by hand.
+
+    Raises:
+        ValueError: If a `WindowStart` is ``shared`` and its ``hand_written``
+            finds an op.
+    """
+    for start in starts:
+        found = [] if start is None or not start.shared else start.hand_written()
+        if start is not None and found:
+            step = start.global_step
+            raise ValueError(
+                f"tf1_accum: {found[0]!r} adds to global_step ({step.op.name}, shared by "
+                f"the workers on {step.device}) besides AccumulationOptimizer, which "
+                "advances it once per update: typically a hand-written "
+                "global_step.assign(global_step + 1) grouped with the train op (BERT's "
+                "create_optimizer), which would count every micro-batch of every worker. "
+                "Delete that increment; or keep it, run it only when an update was "
+                "applied (tf.cond(opt.applied, ...), see the Real programs guide) and give "
+                "the wrapper no global_step. The updates of the other workers move the "
+                "step inside this worker's windows, as they should."
+            )
+
+
+_STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
+
+
+def _reads(tensor: tf.Tensor, target: tf.Operation, depth: int = 8) -> bool:
+    """Whether ``tensor`` is computed, within ``depth`` ops, from a read of ``target``."""
+    op = tensor.op
+    if op is target:
+        return True
+    if depth == 0:
+        return False
+    return any(_reads(t, target, depth - 1) for t in op.inputs)
 
 
 def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:

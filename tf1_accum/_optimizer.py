@@ -15,6 +15,7 @@ from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _scaffold
 from tf1_accum import _stats
+from tf1_accum import _sync_replicas
 from tf1_accum import _unhooked
 from tf1_accum._window import Window
 from tf1_accum._window import APPLY_DUE_COLLECTION
@@ -226,6 +227,17 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     and every update applies exactly the ``steps`` micro-batches of its
     window; ``global_step`` counts updates. ``flush_op`` takes the same mutex.
 
+    Between-graph replication with parameter servers: a ``global_step`` on
+    a parameter server moves with every worker's updates, so it is not
+    checked during a window; the hook of `make_session_run_hook` refuses a
+    hand-written increment of it when the session starts. Wrapping a
+    ``SyncReplicasOptimizer(opt, W, total_num_replicas=W)``, every
+    ``steps``-th run pushes the worker's window and waits for the update,
+    which the chief applies to the mean of one window of every worker; give
+    every worker the synchronous optimizer's ``make_session_run_hook(is_chief)``
+    (0 initial tokens is then its default; more, which would drop windows,
+    are refused).
+
     Compose it outermost: ``AccumulationOptimizer(
     tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, ...))``
     checks the window's mean gradient for overflow and adjusts the loss scale
@@ -297,13 +309,15 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is a ``SyncReplicasOptimizer``, an `AccumulationOptimizer` or
+            or is an `AccumulationOptimizer` or
             tf_keras's ``LossScaleOptimizer``, ``steps`` is not an int,
             ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
             or ``weight``,
             ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
             wrong type, or ``cross_replica`` is not a `CollectiveAllReduce`
             or a `HorovodAllReduce`.
+        ValueError: If ``optimizer`` is a ``SyncReplicasOptimizer`` that
+            aggregates more windows per update than there are workers.
         ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
             positive and finite, ``weight`` (a tensor) is not a scalar, ``statistics=True``
             without ``micro_batch_size`` or ``weight``, or ``micro_batch_size``
@@ -334,13 +348,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         optimizer = _validate.check_optimizer(optimizer)
         _migration.refuse_accumulating_optimizer(optimizer, "AccumulationOptimizer")
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
-            raise TypeError(
-                "AccumulationOptimizer cannot wrap a SyncReplicasOptimizer: its "
-                "apply_gradients builds queues and initialization ops, which cannot "
-                "live inside the conditional that applies every steps-th run. Use "
-                "tf1_accum.build_accumulation(loss, sync_optimizer) with "
-                "run_accumulation, whose apply_op pushes one window per update."
-            )
+            _sync_replicas.check(optimizer)
         _validate.check_steps(steps)
         _check_weight(weight)
         self._weight = weight
@@ -622,6 +630,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         reach = _Reach(window, roots)
         if options.update_ops is None:
             _warn_of_other_models(update_ops, reach)
+        applier: tf.compat.v1.train.Optimizer = self._optimizer
+        own: list[tf.Operation] = []
+        if isinstance(applier, tf.compat.v1.train.SyncReplicasOptimizer):
+            applier, own = _sync_replicas.prepare(applier, pairs, global_step)
         # The train op and the flush each hold the window's mutex while they
         # run (see Window.exclusive): threads running the train op on one
         # session take turns on the window, each micro-batch counted once.
@@ -629,6 +641,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             start = None
             if global_step is not None:
                 start = _migration.WindowStart(global_step, window.counter, scope)
+                start.own.update(op.name for op in own)
 
             def accumulate_and_apply() -> tuple[Applied, None]:
                 # With global_step: each run first checks that nothing else moved it.
@@ -641,7 +654,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 with tf.compat.v1.name_scope(window.scope):
                     due = tf.greater_equal(tf.identity(added.count), self._steps, name="due")
                 graph.add_to_collection(APPLY_DUE_COLLECTION, due)
-                return window.apply(self._optimizer, global_step, when=due), None
+                return window.apply(applier, global_step, when=due), None
 
             train, _ = window.exclusive(accumulate_and_apply)
             # Built now, not when first asked for: a MonitoredSession
@@ -656,7 +669,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 def flush() -> tuple[Applied, None]:
                     with tf.compat.v1.name_scope(window.scope):
                         pending = tf.greater(tf.identity(window.counter), 0, name="pending")
-                    return window.apply(self._optimizer, global_step, when=pending), None
+                    return window.apply(applier, global_step, when=pending), None
 
                 flushed, _ = window.exclusive(flush, name="flush")
         self._builds.append(_Build(window, train, flushed, start))
@@ -698,8 +711,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ValueError: If ``loss`` is not a scalar, the loss depends on no
                 variable of ``var_list``, one it depends on has a shape that
                 is not fully defined, ``global_step``, ``weight`` or an op of
-                ``update_ops`` is not in the graph of the loss, or no variable
-                has a gradient.
+                ``update_ops`` is not in the graph of the loss, no variable
+                has a gradient, or a wrapped ``SyncReplicasOptimizer`` is given
+                no ``global_step``.
         """
         given = dict(
             gate_gradients=gate_gradients,
@@ -848,5 +862,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
-        """(counter, flush op) of each train op built in ``graph``."""
+        """(counter, flush op) of each train op built in ``graph``, for the hook's begin().
+
+        The graph is complete then: a hand-written increment of a shared
+        ``global_step`` is refused here.
+        """
+        _migration.refuse_hand_written([b.start for b in self._built(graph)])
         return [(b.window.counter, b.flush.op) for b in self._built(graph)]

@@ -84,14 +84,18 @@ class SharedApply:
     ) -> tf.Operation:
         if global_step is None or counts_its_own_steps(self.optimizer):
             return self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-        # Read before the optimizer may increment it, written after: one step
-        # per update whether the optimizer increments global_step or not. The
-        # optimizer still gets it, for schedules and bias corrections.
-        following = global_step.read_value() + 1
-        with tf.control_dependencies([following]):
-            update = self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        # One step per update whether the optimizer increments global_step or
+        # not (it still gets it, for schedules and bias corrections): an
+        # increment of ours only if its apply built none. An add, not a read
+        # and a write: workers sharing the step on a parameter server apply
+        # concurrently.
+        graph = tf.compat.v1.get_default_graph()
+        before = len(graph.get_operations())
+        update = self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
+        if any(_writes(op, global_step) for op in graph.get_operations()[before:]):
+            return update
         with tf.control_dependencies([update]):
-            advance = global_step.assign(following, use_locking=True, read_value=False)
+            advance = global_step.assign_add(1, use_locking=True, read_value=False)
         return tf.group(update, advance)
 
     @contextlib.contextmanager
@@ -207,6 +211,31 @@ def _intercepting(
             yield
         finally:
             scope.set_custom_getter(outer)
+
+
+_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
+# What a variable passes through into a conditional's branch.
+_INTO_BRANCH = frozenset({"Switch", "RefSwitch", "Identity", "RefIdentity"})
+
+
+def _writes(op: tf.Operation, variable: tf.Variable) -> bool:
+    """Whether ``op`` assigns ``variable`` (through a conditional's branch, or captured)."""
+    if op.type not in _WRITES or not op.inputs:
+        return False
+    handle = getattr(variable, "handle", None)
+    target = variable.op if handle is None else handle.op
+    tensor = op.inputs[0]
+    for _ in range(8):
+        if tensor.op is target:
+            return True
+        if tensor.op.type in _INTO_BRANCH:
+            tensor = tensor.op.inputs[0]
+            continue
+        outer = {id(inner): ext for ext, inner in getattr(tensor.graph, "captures", ())}
+        if id(tensor) not in outer:
+            return False
+        tensor = outer[id(tensor)]
+    return False
 
 
 @contextlib.contextmanager

@@ -292,11 +292,11 @@ def check_not_under_sync_replicas(
                 f"of {var.op.name} comes from its {op.type} ({op.name}), which waits for "
                 "replicas_to_aggregate pushes per run, while the AccumulationOptimizer "
                 "applies once every steps runs: the second micro-batch would wait "
-                "forever. Give the SyncReplicasOptimizer to "
-                "tf1_accum.build_accumulation(loss, SyncReplicasOptimizer(opt, ...)) and "
-                "run windows with tf1_accum.run_accumulation (its apply_op pushes one "
-                "window per update), or use cross_replica=tf1_accum.CollectiveAllReduce "
-                "(see the guide 'Across several machines')."
+                "forever. Nest them the other way round, "
+                "AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps), which "
+                "pushes one window per worker per update, or use "
+                "cross_replica=tf1_accum.CollectiveAllReduce (see the guide 'Across "
+                "several machines')."
             )
 
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum._norms import square_norms as _square_norms
+from tf1_accum._sync_replicas import SyncPush
 from tf1_accum._options import Gradient
 from tf1_accum._options import WindowMean
 from tf1_accum._options import WindowOptions
@@ -506,9 +507,9 @@ class Window:
         ``finite`` says whether every element of what the optimizer takes is
         finite (see `_apply`). A loss-scale optimizer gets every window: it must see an overflow to
         lower its loss scale, and it skips that window itself. So does a
-        ``SyncReplicasOptimizer``, whose apply cannot sit in a conditional
-        (its chief waits for every worker's push): there a non-finite window
-        is counted, not skipped.
+        ``SyncReplicasOptimizer`` (and the wrapper's `SyncPush` to one), whose
+        chief waits for every worker's push: there a non-finite window is
+        counted, not skipped.
 
         ``make_grads()`` returns the gradients, aligned with the window's
         variables, where the optimizer takes them: a mean built there, inside
@@ -530,7 +531,7 @@ class Window:
         if (
             not self.options.skip_nonfinite
             or _scales_loss(optimizer)
-            or isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer)
+            or isinstance(optimizer, (tf.compat.v1.train.SyncReplicasOptimizer, SyncPush))
         ):
             update = tf.group(
                 _apply_one_at_a_time(shared, make_grads, self.var_list, global_step), count_skip()

@@ -1,0 +1,132 @@
+"""Synchronous replicas through the wrapper: one window per worker per update.
+
+``SyncReplicasOptimizer.apply_gradients`` builds, in one call, what lives on
+the parameter servers and the chief (an accumulator per variable, the token
+queue, the chief's update: take the workers' mean, apply it, enqueue one
+token per worker) and what a worker runs (push its gradients, then wait for a
+token). `AccumulationOptimizer` applies inside a conditional, once per window,
+where the first part cannot live: `prepare` builds the whole of it outside,
+once, and `SyncPush` builds the worker's part again inside the conditional,
+on the same accumulators and queue, as the synchronous optimizer's own train
+op does.
+
+Each worker pushes its window once and waits for the update that takes it;
+with no initial token (`prepare` makes 0 the default of the synchronous
+optimizer's hook), every update takes one window of every worker, computed
+from the same weights, and equals one step on all of their micro-batches.
+"""
+
+from __future__ import annotations
+
+import typing
+import warnings
+
+import tensorflow as tf
+
+from tf1_accum import _validate
+
+if typing.TYPE_CHECKING:
+    from tf1_accum._window import Pairs
+
+
+class SyncPush(tf.compat.v1.train.Optimizer):
+    """Pushes a window to the accumulators `prepare` built, then waits for the update.
+
+    ``global_step`` moves on the chief, once per update: it wraps the
+    synchronous optimizer (``_opt``), which counts its own steps.
+    """
+
+    def __init__(self, sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
+        super().__init__(use_locking=False, name=sync.get_name())
+        self._opt = sync
+
+    def apply_gradients(
+        self,
+        grads_and_vars: typing.Iterable[tuple[typing.Any, tf.Variable]],
+        global_step: tf.Variable | None = None,
+        name: str | None = None,
+    ) -> tf.Operation:
+        sync = self._opt
+        local_step = sync._local_step
+        pushes = []
+        with tf.compat.v1.name_scope(name, self.get_name()):
+            for (grad, _), (accumulator, device) in zip(grads_and_vars, sync._accumulator_list):
+                with tf.device(device):
+                    if isinstance(grad, tf.IndexedSlices):
+                        push = accumulator.apply_indexed_slices_grad(grad, local_step=local_step)
+                    else:
+                        push = accumulator.apply_grad(grad, local_step=local_step)
+                pushes.append(push)
+            with tf.device(sync._global_step.device), tf.control_dependencies(pushes):
+                token = sync._sync_token_queue.dequeue()
+            return tf.group(local_step.assign(token, read_value=False))
+
+
+def prepare(
+    sync: tf.compat.v1.train.SyncReplicasOptimizer,
+    pairs: Pairs,
+    global_step: tf.Variable | None,
+) -> tuple[SyncPush, list[tf.Operation]]:
+    """Builds ``sync``'s accumulators, queue and chief update; the worker's push, and those ops.
+
+    ``pairs`` give the accumulators their types (a sparse gradient gets a
+    sparse accumulator); the worker's train op that ``sync`` also returns is
+    never run.
+
+    Raises:
+        ValueError: If ``global_step`` is None (the tokens are its values).
+    """
+    if global_step is None:
+        raise ValueError(
+            "AccumulationOptimizer(SyncReplicasOptimizer(...)) needs global_step: "
+            "minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step()). "
+            "The chief advances it once per update, and its value tells a window "
+            "computed from the current weights from a stale one."
+        )
+    graph = global_step.graph
+    before = len(graph.get_operations())
+    sync.apply_gradients(pairs, global_step=global_step)
+    return SyncPush(sync), graph.get_operations()[before:]
+
+
+def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
+    """Refuses aggregation settings that hang; warns of those that drop windows.
+
+    Makes 0 initial tokens the default of ``sync.make_session_run_hook`` and
+    refuses more: an initial token lets a worker start its next window before
+    the update, from stale weights, and the accumulators drop that window.
+
+    Raises:
+        ValueError: If ``replicas_to_aggregate`` is more than
+            ``total_num_replicas``.
+    """
+    aggregate, total = sync._replicas_to_aggregate, sync._total_num_replicas
+    if aggregate > total:
+        raise ValueError(
+            f"AccumulationOptimizer pushes one window per worker per update, but the "
+            f"SyncReplicasOptimizer aggregates {aggregate} pushes per update from "
+            f"{total} workers: the update would wait forever. Give it "
+            f"replicas_to_aggregate={total} (or accumulate more micro-batches per window)."
+        )
+    if aggregate < total:
+        warnings.warn(
+            f"tf1_accum: the SyncReplicasOptimizer updates with the first {aggregate} of "
+            f"{total} workers' windows and drops the others' as stale: each update "
+            f"is the mean over {aggregate} windows, not all of them.",
+            UserWarning,
+            stacklevel=_validate._caller_stacklevel(),
+        )
+    original = sync.get_init_tokens_op
+
+    def init_tokens(num_tokens: int = -1) -> tf.Operation:
+        if num_tokens > 0:
+            raise ValueError(
+                f"tf1_accum: num_tokens={num_tokens} initial tokens let a worker start "
+                "its next window before the update, from stale weights, and the "
+                "SyncReplicasOptimizer drops that window. Wrapped in an "
+                "AccumulationOptimizer, make the hook with num_tokens=0 (the default "
+                "then): each worker waits for the update that takes its window."
+            )
+        return original(0)
+
+    sync.get_init_tokens_op = init_tokens
