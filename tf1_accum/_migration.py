@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
-from tf1_accum._window import state_variable
+from tf1_accum._state import state_variable
 
 if typing.TYPE_CHECKING:
     from tf1_accum._window import Gradient

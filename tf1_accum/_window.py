@@ -28,8 +28,8 @@ from tf1_accum._options import WindowOptions
 from tf1_accum._options import transformed
 from tf1_accum._options import transforms_of
 from tf1_accum._shared_apply import SharedApply
-from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
+from tf1_accum._state import state_variable
 from tf1_accum._wrapping import scales_loss as _scales_loss
 
 #: Graph collection of the ``counter >= steps`` predicate of each window that
@@ -714,26 +714,6 @@ def _check_weight(weight: tf.Tensor, dtypes: typing.Iterable[tf.DType]) -> tf.Op
         [message],
         name="check_weight",
     )
-
-
-def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: str) -> tf.Variable:
-    """Creates a non-trainable global variable that tf1_accum owns.
-
-    A `Window` built under ``replica_device_setter`` then moves its state to
-    the local variables (see ``_make_local``): not saved by the chief's
-    ``Saver``.
-
-    The initial value is made inside ``init_scope``, clear of the caller's
-    control dependencies and control flow, so the initializer never needs a
-    feed and a window can be built inside a loop body or a conditional branch.
-    """
-    with tf.init_scope():
-        return tf.compat.v1.Variable(
-            make_initial_value(),
-            trainable=False,
-            name=name,
-            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
-        )
 
 
 def gradients(
