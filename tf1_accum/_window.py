@@ -37,13 +37,24 @@ from tf1_accum._wrapping import scales_loss as _scales_loss
 APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 
 if typing.TYPE_CHECKING:
-    from tf1_accum._distributed import _WindowReducer
     from tf1_accum._stats import GradientStatistics
     from tf1_accum._stats import MovingAverages
     from tf1_accum._stats import WindowStatistics
 
 #: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
 Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
+
+
+class Reducer(typing.Protocol):
+    """Sums a window's totals across the workers (`_distributed._WindowReducer`)."""
+
+    def reduce(
+        self,
+        per_slot: typing.Sequence[tuple[tf.Tensor, ...]],
+        count: tf.Tensor,
+        weight: tf.Tensor | None,
+        scalars: typing.Sequence[tf.Tensor] = (),
+    ) -> tuple[list[tuple[tf.Tensor, ...]], tf.Tensor, tf.Tensor | None, list[tf.Tensor]]: ...
 
 
 class Added(typing.NamedTuple):
@@ -121,7 +132,7 @@ class Window:
         options: WindowOptions,
         scope: str,
         statistics: WindowStatistics | None = None,
-        cross_replica: _WindowReducer | None = None,
+        cross_replica: Reducer | None = None,
         mutex: tf.Tensor | None = None,
     ) -> None:
         # The ways in checked every variable's shape (_validate.check_shapes).
