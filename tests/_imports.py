@@ -21,23 +21,6 @@ def modules(package=PACKAGE):
     return found
 
 
-def _run_on_import(body):
-    """The statements of ``body`` that run when the module is imported: into
-    conditionals, ``try``, ``with``, loops and class bodies, not into
-    functions, nor into ``if TYPE_CHECKING:``."""
-    for node in body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            continue
-        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
-            yield from _run_on_import(node.orelse)
-            continue
-        yield node
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            yield from _run_on_import(getattr(node, field, []))
-        for case in getattr(node, "cases", []):
-            yield from _run_on_import(case.body)
-
-
 def _targets(node, name, is_package):
     """The dotted names an import statement imports (with the packages on their way)."""
     if isinstance(node, ast.Import):
@@ -55,18 +38,20 @@ def _targets(node, name, is_package):
 
 
 def package_imports(package=PACKAGE):
-    """Each module -> the package's modules it imports when it is imported.
+    """Each module -> the package's modules it imports anywhere in its source.
 
     Reads ``import a.b``, ``import a.b as c``, ``from a import b`` (``b`` a
-    module or a name in ``a``) and relative imports. A module's own packages
-    are left out: they are imported before it.
+    module or a name in ``a``) and relative imports, wherever they stand:
+    inside functions and under ``if TYPE_CHECKING:`` too, since a module that
+    needs another only later or only for its types still depends on it. A
+    module's own packages are left out: they are imported before it.
     """
     found = modules(package)
     graph = {}
     for name, path in found.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         imported = set()
-        for node in _run_on_import(tree.body):
+        for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 imported |= _targets(node, name, path.name == "__init__.py")
         parts = name.split(".")

@@ -645,7 +645,9 @@ class _Checker:
             )
         findings += self.one_run_findings(apply_set)
         findings += self.step_findings(apply_set, accum_set)
-        findings += _schedule_check.schedule_findings(self, apply_set, GraphFinding)
+        findings += _schedule_check.schedule_findings(
+            self.graph, self.steps, apply_set, GraphFinding
+        )
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
         return findings
 

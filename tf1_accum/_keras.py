@@ -18,9 +18,6 @@ import typing
 
 import tensorflow as tf
 
-if typing.TYPE_CHECKING:
-    from tf1_accum._window import Gradient
-
 # Keras optimizer class name -> the tf.compat.v1.train optimizer doing the same job.
 _KERAS_TO_V1 = {
     "SGD": "tf.compat.v1.train.GradientDescentOptimizer (or MomentumOptimizer)",
@@ -147,14 +144,14 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
         loss: tf.Tensor,
         var_list: typing.Sequence[tf.Variable] | None = None,
         **kwargs: typing.Any,
-    ) -> list[tuple[Gradient | None, tf.Variable]]:
+    ) -> list[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]]:
         pairs = super().compute_gradients(loss, var_list=var_list, **kwargs)
         check_variables(self, [v for _, v in pairs])
         return pairs
 
     def apply_gradients(
         self,
-        grads_and_vars: typing.Iterable[tuple[Gradient | None, tf.Variable]],
+        grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
         global_step: tf.Variable | None = None,
         name: str | None = None,
     ) -> tf.Operation:

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
-from tf1_accum._window import state_variable
+from tf1_accum._state import state_variable
 
 if typing.TYPE_CHECKING:
     from tf1_accum._window import Gradient
@@ -45,10 +45,13 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
             `KerasAccumulationOptimizer`.
     """
     from tf1_accum._keras import given
-    from tf1_accum._optimizer import AccumulationOptimizer  # imports this module
 
     optimizer = given(optimizer)
-    if isinstance(optimizer, AccumulationOptimizer):
+    # Known by its class along the MRO: tf1_accum._optimizer imports this module.
+    if any(
+        (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
+        for c in type(optimizer).__mro__
+    ):
         kind, alone = (
             "an AccumulationOptimizer",
             (

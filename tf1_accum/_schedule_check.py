@@ -15,9 +15,6 @@ import tensorflow as tf
 
 from tf1_accum._window import APPLY_DUE_COLLECTION
 
-if typing.TYPE_CHECKING:
-    from tf1_accum._graph_check import _Checker
-
 # A finding, of the type the caller's ``finding`` makes (GraphFinding).
 _Finding = typing.TypeVar("_Finding")
 
@@ -80,23 +77,24 @@ class _Size(typing.NamedTuple):
 
 
 def schedule_findings(
-    checker: _Checker,
+    graph: tf.Graph,
+    global_steps: set[tf.Operation],
     apply_set: set[tf.Operation],
     finding: typing.Callable[[str, str, str], _Finding],
 ) -> list[_Finding]:
     """The step counts in micro-batches, as ``finding(kind, op_name, message)`` results."""
-    steps = _window_steps(checker.graph, apply_set)
-    if steps is None or not checker.steps:
+    steps = _window_steps(graph, apply_set)
+    if steps is None or not global_steps:
         return []
     iterators = {op.inputs[0].op for op in apply_set if op.type in _GET_NEXT}
-    sizes = [_pipeline(checker.graph, iterator) for iterator in iterators]
+    sizes = [_pipeline(graph, iterator) for iterator in iterators]
     if len(sizes) != 1 or sizes[0] is None:
         return []
     total, epoch = sizes[0]
     if not math.isfinite(total.epochs) or epoch.exact <= 0:
         return []
     updates = math.ceil(total.actual / steps)
-    counts = _step_counts(checker, apply_set)
+    counts = _step_counts(global_steps, apply_set)
     findings: list[_Finding] = []
     reported: set[float] = set()
     for value, op, var in sorted(counts, key=lambda c: (c[1].name, c[0])):
@@ -140,11 +138,11 @@ def _window_steps(graph: tf.Graph, apply_set: set[tf.Operation]) -> int | None:
 
 
 def _step_counts(
-    checker: _Checker, apply_set: set[tf.Operation]
+    global_steps: set[tf.Operation], apply_set: set[tf.Operation]
 ) -> list[tuple[float, tf.Operation, tf.Operation]]:
     """``(value, op, global step)`` of each constant an op of the apply compares the step with."""
     derived: dict[tf.Operation, tf.Operation] = {}  # op -> the global step its output counts
-    stack = [(var, var) for var in checker.steps]
+    stack = [(var, var) for var in global_steps]
     while stack:
         op, var = stack.pop()
         if op in derived:

@@ -1,12 +1,14 @@
 """The graph state tf1_accum owns: its collections, its variables left out, a window's mutex.
 
-Every variable tf1_accum creates is in `STATE_COLLECTION`; `plain_variables`
-is every other global variable (what a plain-training checkpoint holds). A
-window's runs hold its mutex (`new_mutex`), which `MUTEX_COLLECTION` lists
-for ``tf1_accum.Saver`` to take too.
+Every variable tf1_accum creates (`state_variable`) is in `STATE_COLLECTION`;
+`plain_variables` is every other global variable (what a plain-training
+checkpoint holds). A window's runs hold its mutex (`new_mutex`), which
+`MUTEX_COLLECTION` lists for ``tf1_accum.Saver`` to take too.
 """
 
 from __future__ import annotations
+
+import typing
 
 import tensorflow as tf
 
@@ -60,3 +62,23 @@ def new_mutex() -> tf.Tensor:
         mutex = tf.raw_ops.MutexV2(shared_name=name, name="mutex")
         graph.add_to_collection(MUTEX_COLLECTION, mutex)  # what tf1_accum.Saver locks
         return mutex
+
+
+def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: str) -> tf.Variable:
+    """Creates a non-trainable global variable that tf1_accum owns.
+
+    A `Window` built under ``replica_device_setter`` then moves its state to
+    the local variables (see ``_window._make_local``): not saved by the chief's
+    ``Saver``.
+
+    The initial value is made inside ``init_scope``, clear of the caller's
+    control dependencies and control flow, so the initializer never needs a
+    feed and a window can be built inside a loop body or a conditional branch.
+    """
+    with tf.init_scope():
+        return tf.compat.v1.Variable(
+            make_initial_value(),
+            trainable=False,
+            name=name,
+            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
+        )

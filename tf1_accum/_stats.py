@@ -21,7 +21,7 @@ from tf1_accum import _validate
 from tf1_accum._norms import at_least_float32
 from tf1_accum._norms import square_norms
 from tf1_accum._options import WindowOptions
-from tf1_accum._window import state_variable
+from tf1_accum._state import state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
 EMA_DECAY = 0.9

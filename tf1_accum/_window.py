@@ -29,8 +29,8 @@ from tf1_accum._options import WindowOptions
 from tf1_accum._options import transformed
 from tf1_accum._options import transforms_of
 from tf1_accum._shared_apply import SharedApply
-from tf1_accum._state import STATE_COLLECTION
 from tf1_accum._state import new_mutex
+from tf1_accum._state import state_variable
 from tf1_accum._wrapping import scales_loss as _scales_loss
 
 #: Graph collection of the ``counter >= steps`` predicate of each window that
@@ -38,13 +38,24 @@ from tf1_accum._wrapping import scales_loss as _scales_loss
 APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 
 if typing.TYPE_CHECKING:
-    from tf1_accum._distributed import _WindowReducer
     from tf1_accum._stats import GradientStatistics
     from tf1_accum._stats import MovingAverages
     from tf1_accum._stats import WindowStatistics
 
 #: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
 Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
+
+
+class Reducer(typing.Protocol):
+    """Sums a window's totals across the workers (`_distributed._WindowReducer`)."""
+
+    def reduce(
+        self,
+        per_slot: typing.Sequence[tuple[tf.Tensor, ...]],
+        count: tf.Tensor,
+        weight: tf.Tensor | None,
+        scalars: typing.Sequence[tf.Tensor] = (),
+    ) -> tuple[list[tuple[tf.Tensor, ...]], tf.Tensor, tf.Tensor | None, list[tf.Tensor]]: ...
 
 
 class Added(typing.NamedTuple):
@@ -122,7 +133,7 @@ class Window:
         options: WindowOptions,
         scope: str,
         statistics: WindowStatistics | None = None,
-        cross_replica: _WindowReducer | None = None,
+        cross_replica: Reducer | None = None,
         mutex: tf.Tensor | None = None,
     ) -> None:
         # The ways in checked every variable's shape (_validate.check_shapes).
@@ -715,26 +726,6 @@ def _check_weight(weight: tf.Tensor, dtypes: typing.Iterable[tf.DType]) -> tf.Op
         [message],
         name="check_weight",
     )
-
-
-def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: str) -> tf.Variable:
-    """Creates a non-trainable global variable that tf1_accum owns.
-
-    A `Window` built under ``replica_device_setter`` then moves its state to
-    the local variables (see ``_make_local``): not saved by the chief's
-    ``Saver``.
-
-    The initial value is made inside ``init_scope``, clear of the caller's
-    control dependencies and control flow, so the initializer never needs a
-    feed and a window can be built inside a loop body or a conditional branch.
-    """
-    with tf.init_scope():
-        return tf.compat.v1.Variable(
-            make_initial_value(),
-            trainable=False,
-            name=name,
-            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
-        )
 
 
 def gradients(
