@@ -144,7 +144,9 @@ def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None
     feed that placeholder on purpose, so this warns. The walk back from each
     op stops at what the loss reads: an op of the loss's model stops at once.
     """
-    for op in update_ops:
+    for update in update_ops:
+        # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
+        op = getattr(update, "op", update)
         seen, stack, fed = {op}, [op], []
         while stack:
             current = stack.pop()
