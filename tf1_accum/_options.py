@@ -1,9 +1,4 @@
-"""The window options: one typed value, checked when it is made.
-
-Every way in takes the options as keywords and makes one `WindowOptions` of
-them; the window reads nothing else. They are documented for users once, in
-docs/concepts.rst ("Window options").
-"""
+"""The window options (`WindowOptions`): one typed value, checked when made."""
 
 from __future__ import annotations
 
@@ -82,28 +77,55 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class WindowOptions:
-    """The window options a way in was built with, checked when made.
+    """The window options, the same in every way in, checked when made.
 
-    Every way in makes one of its keyword arguments; `Accumulation.options`
-    holds it. The options are described in :ref:`window-options`.
-    ``weighted`` says whether a ``weight`` was given (the weight itself
-    belongs to each micro-batch); ``transform`` is kept as a tuple (or None),
-    ``update_ops`` as a tuple of ops (or None for the graph's
-    ``UPDATE_OPS``), so the options can be hashed. They cannot change: a
-    deep copy is the options themselves (the ops of a graph are not copied).
+    Every way in takes them as keywords and makes one `WindowOptions`
+    (`Accumulation.options`); :ref:`window-options` explains them and
+    :ref:`api-options` says which way in takes which. Options of the ways in
+    that are not kept here:
+
+    - ``weight=None``: each micro-batch's scalar weight; the mean is
+      sum(weight_i * gradient_i) / sum(weight_i). What it is (a tensor, a
+      callable) depends on the way in (:ref:`window-options`).
+    - ``cross_replica=None``: a `CollectiveAllReduce` or `HorovodAllReduce`
+      that sums each window over the workers in one all-reduce; every worker
+      runs every apply (:doc:`distributed`).
+    - ``fused=False``: `build_accumulation` only: also build
+      ``accum_apply_op``, for windows of N runs (:ref:`api-options`).
+
+    The options cannot change; a deep copy is the options themselves.
 
     Raises:
-        TypeError, ValueError: If an option has the wrong type or value, or
-            two do not go together (the texts of the ways in).
+        TypeError: If ``average``, ``skip_nonfinite`` or ``statistics`` is not
+            a bool, ``clip_norm`` or ``micro_batch_size`` not a number,
+            ``transform`` not a callable or list of them, or ``update_ops``
+            not None or a list of ops or tensors.
+        ValueError: If ``clip_norm`` or ``micro_batch_size`` is not positive
+            and finite, or options do not go together: ``statistics=True``
+            without ``micro_batch_size`` or ``weight``; ``micro_batch_size``
+            without ``statistics=True``, or with ``weight``.
     """
 
+    #: Apply the window's mean (True, the default) or its sum (:ref:`window-options`).
     average: bool = True
+    #: Whether a ``weight`` was given (False by default); the weight is each micro-batch's.
     weighted: bool = False
+    #: Clip the window's gradient to this global norm before the apply (None, the
+    #: default, does not clip; :ref:`window-options`).
     clip_norm: typing.Optional[float] = None
+    #: Gradient transforms run in order on each variable's mean, after ``clip_norm``'s
+    #: (None by default, kept as a tuple; :ref:`window-options`).
     transform: typing.Union[GradientTransform, typing.Sequence[GradientTransform], None] = None
+    #: Skip a window whose gradient holds a NaN or an Inf and count it (True by
+    #: default; :ref:`window-options`).
     skip_nonfinite: bool = True
+    #: Ops run once with each micro-batch, kept as a tuple; None (the default) takes
+    #: the graph's ``UPDATE_OPS``, ``[]`` none (:ref:`window-options`).
     update_ops: typing.Optional[typing.Sequence[typing.Any]] = None
+    #: Also build the window's `GradientStatistics` (False by default; :doc:`statistics`).
     statistics: bool = False
+    #: Examples per micro-batch, for ``statistics`` (None by default); needed unless
+    #: ``weight`` is given (:ref:`window-options`).
     micro_batch_size: typing.Optional[float] = None
 
     def __post_init__(self) -> None:
