@@ -24,64 +24,37 @@ from tf1_accum._options import WindowOptions
 class Accumulation(typing.NamedTuple):
     """The ops and state of one gradient accumulation, from `build_accumulation`.
 
-    A window is: ``accum_op`` once per micro-batch (each with that micro-batch's
-    ``feed_dict``), then ``apply_op`` once, with no feed. ``apply_op`` resets
-    the window itself, so the next ``accum_op`` starts the next window.
-    Each op runs in a ``session.run`` of its own: TensorFlow runs the ops of
-    one run in no fixed order, so a run fetching two of them (``accum_op``
-    with ``apply_op``) is refused with a ``ValueError`` before anything runs.
-    Several threads may run these ops on one session: they take turns, and no
-    micro-batch is lost or applied twice (see :ref:`ways-in-threads`).
+    A window is ``accum_op`` once per micro-batch (with its feed), then
+    ``apply_op`` once, with no feed; each in a ``session.run`` of its own (a
+    run fetching two is refused with a ``ValueError``). Threads may share them
+    (:ref:`ways-in-threads`); see :doc:`concepts`.
 
     Attributes:
-        zero_op: Discards a partial window: resets the counter (the next
-            ``accum_op`` then starts a window). Not needed between windows:
-            ``apply_op`` resets.
-        accum_op: Adds this micro-batch's gradients to the accumulators,
-            increments ``counter`` and runs ``update_ops``. Run it with the
-            micro-batch's feed.
-        apply_op: Applies ``grads_and_vars`` through the optimizer, increments
-            ``global_step`` once (if one was given), then resets the
-            counter. Needs no feed. Raises
-            ``tf.errors.InvalidArgumentError`` when nothing was accumulated,
-            leaving every variable untouched.
-        counter: ``int64`` variable: micro-batches accumulated since the last
-            reset.
-        accumulators: Accumulator variables, aligned with ``var_list``
-            (``accumulators[i]`` serves ``var_list[i]``). While ``counter`` is
-            above 0, each holds the window's sum of micro-batch gradients
-            (with ``weight``, the weighted sum); while it is 0, nothing reads
-            them (see :doc:`concepts`). Float16 and bfloat16 variables
-            accumulate in float32.
-        var_list: The variables trained, in the order of ``accumulators``.
-            Variables whose gradient is None are not in it.
-        grads_and_vars: ``(gradient, variable)`` pairs that ``apply_op`` hands
-            to the optimizer: the accumulated mean (or sum, with
-            ``average=False``) after ``clip_norm`` and ``transform``, the
-            values the apply uses when fetched with ``apply_op``. A sparse
-            gradient is a ``tf.IndexedSlices`` of the rows touched in the
-            window.
-        global_norm: float64 global norm of the window's gradient (the mean,
-            or the sum) before any clipping. Fetch it in the same
-            ``session.run`` as ``apply_op``, and only with it: after the apply
-            the window is reset, and it does not describe the window that
-            ``accum_apply_op`` applies.
-        skipped_windows: ``int64`` variable: windows not applied because their
-            gradient held a NaN or an Inf (see ``skip_nonfinite``).
-        accum_apply_op: With ``fused=True``, the last micro-batch fused with
-            the apply: adds this micro-batch's gradients, then applies the
-            window and resets it, in one ``session.run`` fed that micro-batch.
-            A window then costs N runs instead of N + 1, with the same result.
-            None when built without ``fused=True``.
+        zero_op: Discards a partial window (not needed between windows).
+        accum_op: Adds the fed micro-batch's gradients, increments
+            ``counter`` and runs ``update_ops``.
+        apply_op: Applies ``grads_and_vars``, increments ``global_step`` once
+            and resets the window. Raises ``tf.errors.InvalidArgumentError``
+            when nothing was accumulated, changing nothing.
+        counter: ``int64`` variable: micro-batches accumulated in the window.
+        accumulators: Accumulator variables, ``accumulators[i]`` for
+            ``var_list[i]`` (float32 for float16 and bfloat16 variables).
+        var_list: The variables trained (those with a gradient).
+        grads_and_vars: ``(gradient, variable)`` pairs ``apply_op`` gives the
+            optimizer, after ``clip_norm`` and ``transform``; a sparse
+            gradient is a ``tf.IndexedSlices`` of the rows touched.
+        global_norm: float64 global norm of the window's gradient before any
+            clipping; fetch it only with ``apply_op``.
+        skipped_windows: ``int64`` variable: windows skipped for a NaN or an
+            Inf (``skip_nonfinite``).
+        accum_apply_op: With ``fused=True``, adds the fed micro-batch then
+            applies, in one run (N runs per window); None otherwise.
         statistics: With ``statistics=True``, the window's
-            `GradientStatistics` (norms and the gradient noise scale),
-            evaluated together with ``apply_op``; None otherwise.
+            `GradientStatistics`, fetched with ``apply_op``; None otherwise.
         accum_apply_statistics: With ``statistics=True`` and ``fused=True``,
-            the `GradientStatistics` of the window that ``accum_apply_op``
-            applies, evaluated together with it; None otherwise.
+            those of ``accum_apply_op``'s window; None otherwise.
         options: The `WindowOptions` the window was built with.
-        weight: The scalar ``weight`` it was built with (each micro-batch's
-            weight, computed from its feed), or None.
+        weight: The scalar ``weight`` it was built with, or None.
     """
 
     zero_op: tf.Operation
@@ -120,24 +93,10 @@ def build_accumulation(
 ) -> Accumulation:
     """Builds the ops that accumulate gradients over micro-batches and apply once.
 
-    N runs of ``accum_op`` (each fed one micro-batch of B examples) followed by
-    one run of ``apply_op`` make the same update as one
-    ``optimizer.minimize(loss)`` step on the N x B examples together, when
-    ``loss`` is the mean over the micro-batch. Optimizer state (slots, Adam's
-    beta powers) and ``global_step`` advance once per window, and slot
-    variables get the names plain ``minimize`` gives them, so checkpoints
-    interchange with plain training (see `plain_variables`).
-
-    Sparse gradients (from ``tf.gather`` or ``tf.nn.embedding_lookup``) are
-    scatter-added into the accumulator, never densified, and applied as the
-    rows touched in the window.
-
-    Built under ``tf.compat.v1.train.replica_device_setter`` (variables on
-    parameter servers), the accumulators and counters go to the device that
-    computes the gradients, as local variables that each worker's
-    ``local_init_op`` initializes (see the guide "Across several machines").
-
-    Example:
+    N runs of ``accum_op`` (each fed one micro-batch) then one of ``apply_op``
+    make the update of one ``optimizer.minimize(loss)`` step on the N
+    micro-batches together, when ``loss`` is the micro-batch's mean (see
+    :doc:`concepts`).
 
     >>> import numpy as np
     >>> with tf.Graph().as_default():
@@ -158,106 +117,52 @@ def build_accumulation(
 
     Args:
         loss: Scalar floating-point tensor: the mean loss of one micro-batch.
-        optimizer: A ``tf.compat.v1.train.Optimizer`` (or subclass), including
-            one that replaces ``apply_gradients`` and creates its state there
-            (BERT's ``AdamWeightDecayOptimizer``: see :doc:`real_programs`).
-            Or a tf_keras legacy
-            optimizer (``tf_keras.optimizers.legacy.Adam`` and the other
-            ``OptimizerV2`` subclasses), which updates resource variables only
-            and advances its ``iterations`` once per window. Keras 3
-            optimizers build no graph-mode ops and are refused.
-        var_list: Variables to train; defaults to the trainable variables of
-            the loss's graph, as in ``Optimizer.minimize``.
+        optimizer: A ``tf.compat.v1.train.Optimizer`` (BERT-style ones
+            included, :doc:`real_programs`) or a tf_keras legacy optimizer
+            (resource variables only). Keras 3 optimizers are refused.
+        var_list: Variables to train; defaults to the graph's trainable ones.
         global_step: Optional integer variable, incremented once per applied
-            window (so learning-rate schedules driven by it follow updates,
-            not micro-batches), whether the optimizer increments it or ignores
-            it; the optimizer still receives it. A dynamic loss-scale
-            optimizer and a ``SyncReplicasOptimizer`` increment it themselves.
-        average: The window's mean (True, the default) or sum (False). This
-            and the other window options (``clip_norm``, ``transform``,
-            ``skip_nonfinite``, ``statistics``, ``micro_batch_size``) are the
-            same in every way in and described once: :ref:`window-options`.
-        weight: Optional scalar tensor computed from each micro-batch (its
-            number of examples, or of non-padding tokens): the apply uses
-            sum(weight_i * gradient_i) / sum(weight_i). A micro-batch of
-            weight 0 contributes nothing, even a NaN gradient; a negative,
-            NaN or infinite weight fails the run (``InvalidArgumentError``,
-            saying which). See
-            :ref:`window-options`.
-        clip_norm: Clip the window's gradient to this global norm before
-            the apply (``global_norm`` is its norm before clipping).
-        transform: Gradient transforms run on each variable's mean, after
-            ``clip_norm``'s clipping.
-        skip_nonfinite: Skip a window whose gradient holds a NaN or an Inf
-            (True, the default), counted in ``skipped_windows``.
-        update_ops: Ops run once with each micro-batch (by ``accum_op`` and
-            ``accum_apply_op``): None (the default) takes the graph's
-            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are now, a list
-            exactly those ops, ``[]`` none.
-        fused: Also build ``accum_apply_op``, the last micro-batch fused with
-            the apply, for windows of N runs (see `run_accumulation`). Off by
-            default: it builds the optimizer's update a second time.
-        statistics: Also build ``statistics`` (and, with ``fused``,
-            ``accum_apply_statistics``): the window's `GradientStatistics`.
-            See :doc:`statistics`.
-        micro_batch_size: Examples per micro-batch, for ``statistics``;
-            needed unless ``weight`` is given.
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
-            for between-graph replication over several workers: the apply
-            sums the window across the workers in one all-reduce (the
-            statistics' sums included), then every worker applies the mean
-            over all their micro-batches. Every worker must run every apply,
-            even with nothing accumulated (see :doc:`distributed`).
+            window.
+        weight: Optional scalar tensor computed from each micro-batch (e.g.
+            its number of examples); a negative or non-finite weight fails the
+            run with ``InvalidArgumentError``.
+        average, clip_norm, transform, skip_nonfinite, update_ops: see `WindowOptions`.
+        statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
     Returns:
         An `Accumulation`.
 
-    Every argument is checked before anything is built: a ``TypeError`` or
-    ``ValueError`` about an argument leaves the graph as it was. A failure
-    that shows only once the gradients or the optimizer's apply are built
-    puts the graph's collections back; the ops built stay in the graph,
-    unused, and the error says how many.
+    An argument error leaves the graph as it was; a later failure puts the
+    graph's collections back and says which ops remain.
 
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer (a Keras 3 optimizer, say), or is
-            tf_keras's ``LossScaleOptimizer`` (use
+            or a tf_keras legacy optimizer, or is tf_keras's
+            ``LossScaleOptimizer`` (use
             ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``).
         TypeError: If ``optimizer`` is an `AccumulationOptimizer` or a
-            `KerasAccumulationOptimizer`, which accumulate by themselves:
-            give the optimizer they wrap.
-        TypeError: If a tf_keras optimizer is to train a reference variable
-            (it updates resource variables only).
-        TypeError: If another argument has the wrong type: ``loss`` (a
-            floating-point tensor), ``var_list`` (variables), ``global_step``
-            (an integer variable), ``average``, ``skip_nonfinite``, ``fused``,
-            ``statistics`` (bools), ``weight`` (a real tensor), ``clip_norm``,
-            ``micro_batch_size`` (numbers), ``update_ops`` (None or a list of
-            ops or tensors), ``cross_replica`` (a `CollectiveAllReduce` or a
-            `HorovodAllReduce`).
-        ValueError: If ``loss`` or ``weight`` is not a scalar, or
-            ``clip_norm`` or ``micro_batch_size`` is not positive and
-            finite.
-        ValueError: If a variable of ``var_list``, ``global_step``,
-            ``weight`` or an op of ``update_ops`` is not in the loss's graph.
-        ValueError: If options do not go together: ``statistics=True``
-            without ``micro_batch_size`` or ``weight``; ``micro_batch_size``
-            without ``statistics=True``, or with ``weight``; ``fused=True``
-            with a ``SyncReplicasOptimizer``.
+            `KerasAccumulationOptimizer`: give the optimizer they wrap.
+        TypeError: If a tf_keras optimizer is to train a reference variable.
+        TypeError: If ``loss``, ``var_list``, ``global_step``, ``weight``,
+            ``fused`` or ``cross_replica`` has the wrong type.
+        ValueError / TypeError: an option that `WindowOptions` refuses; see
+            `WindowOptions`.
+        ValueError: If ``loss`` or ``weight`` is not a scalar, or a variable
+            of ``var_list``, ``global_step``, ``weight`` or an op of
+            ``update_ops`` is not in the loss's graph.
+        ValueError: If ``fused=True`` with a ``SyncReplicasOptimizer``.
         ValueError: If there is nothing to train: no trainable variable, an
             empty ``var_list``, or no variable with a gradient.
         ValueError: If a variable the loss reads has a shape that is not
-            fully defined (its accumulator needs one).
+            fully defined.
         ValueError: If the optimizer's apply cannot be built here: it creates
             a variable inside ``apply_gradients`` from a tensor computed
             there, or (with ``fused=True``) creates different state each time
             its ``apply_gradients`` is built.
-        TypeError, ValueError: If ``transform`` is not a callable or a list
-            of them, or a transform returns something other than a gradient
-            of the gradient's shape and dtype (a tensor; ``tf.IndexedSlices`` for a
-            sparse one).
+        TypeError, ValueError: If a transform returns something other than a
+            gradient of the gradient's shape and dtype.
     """
     _validate.check_graph_mode("build_accumulation")
     _validate.check_loss(loss)
@@ -287,9 +192,7 @@ def build_accumulation(
     var_list = _validate.check_var_list(var_list, graph)
     _validate.check_trainable(loss, var_list)
     _keras.check_variables(optimizer, var_list)
-    # Checked: from here on the graph grows. A failure now (a gradient None
-    # everywhere, an optimizer that cannot build its apply) puts the
-    # graph's collections back and says which ops remain.
+    # Checked: from here on the graph grows, and a failure puts its collections back.
     with graph.as_default(), _validate.restored_on_failure(graph, "build_accumulation"):
         if loss.shape.ndims is None:
             # Unknown statically: fails at run time unless it holds one value.
@@ -306,11 +209,8 @@ def build_accumulation(
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         grads = [g for g, _ in pairs]
-        # accum_op and the fused op keep the caller's control dependencies and
-        # run update_ops (batch-norm updates: once per micro-batch). zero_op
-        # and apply_op must run without a feed, so they drop both.
-        # Each op holds the window's mutex while it runs (see Window.exclusive):
-        # runs from several threads take turns on the window.
+        # zero_op and apply_op run without a feed: they drop the caller's
+        # control dependencies, which may read one.
         accum_op, _ = window.exclusive(
             lambda: (window.add(grads, weight, run_with=update_ops).op, None),
             name="accumulate",
@@ -371,10 +271,8 @@ def window_op_of(op: tf.Operation) -> tuple[object, str] | None:
 def _one_per_run(ops: dict[str, tf.Operation | None]) -> None:
     """Makes ``session.run`` refuse two of a window's ``ops`` (by field) in one run.
 
-    The ops of one run run in no fixed order, and no op can see which others
-    its run fetches before it changes a variable: the fetches are checked in
-    Python, when ``session.run`` (or ``make_callable``) sorts them, before
-    anything runs. An op that groups two of them is `check_graph`'s to find.
+    Checked in Python as ``session.run`` sorts its fetches, since the ops of a
+    run run in no fixed order; an op grouping two is `check_graph`'s to find.
     """
     window = object()
     for field, op in ops.items():
