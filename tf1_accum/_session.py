@@ -35,11 +35,8 @@ class WindowFetches(list):
     def window_mean(self) -> typing.Any:
         """The window's mean of the fetched values: with ``fetches=loss``, the window's loss.
 
-        Each number (or array) of the fetched structure is averaged over the
-        micro-batches in float64, weighted as the update weighs them: by
-        ``weights`` (a micro-batch of weight 0 adds nothing, and a window of
-        total weight 0 has mean 0), else equally. When the loss is the mean
-        over each micro-batch, this is the loss of the large batch.
+        In float64, weighted as the update is (by ``weights``, else equally;
+        a window of total weight 0 has mean 0).
 
         Raises:
             ValueError: If nothing was fetched (``fetches=None``).
@@ -75,71 +72,23 @@ def run_accumulation(
 ) -> WindowFetches:
     """Runs one window: accumulates each micro-batch, then applies once.
 
-    The window is a large batch, one feed dict that the helper splits into
-    micro-batches (given ``micro_batch_size=``, ``micro_batches=`` or
-    ``memory_fit=``, see below), or an iterable of feed dicts, one per
-    micro-batch. Each micro-batch is run with ``accumulation.accum_op``, and
-    ``fetches`` (a loss, a metric, any structure ``Session.run`` accepts) is
-    evaluated in that same ``session.run``. The apply then runs without the
-    micro-batch, so the last one cannot be counted twice. It is fed
-    ``apply_feed_dict``, and each placeholder it reads (a learning rate) that
-    the micro-batches were fed, as plain ``minimize`` is fed: the micro-batches
-    that feed one must feed it the same value, which the apply gets. N
-    micro-batches take N + 1 ``session.run`` calls.
+    Each micro-batch runs ``accum_op`` with ``fetches`` in one
+    ``session.run``; then ``apply_op`` runs, fed ``apply_feed_dict`` and the
+    placeholders it reads that the micro-batches fed (a learning rate, the
+    same value in each): N + 1 runs. With ``fused``, the last micro-batch runs
+    ``accum_apply_op`` instead (N runs; a fetch reading the variables outside
+    the gradient path may then see them updated). A window left partial by an
+    earlier call or a checkpoint is continued.
 
-    When the accumulation was built with ``fused=True`` (and unless this call
-    says ``fused=False``), the last micro-batch runs ``accum_apply_op``
-    instead: a window then takes N calls, with the same result. The helper
-    reads one feed dict ahead to know which is last. In that last run, a
-    fetch that reads the variables outside the gradient path (a metric
-    computed from the weights) may see the updated weights; the loss and
-    what the gradients depend on are computed before the update.
-
-    A window that a previous call or a checkpoint left partly accumulated is
-    continued: the apply averages over ``accumulation.counter``.
-
-    If micro-batch k fails (a bad feed, an op error, an exception raised by a
-    feed-dict generator, a ``KeyboardInterrupt``), the window is discarded,
-    including micro-batches accumulated before this call: the accumulators
-    and the counter are reset, no update is applied, and the error is raised
-    again, of the same type where possible, with a message naming k. (With
-    ``fused=True``, a failure in the last run after the update says so
-    instead.) If the apply fails, the message says whether the update
-    happened; before the update, the window is discarded too, so the next
-    call starts a clean window.
-
-    Several threads may call it on one accumulation and one session: each
-    call runs its window whole while the others wait (see
-    :ref:`ways-in-threads`).
-
-    Given ``micro_batch_size=B`` or ``micro_batches=N``, ``feed_dicts`` is the
-    large batch as it is (a feed dict, or a list of them): the helper cuts
-    it into micro-batches of B rows (the last one shorter when B does not
-    divide the batch), or into N micro-batches whose sizes differ by one row
-    at most, and runs them as one window. A value is cut when its
-    placeholder's leading dimension is None and it has the batch's rows; the
-    others are fed whole to every micro-batch, but one whose placeholder has
-    the batch's rows as a fixed leading dimension (a graph built for one
-    batch size) is refused when the micro-batches are smaller. Unequal
-    micro-batches make the large batch's update only when the accumulation
-    was built with ``weight=`` (the rows of each micro-batch, or the tokens
-    its loss averages over): without it, a split into unequal micro-batches
-    is refused. See :doc:`feed_the_batch`. A micro-batch that fails in a
-    reshape says that the graph may have been built for one batch size.
-
-    ``memory_fit=``, a `MemoryFit`, also finds a micro-batch size that fits:
-    a micro-batch that raises ``tf.errors.ResourceExhaustedError`` discards
-    the window, which runs again, whole, with smaller micro-batches. It needs
-    an accumulation built with ``weight=`` and an empty window. Ops run with
-    each micro-batch besides its gradients (``update_ops``: batch-norm moving
-    averages) are not undone when a window is discarded: they see the
-    micro-batches before the error again.
-
-    When the accumulation was built with ``statistics=True``, the helper
-    logs each window's noise scale and `recommend_micro_batches` of its
-    moving average (``tf.compat.v1.logging.info``, one line per window).
-
-    Example:
+    If micro-batch k or the apply fails before the update (an op error, a
+    generator's exception, ``KeyboardInterrupt``), the window is discarded
+    (accumulators and counter reset, nothing applied) and the error raised
+    again, of the same type where possible, saying k and what became of the
+    window. Concurrent calls on one accumulation run their windows in turn
+    (:ref:`ways-in-threads`). Given ``micro_batch_size``, ``micro_batches``
+    or ``memory_fit``, ``feed_dicts`` is the large batch, split here
+    (:doc:`feed_the_batch`). With ``statistics=True``, each window's noise
+    scale and `recommend_micro_batches` are logged.
 
     >>> import numpy as np
     >>> with tf.Graph().as_default():
@@ -158,39 +107,26 @@ def run_accumulation(
     2.5
 
     Args:
-        sess: A ``tf.compat.v1.Session`` (or anything with its ``run``, such as
-            a ``MonitoredSession``) on the graph of ``accumulation``.
+        sess: A ``tf.compat.v1.Session`` (or ``MonitoredSession``) on the graph
+            of ``accumulation``.
         accumulation: An `Accumulation` from `build_accumulation`.
-        feed_dicts: The large batch, one feed dict, to split (see above); or
-            an iterable of feed dicts, one per micro-batch: a list, a
-            generator, any iterable, whose ``None`` entries run a micro-batch
-            with no feed (for input pipelines inside the graph).
-        fetches: Optional fetches to evaluate with each micro-batch (the
-            loss, for the window's loss: ``run_accumulation(...).window_mean()``).
+        feed_dicts: An iterable of feed dicts, one per micro-batch (``None``
+            runs one with no feed); or the large batch, to split.
+        fetches: Optional fetches to evaluate with each micro-batch (the loss).
         fused: Run the last micro-batch and the apply in one ``session.run``;
-            None (the default) does so when ``accumulation.accum_apply_op``
-            was built.
-        apply_feed_dict: Optional feed for the apply run alone, over what the
-            micro-batches fed (see above): a placeholder the optimizer reads
-            (a learning rate), or what a ``MonitoredSession`` hook fetches in
-            every run. Never a micro-batch: the apply reads only the
-            accumulators.
-        micro_batch_size: Rows per micro-batch: ``feed_dicts`` is then the
-            large batch, which the helper splits (see above). With
-            ``memory_fit``, the largest micro-batch allowed.
-        micro_batches: Micro-batches to split the large batch into, instead
-            of ``micro_batch_size``. With ``memory_fit``, the first window's
-            micro-batches have ``ceil(rows / micro_batches)`` rows at most.
-        memory_fit: A `MemoryFit`: split the large batch into micro-batches
-            that fit in memory, found by running out of it (see above). Pass
-            the same one for every window.
+            None (the default): when ``accum_apply_op`` was built.
+        apply_feed_dict: Optional feed for the apply run alone (a learning
+            rate, what a ``MonitoredSession`` hook fetches); never a
+            micro-batch.
+        micro_batch_size: Rows per micro-batch of the large batch (with
+            ``memory_fit``, the most allowed).
+        micro_batches: Micro-batches to split the large batch into, instead.
+        memory_fit: A `MemoryFit`: find micro-batches that fit in memory,
+            retrying a window that runs out of it. The same one every window.
 
     Returns:
-        A list with one entry per micro-batch: the fetched values, or
-        ``None`` where ``fetches`` is None. Its ``window_mean()`` is the window's
-        mean of them, weighted as the update (by ``weights``, each
-        micro-batch's ``weight=``, fetched with ``fetches``): with
-        ``fetches=loss``, the large batch's loss.
+        A list (``WindowFetches``) of the fetched values per micro-batch (``None``
+        without ``fetches``); ``window_mean()`` is the large batch's loss.
 
     Raises:
         TypeError: If ``accumulation`` is not an `Accumulation`, ``fused`` is
@@ -200,17 +136,14 @@ def run_accumulation(
             ``memory_fit``; or a feed dict, or ``apply_feed_dict``, is not a
             dict.
         TypeError: If ``micro_batch_size`` or ``micro_batches`` is not an
-            integer, or a large batch feeds a ``SparseTensor`` (which the
-            helper does not split).
+            integer, or a large batch feeds a ``SparseTensor``.
         ValueError: If ``feed_dicts`` holds no micro-batch, or ``fused=True``
             for an accumulation built without ``fused=True``.
         ValueError: If two micro-batches feed different values to a
             placeholder that the apply reads (a learning rate).
-        ValueError: If ``fetches`` holds one of the accumulation's ops
-            (``zero_op``, ``accum_op``, ``apply_op``, ``accum_apply_op``) or
+        ValueError: If ``fetches`` holds one of the accumulation's ops or
             what an apply computes (``statistics``,
-            ``accum_apply_statistics``, ``global_norm``): fetches are
-            evaluated with each micro-batch.
+            ``accum_apply_statistics``, ``global_norm``).
         ValueError: When splitting: ``micro_batch_size`` or
             ``micro_batches`` is not positive, or both are given; a key of the
             large batch names no tensor; it has nothing to split, no one
@@ -224,15 +157,12 @@ def run_accumulation(
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
-            ``accumulation`` (a feed-dict generator or a hook that calls
-            ``run_accumulation`` again), which would wait forever.
+            ``accumulation`` (a generator or hook calling it again).
         Exception: Whatever micro-batch k or the apply raised, its message
             saying which and what became of the window.
 
-    Each ``TypeError`` and ``ValueError`` above is raised before any
-    micro-batch runs, except a feed dict from a generator that is not a
-    dict, or that feeds a value the apply reads unlike an earlier one: it
-    fails as micro-batch k.
+    Each ``TypeError`` and ``ValueError`` is raised before any micro-batch
+    runs, except for a feed dict from a generator: it fails as micro-batch k.
     """
     if not isinstance(accumulation, _accumulation.Accumulation):
         raise TypeError(
@@ -441,10 +371,8 @@ def _carry(
 def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any) -> None:
     """Refuses fetches that only the helper may run, or that belong to another run.
 
-    ``fetches`` are evaluated with every micro-batch's run: a window op
-    among them would reset, add or apply in the middle of the window, and
-    the apply's statistics (or ``global_norm``) would read the window
-    without its apply, or run a fused apply with an ``accum_op``.
+    They run with every micro-batch: a window op would act mid-window, and an
+    apply's results would read the window without its apply.
 
     Raises:
         ValueError: Naming the field of the `Accumulation` found.
@@ -513,10 +441,8 @@ class _WindowLock:
 def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.Iterator[None]:
     """Holds the accumulation's window lock: concurrent calls run their windows in turn.
 
-    Each op is atomic in the graph (the window's mutex), but a window is N + 1
-    runs: without this, another thread's micro-batches would join this
-    window, its apply would take them, and the error messages would speak of
-    micro-batches that are no longer there.
+    Each op is atomic, but a window is N + 1 runs that another thread's
+    micro-batches must not join.
     """
     counter = accumulation.counter
     with _WINDOW_LOCKS_GUARD:
