@@ -1,14 +1,6 @@
-"""The batch you want, split to fit: `run_accumulation` given a large batch.
+"""The large batch, split for `run_accumulation`: `plan_window` checks, `run_window` runs.
 
-`plan_window` checks a large batch (a feed dict whose arrays share a leading
-batch dimension, or a list of them) against the accumulation and the split
-asked for; `run_window` cuts it into micro-batches, runs them as one window
-through the session helper's window runner and, with a `MemoryFit`, runs the
-window again with smaller micro-batches when one runs out of memory.
-
-Unequal micro-batches are exact only when the accumulation weighs each by
-what its loss averages over (``weight=``): an accumulation built without
-``weight=`` averages its micro-batches equally, so its splits must be equal.
+See :doc:`feed_the_batch`; unequal micro-batches need ``weight=``.
 """
 
 from __future__ import annotations
@@ -38,10 +30,8 @@ class SizeChange(typing.NamedTuple):
         window: The window it happened in, counted from 0 by the `MemoryFit`.
         old: Rows per micro-batch before, None for the first window.
         new: Rows per micro-batch after.
-        reason: ``"first window"``, ``"out of memory"`` (a micro-batch of
-            ``old`` rows raised ``ResourceExhaustedError``: the window was
-            discarded and ran again with ``new``) or ``"probe"`` (``old`` fit
-            for ``probe_every`` windows; ``new`` is tried).
+        reason: ``"first window"``, ``"out of memory"`` (the window ran
+            again with ``new``) or ``"probe"`` (``new`` is tried).
     """
 
     window: int
@@ -53,19 +43,13 @@ class SizeChange(typing.NamedTuple):
 class MemoryFit:
     """Finds the micro-batch size that fits in memory, and remembers it across windows.
 
-    Pass one to `run_accumulation` as ``memory_fit=``, with the large batch,
-    for every window of one accumulation. When a micro-batch run raises
-    ``tf.errors.ResourceExhaustedError``, the window is discarded (nothing
-    applied) and runs again, whole, with smaller micro-batches, so the
-    update is still the large batch's. The size that fits is kept for the
-    next windows; after ``probe_every`` windows at one size, a larger one is
-    tried. Each change is logged and kept in `changes`; `micro_batch_size`
-    is the size in use. A micro-batch of one row that does not fit raises
-    the ``ResourceExhaustedError``. The policy is described in
-    :doc:`feed_the_batch`.
+    Pass the same one to every `run_accumulation` of an accumulation as
+    ``memory_fit=``. A window that runs out of memory is discarded and runs
+    again, whole, with smaller micro-batches; after ``probe_every`` windows
+    at one size a larger one is tried (:doc:`feed_the_batch`).
 
-    Example (5 rows in micro-batches of 2, 2 and 1, which fit: one update,
-    the large batch's):
+    Example (5 rows in micro-batches of 2, 2 and 1: one update, the large
+    batch's):
 
     >>> import numpy as np
     >>> with tf.Graph().as_default():
@@ -484,11 +468,8 @@ def _sizes_text(sizes: typing.Iterable[int]) -> str:
 def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
     """Finds which values of one large feed dict are split, and its rows; returns a `_Batch`.
 
-    A value is split when its key's static shape leaves the leading dimension
-    unknown and the value has the batch's number of rows; the rest (scalars,
-    keys of a known leading size, arrays of another leading size) are fed
-    whole to every micro-batch. The batch's rows are the leading size that
-    most of the candidates share.
+    Split: a value of the batch's rows (the leading size most candidates
+    share) whose key leaves the leading dimension unknown; the rest go whole.
     """
     values = {}
     candidates = {}  # key -> leading size
