@@ -1,14 +1,6 @@
-"""The graph state of one accumulation window, and the ops on it.
+"""One accumulation window: its state, and `Window.add`, `mean`, `apply`, `reset`.
 
-A `Window` owns the accumulators and the counter. Its protocol is small, and
-every way in composes it: `Window.add` adds one micro-batch and returns the
-window's totals after it (an `Added`); `Window.mean` reads the mean of the
-window (from the variables, or from an `Added` in the same run), with its
-norm and statistics (a `Mean`); `Window.apply` hands the mean to an
-optimizer, then resets, right after an add (``after=``) or under a predicate
-(``when=``), and returns what it computed (an `Applied`); `Window.reset`
-empties the window. The accumulators hold the window's sum in every way in.
-Each runs inside `exclusive`, which holds the window's mutex.
+Every way in composes these, each inside `exclusive` (the window's mutex).
 """
 
 from __future__ import annotations
@@ -61,11 +53,9 @@ class Reducer(typing.Protocol):
 class Added(typing.NamedTuple):
     """What `Window.add` built: its op, and the window's totals right after it.
 
-    An apply in the same ``session.run`` (``Window.apply(after=...)``) reads
-    these, not the variables: with reference variables, Grappler removes
-    identity reads together with the control dependencies on them, so "read
-    after the add" is built as data dependencies. The counter's increment
-    waits for every add, and the optimizer's update waits for it.
+    An apply in the same run reads these, not the variables: Grappler drops
+    identity reads of reference variables with their control dependencies,
+    so "after the add" must be a data dependency.
     """
 
     op: tf.Operation
@@ -80,10 +70,8 @@ class Added(typing.NamedTuple):
 class Applied(typing.NamedTuple):
     """What one apply of the window computed, as `Window.apply` and its callers return it.
 
-    An apply built inside a conditional (every ``steps`` runs, a flush, the
-    dataset loop's) returns the conditional's outputs: ``grads_and_vars`` is
-    None there (they do not leave the branch), and so is ``op`` unless the
-    caller made one.
+    Built inside a conditional, ``grads_and_vars`` is None (they do not leave
+    the branch), and so is ``op`` unless the caller made one.
     """
 
     grads_and_vars: typing.Optional[list]
@@ -119,12 +107,8 @@ _NOTHING_ACCUMULATED_ANYWHERE = (
 class Window:
     """Accumulators, a counter, and the ops on them.
 
-    Build it inside the accumulation's name scope; ``scope`` is that scope's
-    full name, re-entered for the ops built later. ``options`` is a
-    `WindowOptions`; ``statistics`` a ``_stats.WindowStatistics`` (or None),
-    whose results each apply returns in its `Applied`. ``mutex`` is the
-    window's mutex (see `exclusive`) if it was made before the window, by
-    `new_mutex`; by default the window makes its own.
+    Build it inside the accumulation's name scope (``scope``, its full name).
+    ``mutex``: one made earlier by `new_mutex`; by default its own.
     """
 
     def __init__(
@@ -136,29 +120,20 @@ class Window:
         cross_replica: Reducer | None = None,
         mutex: tf.Tensor | None = None,
     ) -> None:
-        # The ways in checked every variable's shape (_validate.check_shapes).
         self.options = options
         self.scope = scope
-        # Sums the window's totals across workers before the mean (see _distributed).
         self.cross_replica = cross_replica
-        # Gradient statistics (a _stats.WindowStatistics) need one more sum:
-        # of (weight times) each micro-batch gradient's squared norm.
         self.statistics = statistics
         self.square_norms: tf.Variable | None = None
         self.weighted_micro_batches: tf.Variable | None = None
         weighted = options.weighted
-        # Every apply this window builds through one optimizer shares the
-        # optimizer state that the first one created (see _shared_apply).
+        # Every apply built through one optimizer (or transform) shares its state.
         self._shared_applies: dict[int, SharedApply] = {}
-        # The same for the variables the gradient transforms create.
         self._transform_state = SharedApply(options.transform)
-        # Parameter servers: the window's state stays on the worker that
-        # computes the gradients, as local variables that worker initializes.
+        # Parameter servers: the window's state stays local to the worker.
         worker = _worker_device(pairs)
         with tf.device(worker) if worker else contextlib.nullcontext():
-            # A weighted window's accumulators hold another sum: its
-            # counter has another name, so that a checkpoint of one kind of
-            # window fails to restore into the other (NotFoundError).
+            # Another name, so a checkpoint of one kind fails to restore into the other.
             self.counter = state_variable(
                 lambda: tf.constant(0, tf.int64), "weighted_counter" if weighted else "counter"
             )
@@ -196,18 +171,11 @@ class Window:
     def exclusive(
         self, build: typing.Callable[[], tuple[typing.Any, typing.Any]], name: str | None = None
     ) -> tuple[typing.Any, typing.Any]:
-        """Builds what ``build()`` makes so that its runs hold the window's mutex.
-
-        See `exclusive`, which this calls with the window's mutex and state.
-        """
+        """`exclusive` with the window's mutex and state."""
         return exclusive(self.mutex, self.scope, build, self._state, name)
 
     def control_flow(self, global_step: tf.Variable | None = None) -> typing.ContextManager[None]:
-        """A context in which the window's conditionals and loops can take references.
-
-        See `reference_control_flow`; it looks at the trained variables, the
-        window's state and ``global_step``.
-        """
+        """`reference_control_flow` for the trained variables, the state and ``global_step``."""
         return reference_control_flow(self.var_list + self._state() + [global_step])
 
     @property
@@ -227,13 +195,8 @@ class Window:
     ) -> Added:
         """Adds one micro-batch's gradients (aligned with ``var_list``), times ``weight``.
 
-        A micro-batch of weight 0 adds nothing, whatever its gradient holds
-        (0 times a NaN counts as 0), and marks no sparse row; the counter
-        still counts it. ``run_with`` (batch-norm updates) run before every
-        stateful op of the add.
-
-        Returns:
-            An `Added`: the add op, and the window's totals right after it.
+        Weight 0 adds nothing, even a NaN, but is counted; ``run_with`` runs
+        before every stateful op. Returns an `Added`.
         """
         with tf.compat.v1.name_scope(self.scope), tf.control_dependencies(run_with):
             stateful = []
@@ -273,10 +236,7 @@ class Window:
             )
 
     def reset(self, name: str | None = None) -> tf.Operation:
-        """Empties the window: the counter and totals to 0, sparse touched rows to zero.
-
-        A dense accumulator keeps what it holds: the window's next add assigns.
-        """
+        """Empties the window (a dense accumulator keeps its values: the next add assigns)."""
         with tf.compat.v1.name_scope(self.scope):
             return tf.group(*[slot.reset() for slot in self.slots], self._reset_totals(), name=name)
 
@@ -297,8 +257,6 @@ class Window:
             totals = self._read_totals() if after is None else after
             per_slot, count, weight = totals.per_slot, totals.count, totals.weight
             count = tf.identity(count)  # a value, not a reference
-            # The statistics' sums: of the squared norms, and (weighted) of
-            # the micro-batches of positive weight; else they count them all.
             square, counted = totals.square_norm, totals.micro_batches
             if square is not None:
                 square = tf.identity(square)
@@ -307,8 +265,7 @@ class Window:
             # Weights summing to zero leave 0 / 0: a NaN mean, which the
             # non-finite guard skips (and counts), as it would any NaN window.
             if self.cross_replica is None:
-                # After an add, the mean waits for its count (which waits for
-                # every add); an apply alone checks that the window holds one.
+                # After an add, the mean waits for its count (which waits for every add).
                 checks = [count] if after is not None else []
                 if after is None and not nonempty:
                     checks.append(
@@ -317,14 +274,12 @@ class Window:
                         )
                     )
             else:
-                # Every worker joins the all-reduce, an empty window with
-                # zeros; the summed count is checked, so the apply fails on
-                # every worker or on none.
+                # Every worker joins the all-reduce (an empty window with zeros),
+                # so the apply fails on every worker or on none.
                 filled = [
                     slot.totals() if t is None else t for slot, t in zip(self.slots, per_slot)
                 ]
-                # An empty window's dense accumulators hold what its last
-                # window left (its first add assigns): it sends zeros.
+                # An empty window's dense accumulators hold the last window's values.
                 holds = tf.greater(count, 0)
                 local = [slot.masked(t, holds) for slot, t in zip(self.slots, filled)]
                 scalars = [t for t in (square, counted) if t is not None]
@@ -340,8 +295,7 @@ class Window:
                 denominator = None
                 if self.options.average:
                     denominator = tf.identity(count if weight is None else weight)
-                # The norm and the statistics read the sums in place; each
-                # variable's mean is made only where the optimizer takes it.
+                # Each variable's mean is made only where the optimizer takes it.
                 sums = [slot.window_sum(t) for slot, t in zip(self.slots, per_slot)]
                 squares = _square_norms([_values(total) for total, _ in sums])
                 if denominator is not None:
@@ -413,8 +367,7 @@ class Window:
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
 
         def apply() -> tuple[tf.Tensor, ...]:
-            # The caller's name scope again, so that the optimizer's non-slot
-            # variables (Adam's beta powers) do not take the cond's name.
+            # The caller's name scope, not the cond's, for Adam's beta powers.
             branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
             with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
                 result = self._apply(optimizer, global_step, after, nonempty=True)
@@ -448,37 +401,24 @@ class Window:
         nonempty: bool = False,
         name: str | None = None,
     ) -> Applied:
-        """`apply` without a condition: the mean, the optimizer's update, the reset.
-
-        Each transform of ``transform=`` runs once per variable, and the
-        optimizer, ``grads_and_vars`` and the non-finite check all read what
-        it returns. The check reads every gradient before the optimizer takes
-        one, so with ``transform=`` the apply holds them all at once (one
-        parameter copy); without, it makes one large mean at a time.
-        """
+        """`apply` without a condition: the mean, the optimizer's update, the reset."""
         mean = self.mean(after, nonempty)
         finite = tf.math.is_finite(mean.norm)
         if self.options.transform is None:
-            # The mean, clipped by clip_norm, is pure and finite where the
-            # norm is: the apply makes each one where the optimizer takes
-            # it, one large gradient at a time. These, built apart for a
-            # user to fetch, compute the same values.
+            # Finite where the norm is: made where the optimizer takes each, one
+            # large gradient at a time; these, for a user to fetch, are equal.
             grads = mean.gradients()
             make_grads = mean.gradients
         else:
-            # Made once, before the apply: what the transforms return is
-            # what the optimizer takes and what the non-finite check reads.
+            # Made once, before the apply, so the non-finite check reads them (a
+            # parameter copy).
             with tf.compat.v1.name_scope(self.scope):
-                # A variable a transform creates is made by the first apply
-                # built and found again by the others (a flush, a fused apply).
                 grads = self._transform_state.build(mean.gradients)
                 squares = _square_norms([_values(g) for g in grads])
                 finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squares)))
             make_grads = lambda: grads  # noqa: E731
         grads_and_vars = list(zip(grads, self.var_list))
-        # The optimizer builds its update in the caller's name scope, so that
-        # its non-slot variables (Adam's beta powers) get the names plain
-        # minimize() gives them.
+        # In the caller's name scope: Adam's beta powers get minimize()'s names.
         with tf.control_dependencies(mean.after):
             update, applied = self._apply_if_finite(optimizer, make_grads, global_step, finite)
         with tf.compat.v1.name_scope(self.scope):
@@ -513,25 +453,12 @@ class Window:
         global_step: tf.Variable | None,
         finite: tf.Tensor,
     ) -> tuple[tf.Operation, tf.Tensor]:
-        """Hands the window to the optimizer, unless it must be skipped.
+        """Hands the window to the optimizer unless ``finite`` is False; returns (op, applied).
 
-        ``finite`` says whether every element of what the optimizer takes is
-        finite (see `_apply`). A loss-scale optimizer gets every window: it must see an overflow to
-        lower its loss scale, and it skips that window itself. So does a
-        ``SyncReplicasOptimizer`` (and the wrapper's `SyncPush` to one), whose
-        chief waits for every worker's push: there a non-finite window is
-        counted, not skipped.
-
-        ``make_grads()`` returns the gradients, aligned with the window's
-        variables, where the optimizer takes them: a mean built there, inside
-        the conditional, is computed only when the window is applied.
-
-        The optimizer's update is built by the window's `SharedApply` for it:
-        its state is created once, however often the apply is built, and
-        ``global_step`` advances once per update.
-
-        Returns:
-            The update op, and a bool tensor: whether the window was applied.
+        A loss-scale optimizer gets every window (it must see the overflow),
+        and so does a ``SyncReplicasOptimizer`` (its chief waits for every
+        push): there a non-finite window is counted, not skipped.
+        ``make_grads()`` builds the gradients inside the conditional.
         """
         shared = self._shared_applies.get(id(optimizer))
         if shared is None:
@@ -554,8 +481,7 @@ class Window:
         caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
 
         def apply() -> tf.Tensor:
-            # The caller's name scope again, so that the optimizer's non-slot
-            # variables (Adam's beta powers) do not take the cond's name.
+            # The caller's name scope, not the cond's, for Adam's beta powers.
             branch_graph = tf.compat.v1.get_default_graph()
             with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
                 op = _apply_one_at_a_time(shared, make_grads, self.var_list, global_step)
@@ -601,20 +527,10 @@ def _apply_one_at_a_time(
 ) -> tf.Operation:
     """Builds the optimizer's apply of ``make_grads()``, one large gradient alive at a time.
 
-    Each gradient (a variable's mean, made from its accumulator) is a new
-    tensor the size of its variable. Left to the executor, every one is
-    computed as soon as the apply starts, and all of them are alive together
-    until the optimizer has used them: a parameter copy. Here each large
-    one (``_ONE_AT_A_TIME_FROM`` elements or more) waits until the
-    optimizer's ops that read the large one before it have run, so that the
-    apply holds one large gradient at a time; small ones cost little memory
-    and run at once. Where the optimizer
-    reads one gradient in an op that also depends on another (a norm over all
-    of them, say), the order would deadlock: the gradients are then left to
-    the executor.
-
-    Returns:
-        The update op of ``shared.apply_gradients``.
+    Left to the executor, every mean would be alive at once (a parameter
+    copy): each large one waits for the optimizer's ops reading the one
+    before. An op reading two gradients (a global norm) would deadlock that
+    order, so then the executor decides. Returns the update op.
     """
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
@@ -673,23 +589,17 @@ def _elements(var: tf.Variable) -> int:
 
 
 def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
-    """Zeros of a static ``shape``, built so that no graph optimization makes them a constant.
+    """Zeros of a static ``shape`` that Grappler does not fold into a constant.
 
-    ``tf.zeros`` of a static shape is a ``Fill`` that Grappler folds into a
-    constant (under 10 MB), and the kernel of a constant keeps its value for as
-    long as the session lives: a parameter-sized copy held by the initializer
-    only to be copied once. An ``Empty`` op (zero-filled) is never folded.
+    A folded constant keeps a parameter-sized copy for the session's life.
     """
     return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
 
 
 def _check_weight(weight: tf.Tensor, dtypes: typing.Iterable[tf.DType]) -> tf.Operation:
-    """An assert that the float64 ``weight`` can weight a gradient, naming what it is.
+    """An assert that ``weight`` is finite, non-negative and, if positive, normal in ``dtypes``.
 
-    It must be finite and non-negative; if positive, a normal number of
-    every accumulator dtype of ``dtypes``: the accumulators hold the plain
-    weighted sum, and a weight that rounds to 0 (or Inf) there would change
-    the mean silently.
+    A weight that rounds to 0 or Inf in an accumulator would change the mean silently.
     """
     narrowest = min(dtypes, key=lambda d: d.size)
     low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
@@ -735,11 +645,7 @@ def gradients(
 ) -> list[tuple[Gradient, tf.Variable]]:
     """Returns ``(gradient, variable)`` pairs of ``loss``, without the None gradients.
 
-    The ways in that compute the gradients themselves take them here; all of
-    them, and `AccumulationOptimizer` for the pairs it is given, filter them
-    with ``_validate.usable_gradients`` (one warning names the variables left
-    out). Check the variables first (``_validate.check_trainable``): computing
-    the gradients builds ops.
+    Check the variables first (``_validate.check_trainable``): this builds ops.
     """
     pairs = optimizer.compute_gradients(loss, var_list=var_list)
     return _validate.usable_gradients(pairs, loss)
@@ -754,13 +660,9 @@ def exclusive(
 ) -> tuple[typing.Any, typing.Any]:
     """Builds what ``build()`` makes so that its runs hold a window's mutex.
 
-    Every op that reads or changes the window's state is built inside one
-    of these, so runs from several threads on one session take turns on the
-    window: no micro-batch is added while an apply reads and resets, none is
-    applied twice or lost. The lock is taken when the run starts and held
-    until ``done`` has run; a run that fails releases it too. Only the
-    outermost op locks: the pieces it builds share its lock. (Why the lock
-    is taken at the start: docs/performance.rst.)
+    Runs from several threads then take turns on the window. The lock is
+    taken when the run starts (see :doc:`performance`) and released when
+    ``done`` has run, or the run fails.
 
     Args:
         mutex: The window's mutex, from `new_mutex`.
@@ -815,17 +717,9 @@ def reference_control_flow(
 ) -> typing.Iterator[None]:
     """Builds ``tf.cond`` and ``tf.while_loop`` as version 1 control flow if needed.
 
-    Version 2 control flow (functional ``If`` and ``While``, on by default
-    unless ``disable_v2_behavior()``) passes values into its branches, never
-    references: an optimizer's ``ApplyMomentum`` or an ``assign_add`` on a
-    reference variable (``disable_resource_variables()``, or
-    ``use_resource=False``) cannot be built inside it. When one of
-    ``variables`` (None entries are ignored) is a reference variable, the
-    switch is turned off while the body builds, then on again; so it is with
-    ``references=True``, for reference variables that the body will create.
-    The switch is
-    process-wide, as TensorFlow keeps it: a graph built in another thread at
-    that moment gets version 1 control flow too.
+    Version 2 control flow cannot take references: with a reference variable
+    among ``variables`` (or ``references=True``, for ones the body creates)
+    it is off while the body builds. The switch is process-wide.
     """
     references = references or any(
         v is not None and v.dtype != v.dtype.base_dtype for v in variables
@@ -847,15 +741,12 @@ def _section(
 ) -> list[tf.Operation]:
     """The ops of ``created`` that running ``finished`` runs: the locked section.
 
-    The others were built for other runs: a ``SyncReplicasOptimizer``'s chief
-    queue runner, which the worker's apply waits for while it holds the lock.
-    They must not take the lock: they lose the control input
-    ``tf.control_dependencies([lock])`` gave them.
+    The others (a ``SyncReplicasOptimizer``'s chief queue runner, which the
+    apply waits for) lose the lock as a control input, or would deadlock.
     """
     names = {op.name for op in created}
     section = _ancestors([t.op if isinstance(t, tf.Tensor) else t for t in finished], names)
-    # Nor do the ops that make a resource or a reference those runs share
-    # (the gradient accumulator and token queue of a SyncReplicasOptimizer).
+    # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
     section = {name: op for name, op in section.items() if not _makes_state(op)}
     for op in created:
         if op.name not in section and lock_op in op.control_inputs:
@@ -895,11 +786,8 @@ def _lock_before_state_reads(
 ) -> None:
     """Makes every op of ``created`` that reads the window's state wait for the lock.
 
-    ``tf.control_dependencies([lock])`` reaches every op built inside it,
-    except those built under ``tf.control_dependencies(None)`` (a flush drops
-    the caller's dependencies that way). An op that reads a state variable
-    directly, in the lock's control-flow context, gets the lock as a control
-    input here; the rest of a section reads through those.
+    For ops built under ``tf.control_dependencies(None)`` (a flush), which
+    the lock's own control dependency does not reach.
     """
     sources = {v.op.name for v in state}
     context = lock_op._get_control_flow_context()
@@ -911,13 +799,7 @@ def _lock_before_state_reads(
 
 
 def _worker_device(pairs: Pairs) -> str | None:
-    """The gradients' device when the variables live on another job, else None.
-
-    Under ``replica_device_setter`` variables go to ``/job:ps`` and every
-    other op to the worker: accumulating there, on a parameter server, would
-    send every micro-batch's gradient over the network, and the workers would
-    add into one another's accumulators.
-    """
+    """The gradients' device when the variables live on another job (a parameter server)."""
     for gradient, var in pairs:
         here = tf.DeviceSpec.from_string(_values(gradient).op.device or "")
         there = tf.DeviceSpec.from_string(var.device or "")
@@ -927,13 +809,7 @@ def _worker_device(pairs: Pairs) -> str | None:
 
 
 def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
-    """Moves ``variables`` from the global to the local variables collection.
-
-    Each worker's ``local_init_op`` then initializes its own; the
-    ``ready_for_local_init_op`` a worker waits on before running it checks
-    global variables only (the default ``ready_op`` checks local ones too,
-    after ``local_init_op``). The chief's ``Saver`` does not save them.
-    """
+    """Moves ``variables`` to the local variables: each worker initializes its own, unsaved."""
     graph = variables[0].graph
     ids = {id(v) for v in variables}
     global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
@@ -945,10 +821,7 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
 def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
     """What an add's ``total`` waits on: the write itself, not a read of what it wrote.
 
-    A resource variable's ``scatter_add`` returns an unread variable whose
-    graph element reads the whole variable; once scattered into, a resource
-    variable copies itself on every read, so waiting on that read would copy
-    an embedding table's accumulator with every micro-batch.
+    A read of a scattered-into resource variable copies it (an embedding table).
     """
     return getattr(total, "_parent_op", total)
 
@@ -958,11 +831,7 @@ def _values(gradient: Gradient) -> tf.Tensor:
 
 
 def _inverse(denominator: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """1 / ``denominator``, taken in float64 and rounded to ``dtype`` once.
-
-    The mean multiplies by it: a multiply is a cheaper pass over a variable's
-    elements than a divide, and differs from it by at most one rounding.
-    """
+    """1 / ``denominator`` in float64, rounded to ``dtype`` once (a multiply is cheaper)."""
     return tf.cast(tf.math.reciprocal(tf.cast(denominator, tf.float64)), dtype)
 
 
@@ -985,8 +854,7 @@ class _VariableAccumulator:
         self.var = var
         self.shape = var.shape.as_list()
         self.dtype = _accumulator_dtype(var.dtype)
-        # Built from a constant, never from the variable's value: nothing
-        # here depends on the variable being initialized first.
+        # Never from the variable's value: no initialization order.
         with tf.compat.v1.name_scope(var.op.name + "/"):
             self.accumulator = state_variable(
                 lambda: unfolded_zeros(self.shape, self.dtype), "accumulator"
@@ -997,9 +865,7 @@ class _VariableAccumulator:
     ) -> tuple[tf.Tensor, ...]:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
 
-        ``first`` (a bool tensor: the window holds no micro-batch yet) makes
-        the add an assign: what the accumulator held before the window is
-        never read, so no reset has to zero it (see `reset`).
+        Where ``first`` holds (an empty window) it assigns, so no reset zeroes.
         """
         values = self._scaled(gradient, weight)
         if first is None:
@@ -1021,10 +887,7 @@ class _VariableAccumulator:
     def window_sum(
         self, totals: tuple[tf.Tensor, ...] | None = None
     ) -> tuple[Gradient, tf.Tensor | None]:
-        """``(sum, None)``: what the window holds, as the accumulator holds it.
-
-        ``totals`` is what `add` returned, or None to read the accumulator.
-        """
+        """``(sum, None)`` from `add`'s ``totals``, or read from the accumulator."""
         return (self.accumulator.read_value() if totals is None else totals[0]), None
 
     def finish(
@@ -1044,12 +907,7 @@ class _VariableAccumulator:
         return tuple(tf.math.multiply_no_nan(t, keep) for t in totals)
 
     def reset(self, rows: tf.Tensor | None = None) -> tf.Operation:
-        """Nothing to do: the window's next add assigns (see `add`).
-
-        Writing zeros would cost a pass over the parameters and, worse, a
-        parameter-sized zeros constant that the session keeps for as long as
-        it lives.
-        """
+        """Nothing: the next add assigns (zeros would cost a pass and a constant)."""
         del rows
         return tf.no_op()
 
@@ -1062,12 +920,10 @@ class _VariableAccumulator:
 
 
 class _SparseAccumulator(_VariableAccumulator):
-    """Accumulates ``tf.IndexedSlices`` by scatter-add, remembering the rows.
+    """Accumulates ``tf.IndexedSlices`` by scatter-add; ``touched`` marks the rows.
 
-    ``touched`` marks the rows that received a gradient in the window: the
-    apply hands the optimizer exactly those rows (as large-batch training
-    would), and the reset clears only those rows. Untouched rows of the
-    accumulator are always zero.
+    The apply gives the optimizer those rows and the reset clears them only;
+    the others are always zero.
     """
 
     def __init__(self, var: tf.Variable) -> None:
@@ -1082,11 +938,7 @@ class _SparseAccumulator(_VariableAccumulator):
     ) -> tuple[tf.Tensor, ...]:
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
 
-        The rows a window touches are zeroed by its reset, so the accumulator
-        is zero outside them whatever ``first`` says.
-
-        A micro-batch of weight 0 marks no row: a row stays untouched unless
-        a micro-batch of positive weight names it.
+        Needs no ``first``: untouched rows are zero. Weight 0 marks no row.
         """
         indices = gradient.indices
         values = self._scaled(gradient.values, weight)
