@@ -1,19 +1,7 @@
-"""What a migrated program does wrong around the optimizer, caught where the library sees it.
+"""What a migrated program does wrong around the optimizer, caught where a way in sees it.
 
-The arithmetic of an accumulation is exact; what goes wrong when a legacy
-program is migrated is the code around the optimizer, and it goes wrong
-silently. Each check here catches one such mistake where a way in can see
-it, and says what to do instead (the "Real programs" guide lists them all):
-
-* `refuse_accumulating_optimizer`: an `AccumulationOptimizer` handed to a
-  way in that accumulates by itself; the wrapper's window would never fill.
-* `warn_if_clipped`: gradients clipped before the wrapper's
-  ``apply_gradients``, which clips each micro-batch instead of the window.
-* `WindowStart`: a ``global_step`` that moves in the middle of a window,
-  typically a hand-written ``global_step.assign(global_step + 1)`` run with
-  every micro-batch on top of the wrapper's own increment. A step shared by
-  the workers of a cluster moves with their updates: there the increment is
-  found in the graph instead (`WindowStart.hand_written`).
+`refuse_accumulating_optimizer`, `warn_if_clipped` and `WindowStart` (a
+``global_step`` moving mid-window); :ref:`migration-checklist` lists them all.
 """
 
 from __future__ import annotations
@@ -106,11 +94,7 @@ def _clipped_by(gradient: Gradient) -> str | None:
 def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
     """Warns when the gradients given to `AccumulationOptimizer.apply_gradients` were clipped.
 
-    ``tf.clip_by_global_norm(grads, c)`` in front of the wrapper's
-    ``apply_gradients`` (BERT's ``create_optimizer`` has it) clips each
-    micro-batch's gradient, which large-batch training never did: it clipped
-    the large batch's gradient, the window's mean. The ``clip_norm=`` option
-    of the wrapper does that.
+    That clips each micro-batch, not the window's mean as ``clip_norm=`` does.
     """
     found: dict[str, list[str]] = {}
     for gradient, var in pairs:
@@ -152,27 +136,10 @@ def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
 class WindowStart:
     """The value ``global_step`` had when a window's first micro-batch was added.
 
-    A way in given ``global_step`` advances it once per update, in the run
-    that applies. In every other run of a window it must not move: if it
-    does, something else increments it (a hand-written
-    ``global_step.assign(global_step + 1)`` grouped with the train op, a
-    second optimizer given the same step), and schedules and hooks driven by
-    it run ahead of the updates. `check` builds, for the start of each run,
-    the op that records the step when the window is empty and otherwise
-    stops the run, before this micro-batch is added, with an error that
-    says what to change.
-
-    The value is state of the window (in `STATE_COLLECTION`, saved with the
-    counter): a run resumed in the middle of a window checks against the
-    step its window started at.
-
-    A ``global_step`` on another job than the window (a parameter server,
-    under ``replica_device_setter``) is shared: the other workers' updates
-    move it inside this worker's windows, and nothing tells them apart from a
-    hand-written increment at run time. There `check` checks nothing (nor
-    reads the step from the parameter server with every micro-batch), and
-    the wrapper's hook looks for the increment in the graph when the session
-    starts (`hand_written`).
+    `check` stops a run in which the step moved mid-window (a hand-written
+    increment: schedules would run ahead), before the micro-batch is added.
+    Saved with the counter. A step shared on a parameter server moves with
+    the other workers' updates: there `hand_written` looks in the graph.
     """
 
     def __init__(self, global_step: tf.Variable, counter: tf.Variable, scope: str) -> None:
@@ -204,14 +171,7 @@ class WindowStart:
             return self._check(steps)
 
     def hand_written(self) -> list[str]:
-        """The ops of the graph, outside control flow, that add to ``global_step``.
-
-        An ``assign_add`` of the step, or an assign of a value computed from
-        it (``global_step.assign(global_step + 1)``): the wrapper's own
-        increment and the wrapped optimizer's are inside the conditional
-        that applies, a restore or an initializer assigns a value read from
-        elsewhere.
-        """
+        """The ops outside control flow adding to ``global_step`` (an apply's are inside)."""
         step = self.global_step
         target = getattr(step, "handle", None)
         target = step.op if target is None else target.op
@@ -300,11 +260,7 @@ def _reads(tensor: tf.Tensor, target: tf.Operation, depth: int = 8) -> bool:
 def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
     """A hint for an error of a run that read tf1_accum's state uninitialized; "" otherwise.
 
-    A program that makes ``global_variables_initializer()`` before building
-    the accumulation initializes only the variables that existed then: the
-    first run reading an accumulator or a counter fails with TensorFlow's
-    ``NotFoundError`` (resource variables) or ``FailedPreconditionError``
-    (reference variables), which does not say why.
+    Typically the initializer was made before the accumulation was built.
     """
     if not isinstance(error, (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)):
         return ""

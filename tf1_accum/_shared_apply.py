@@ -1,20 +1,9 @@
 """One optimizer's apply, built as often as a way in needs it, over one state.
 
-Some ways in build the wrapped optimizer's ``apply_gradients`` more than once
-for one accumulation: ``AccumulationOptimizer`` in its train op and in
-``flush_op``, ``build_accumulation(fused=True)`` in ``apply_op`` and in
-``accum_apply_op``. TensorFlow's own optimizers create their state once and
-find it again (slots and non-slot variables are cached). Optimizers in the
-style of BERT's ``AdamWeightDecayOptimizer`` replace ``apply_gradients`` and
-create their state inside it with ``get_variable`` (no reuse) or
-``tf.Variable``: a second call would fail, or make a second, separate state.
-
-`SharedApply` records the variables the first build creates and hands them
-back, in order, to every later build. It also creates every variable inside
-``init_scope``, clear of the conditional (or control dependencies) the apply
-is built in, so that ``global_variables_initializer`` needs no feed; and it
-advances ``global_step`` exactly once per update, whether the optimizer
-increments it or ignores it.
+A flush or a fused apply builds ``apply_gradients`` again; a BERT-style
+optimizer creating its state inside it would fail or make a second state.
+`SharedApply` hands the first build's variables to every later one, creates
+them in ``init_scope`` and advances ``global_step`` once per update.
 """
 
 import contextlib
@@ -84,11 +73,7 @@ class SharedApply:
     ) -> tf.Operation:
         if global_step is None or counts_its_own_steps(self.optimizer):
             return self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
-        # One step per update whether the optimizer increments global_step or
-        # not (it still gets it, for schedules and bias corrections): an
-        # increment of ours only if its apply built none. An add, not a read
-        # and a write: workers sharing the step on a parameter server apply
-        # concurrently.
+        # Ours only if its apply built none; an add, for workers sharing the step.
         graph = tf.compat.v1.get_default_graph()
         before = len(graph.get_operations())
         update = self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
@@ -189,12 +174,9 @@ def _intercepting(
     name it already holds), so it is intercepted by a custom getter; ``get``
     calls to ``get_variable`` that create a variable reach ``create`` too.
     """
-    # The getter is set on the current scope itself, not by re-entering it:
-    # leaving a re-entered scope object puts back the counts of the variable
-    # scopes opened inside it, and the optimizer's slot scope ("w/Momentum")
-    # would be handed out again to the next optimizer of its class, which
-    # then fails ("Variable w/Momentum/ already exists") instead of getting
-    # "w/Momentum_1" as in plain TensorFlow.
+    # Set on the current scope, not by re-entering it: leaving a re-entered
+    # scope resets its counts, and the next optimizer would get "w/Momentum"
+    # again (already exists) instead of "w/Momentum_1".
     scope = tf.compat.v1.get_variable_scope()
     outer = scope.custom_getter
 
@@ -242,11 +224,7 @@ def _writes(op: tf.Operation, variable: tf.Variable) -> bool:
 def _outer_train_ops_only() -> typing.Iterator[None]:
     """Keeps ops of a conditional's branch out of the graph's ``TRAIN_OP`` collection.
 
-    ``Optimizer.apply_gradients`` adds its update op to ``TRAIN_OP``. Built in
-    a version 2 conditional's branch (the non-finite check, the apply every
-    ``steps`` runs), that op lives in the branch's function graph, which
-    shares the graph's collections: a ``SavedModel`` or ``.meta`` exported
-    with it then fails to load (the name refers to no op of the graph).
+    A branch op there makes an exported ``SavedModel`` or ``.meta`` fail to load.
     """
     with tf.init_scope():
         graph = tf.compat.v1.get_default_graph()
