@@ -1,8 +1,4 @@
-"""Squared L2 norms of gradients in float64, taken one way for the whole package.
-
-The window's global norm (for clipping and the non-finite check) and the
-statistics' norm of each micro-batch gradient both come from `square_norms`.
-"""
+"""Squared L2 norms of gradients in float64, one way for the window's norm and the statistics."""
 
 import typing
 

@@ -1,10 +1,4 @@
-"""The graph state tf1_accum owns: its collections, its variables left out, a window's mutex.
-
-Every variable tf1_accum creates (`state_variable`) is in `STATE_COLLECTION`;
-`plain_variables` is every other global variable (what a plain-training
-checkpoint holds). A window's runs hold its mutex (`new_mutex`), which
-`MUTEX_COLLECTION` lists for ``tf1_accum.Saver`` to take too.
-"""
+"""The graph state tf1_accum owns: its collections, `plain_variables`, a window's mutex."""
 
 from __future__ import annotations
 
@@ -12,12 +6,8 @@ import typing
 
 import tensorflow as tf
 
-#: Graph collection holding every variable tf1_accum creates (accumulators,
-#: touched-row masks, counters, the statistics' moving averages). They are
-#: also global variables, so a default ``tf.compat.v1.train.Saver()`` saves
-#: them; under ``replica_device_setter`` they are local variables on the
-#: worker instead, which the chief's ``Saver`` does not save (see
-#: :doc:`distributed`).
+#: Graph collection of every variable tf1_accum creates; global variables
+#: (saved), local ones under ``replica_device_setter`` (:doc:`distributed`).
 STATE_COLLECTION = "tf1_accum_state"
 
 #: Graph collection holding the mutex of every window (see `new_mutex`).
@@ -27,14 +17,10 @@ MUTEX_COLLECTION = "tf1_accum_mutexes"
 def plain_variables(graph: tf.Graph | None = None) -> list[tf.Variable]:
     """Returns the global variables that tf1_accum did not create.
 
-    A checkpoint written by plain training (no accumulation) holds no
-    accumulators. To restore it into an accumulating graph, initialize all
-    variables, then restore only these::
+    To restore a plain-training checkpoint into an accumulating graph,
+    initialize all variables, then restore only these::
 
         tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)
-
-    The reverse needs nothing: a plain graph's default ``Saver`` restores from
-    an accumulating checkpoint and ignores the accumulators.
 
     Args:
         graph: The graph to look in; defaults to the default graph.
@@ -67,13 +53,7 @@ def new_mutex() -> tf.Tensor:
 def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: str) -> tf.Variable:
     """Creates a non-trainable global variable that tf1_accum owns.
 
-    A `Window` built under ``replica_device_setter`` then moves its state to
-    the local variables (see ``_window._make_local``): not saved by the chief's
-    ``Saver``.
-
-    The initial value is made inside ``init_scope``, clear of the caller's
-    control dependencies and control flow, so the initializer never needs a
-    feed and a window can be built inside a loop body or a conditional branch.
+    Made in ``init_scope``: its initializer needs no feed, even built in a branch.
     """
     with tf.init_scope():
         return tf.compat.v1.Variable(

@@ -1,10 +1,4 @@
-"""Argument validation shared by the builders and helpers.
-
-Each way in runs these checks before it builds anything, so that an
-argument they reject leaves the graph as it was. What can only be checked
-once built is guarded by `restored_on_failure` (see the concepts page,
-"Errors").
-"""
+"""Argument checks the ways in run before building anything (the graph stays as it was)."""
 
 import collections.abc
 import contextlib
@@ -355,12 +349,7 @@ def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
 
 
 def _ancestors(op: tf.Operation) -> set[tf.Operation]:
-    """Every op whose outputs reach ``op`` through data inputs, ``op`` included.
-
-    Inside a function graph (the body of a version 2 loop or conditional), a
-    value from outside enters as a placeholder: the walk goes on from the
-    value it captures.
-    """
+    """Every op whose outputs reach ``op`` through data inputs (and function captures)."""
     seen = {op}
     stack = [op]
     captured = {}  # per function graph: placeholder op -> the outer tensor
@@ -384,20 +373,10 @@ def usable_gradients(
     grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
     loss: tf.Tensor | None = None,
 ) -> list[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]]:
-    """The ``(gradient, variable)`` pairs whose gradient is not None.
-
-    Every way in filters its gradients here: one warning names the variables
-    left out (they are never touched), and no gradient at all is an error.
-
-    Args:
-        grads_and_vars: ``(gradient, variable)`` pairs.
-        loss: the loss tensor, when known, to name in the messages.
-
-    Returns:
-        A list of the pairs with a gradient.
+    """The ``(gradient, variable)`` pairs whose gradient is not None; warns of the others.
 
     Raises:
-        ValueError: if no pair has a gradient.
+        ValueError: if no pair has a gradient (``loss``, if given, is named).
     """
     grads_and_vars = list(grads_and_vars)
     missing = [v.op.name for g, v in grads_and_vars if g is None]
@@ -429,11 +408,7 @@ _LIBRARY_DIRS = (
 
 
 def _caller_stacklevel() -> int:
-    """The ``stacklevel`` of the first frame outside tf1_accum, TensorFlow and tf_keras.
-
-    The warning then points at the user's line, whichever way in (and however
-    deep inside ``Optimizer.minimize``) it came from.
-    """
+    """The ``stacklevel`` of the first frame outside tf1_accum, TensorFlow and tf_keras."""
     frame: types.FrameType | None = sys._getframe(1)
     level = 1
     while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_LIBRARY_DIRS):
@@ -445,16 +420,8 @@ def _caller_stacklevel() -> int:
 def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
     """Puts the graph's collections back if the build inside raises, and says what remains.
 
-    Ops cannot be taken out of a ``tf.Graph``: those built before the failure
-    stay in it, unused (nothing runs them), and so do the names of variables
-    made by ``tf.compat.v1.get_variable``. Every collection of variables and
-    of ops (global, local and trainable variables, ``UPDATE_OPS``,
-    ``SUMMARIES``, the control-flow contexts, tf1_accum's state...) is put
-    back as it was, and a collection the build started is removed, so the
-    initializers, a ``Saver`` and ``UPDATE_OPS`` see nothing of the failed
-    build. The error gets a note saying so, and an ``AttributeError`` of
-    ``tf.compat.v1.layers`` under Keras 3 (the user's model code, called by
-    the build) a note saying how to run it with Keras 2.
+    Ops cannot leave a ``tf.Graph``: they stay, unused, and the error says so
+    (and, for ``tf.compat.v1.layers`` under Keras 3, how to run Keras 2).
     """
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
