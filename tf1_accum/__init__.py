@@ -2,11 +2,8 @@
 
 Accumulate gradients over several micro-batches with ``tf.compat.v1``,
 ``Session`` and ``feed_dict``, then apply one update that equals training on
-the large batch.
-
-Public names are imported from their private modules on first use (PEP 562),
-so that ``python -m tf1_accum.check``, which reads source code and needs no
-TensorFlow, does not pay for (or require) importing it.
+the large batch. Public names are imported on first use (PEP 562): the source
+checker needs no TensorFlow.
 """
 
 import importlib as _importlib
@@ -71,9 +68,7 @@ _MODULES = {
 }
 
 if _typing.TYPE_CHECKING:
-    # What type checkers and editors see; at run time __getattr__ below
-    # imports each name on first use. tests/test_public_api.py checks that
-    # these lines and _MODULES agree.
+    # For type checkers; at run time __getattr__ imports each name on first use.
     from tf1_accum._state import STATE_COLLECTION as STATE_COLLECTION
     from tf1_accum._accumulation import Accumulation as Accumulation
     from tf1_accum._accumulation import build_accumulation as build_accumulation

@@ -36,10 +36,8 @@ GradientTransform = typing.Callable[[Gradient, tf.Variable, WindowMean], Gradien
 def clip_by_global_norm(clip_norm: float) -> GradientTransform:
     """A gradient transform that clips the window's mean to a global norm.
 
-    ``clip_norm=c`` in any way in is this transform, run before the ones
-    given as ``transform=``. Each gradient is multiplied by
-    ``c / max(global_norm, c)``, the factor ``tf.clip_by_global_norm`` uses,
-    with the norm the window computed once.
+    ``clip_norm=c`` is this transform, run before ``transform=``: each
+    gradient times ``c / max(global_norm, c)``, as ``tf.clip_by_global_norm``.
 
     >>> with tf.Graph().as_default():
     ...     v = tf.compat.v1.Variable([0.0, 0.0])
@@ -187,9 +185,7 @@ def transformed(
 ) -> Gradient:
     """``gradient`` after each of ``transforms`` (`transforms_of`); checks what each returns.
 
-    A variable a transform creates is created outside the conditional the
-    apply may be built in, as in plain training (its initial value must not
-    come from a tensor computed there).
+    A variable a transform creates is created outside the apply's conditional.
 
     Raises:
         TypeError: If a transform returns something other than a tensor (or
