@@ -22,11 +22,7 @@ if typing.TYPE_CHECKING:
 
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
-    """Refuses an `AccumulationOptimizer` as the optimizer of a way in that accumulates.
-
-    Args:
-        optimizer: the optimizer given to ``what``.
-        what: the way in, as the user calls it (``"build_accumulation"``).
+    """Refuses an accumulating optimizer given to ``what``, a way in that accumulates.
 
     Raises:
         TypeError: if ``optimizer`` is an `AccumulationOptimizer` or a

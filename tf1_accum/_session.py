@@ -225,9 +225,7 @@ def _run_window(
 ) -> WindowFetches:
     """`run_accumulation` once its arguments are checked and the window is its own.
 
-    ``retry``: exception types after which a micro-batch's failure, once the
-    window is discarded, raises `_split.WindowDiscarded` instead of the error,
-    for the caller to run the window again (the memory fit of `_split`).
+    A failure of a ``retry`` type, window discarded, raises `_split.WindowDiscarded`.
     """
     results: list = []
     weight = accumulation.weight if fetches is not None else None
@@ -475,11 +473,7 @@ def _counter(
     accumulation: _accumulation.Accumulation,
     feed: typing.Mapping | None,
 ) -> int | None:
-    """Returns the window's counter, or None if it cannot be read.
-
-    ``feed`` is a micro-batch's: the counter needs none, but the hooks of a
-    ``MonitoredSession`` add their fetches to every run.
-    """
+    """Returns the window's counter, or None if it cannot be read (``feed``: for hooks' fetches)."""
     try:
         return int(sess.run(accumulation.counter, feed_dict=feed))
     except Exception:

@@ -52,11 +52,7 @@ class SharedApply:
         grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
         global_step: tf.Variable | None = None,
     ) -> tf.Operation:
-        """Builds one update: the optimizer's apply, and ``global_step`` + 1.
-
-        Returns:
-            The update op.
-        """
+        """Builds one update op: the optimizer's apply, and ``global_step`` + 1."""
         with _outer_train_ops_only():
             return self.build(lambda: self._apply(grads_and_vars, global_step))
 
@@ -170,9 +166,7 @@ def _intercepting(
 ) -> typing.Iterator[None]:
     """Routes variable creation through ``create`` and ``get_variable`` through ``get``.
 
-    ``get_variable`` checks its store before any creator runs (and fails on a
-    name it already holds), so it is intercepted by a custom getter; ``get``
-    calls to ``get_variable`` that create a variable reach ``create`` too.
+    ``get_variable`` checks its store before any creator runs: a custom getter.
     """
     # Set on the current scope, not by re-entering it: leaving a re-entered
     # scope resets its counts, and the next optimizer would get "w/Momentum"

@@ -58,11 +58,7 @@ def check_loss(loss: object) -> None:
 
 
 def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
-    """Returns ``optimizer`` as a ``tf.compat.v1.train.Optimizer``, checked.
-
-    A tf_keras legacy optimizer (an ``OptimizerV2``) comes back behind a
-    `_keras.KerasOptimizerAdapter`; any other optimizer comes back as it is.
-    """
+    """Returns ``optimizer`` checked (a tf_keras legacy one behind a ``KerasOptimizerAdapter``)."""
     adapted = _keras.adapt(optimizer)
     if adapted is not None:
         return adapted
@@ -75,13 +71,7 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
 
 
 def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
-    """Returns the variables to train as a list, checked.
-
-    Args:
-        var_list: ``None`` for the graph's trainable variables, or an iterable of
-            ``tf.Variable``.
-        graph: the graph of the loss.
-    """
+    """Returns the variables to train (None: ``graph``'s trainable ones) as a list, checked."""
     if var_list is None:
         with graph.as_default():
             found = tf.compat.v1.trainable_variables() + graph.get_collection(
@@ -220,13 +210,7 @@ def check_clip_norm(clip_norm: object) -> None:
 def check_update_ops(
     update_ops: object, graph: tf.Graph | None = None
 ) -> list[tf.Operation] | None:
-    """Returns ``update_ops`` as a list of ops, or None for the ``UPDATE_OPS`` default.
-
-    Args:
-        update_ops: None, or an iterable of ``tf.Operation``, ``tf.Tensor`` or
-            what a variable's ``assign`` returns (its op is taken).
-        graph: the graph of the loss, if known yet.
-    """
+    """Returns ``update_ops`` as a list of ops (of ``graph``, if given), or None for the default."""
     if update_ops is None:
         return None
     if isinstance(update_ops, (tf.Operation, tf.Tensor, tf.Variable, str)) or not isinstance(
@@ -312,17 +296,9 @@ def check_feed_dict(label: str, feed_dict: object) -> None:
 
 
 def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> list[tf.Variable]:
-    """Checks, before any gradient is built, that ``loss`` reads a variable of ``var_list``.
+    """Returns the variables of ``var_list`` that ``loss`` reads, checked; builds no gradient.
 
-    A gradient can be other than None only where the loss depends on the
-    variable through the graph's data flow: a walk back from the loss finds
-    the variables it reads. Each one must have a fully defined shape, which
-    its accumulator needs. (One the loss reads may still have a None
-    gradient, through an op without a gradient; `usable_gradients` handles
-    that.)
-
-    Returns:
-        The variables of ``var_list`` that the loss reads.
+    Each needs a fully defined shape (for its accumulator).
     """
     read = _ancestors(loss.op)
     reached = [v for v in var_list if v.op in read]

@@ -241,17 +241,10 @@ class Window:
             return tf.group(*[slot.reset() for slot in self.slots], self._reset_totals(), name=name)
 
     def mean(self, after: Added | None = None, nonempty: bool = False) -> Mean:
-        """The window's mean (its sum with ``average=False``), its norm and statistics.
+        """The window's mean (sum with ``average=False``), norm and statistics: a `Mean`.
 
-        Args:
-            after: The `Added` of an add in the same ``session.run``: the
-                mean reads what it returned. None reads the variables.
-            nonempty: The caller's predicate implies a micro-batch (a
-                conditional apply): the counter is not checked.
-
-        Returns:
-            A `Mean`. Its ``gradients()`` builds the gradients themselves, to
-            be called where the optimizer takes them.
+        ``after``: an `Added` of the same run, read instead of the variables.
+        ``nonempty``: the caller's predicate implies a micro-batch (no check).
         """
         with tf.compat.v1.name_scope(self.scope):
             totals = self._read_totals() if after is None else after
@@ -345,22 +338,10 @@ class Window:
     ) -> Applied:
         """Applies the window's `mean` through ``optimizer``, then resets the window.
 
-        Args:
-            optimizer: The optimizer to apply through.
-            global_step: Incremented once per update, if given.
-            after: The `Added` of an add to apply right after, in the same
-                ``session.run`` (see `mean`).
-            when: A bool tensor: apply only where it holds, inside a
-                ``tf.cond``. It must imply that the window holds a
-                micro-batch. The `Applied` is then the conditional's: no
-                ``grads_and_vars``, ``applied`` and ``norm`` False and 0 where
-                it did not hold (the statistics idle).
-            otherwise: With ``when``: returns ops the other branch runs.
-            name: Name of the returned op.
-
-        Returns:
-            An `Applied`. ``applied`` is False where the window was skipped
-            as non-finite.
+        ``after``: as in `mean`. ``when``: a bool tensor implying a micro-batch:
+        apply inside a ``tf.cond`` where it holds (``otherwise()`` returns the
+        other branch's ops). Returns an `Applied` (``applied`` False where
+        skipped or not applied).
         """
         if when is None:
             return self._apply(optimizer, global_step, after, name=name)
@@ -664,21 +645,10 @@ def exclusive(
     taken when the run starts (see :doc:`performance`) and released when
     ``done`` has run, or the run fails.
 
-    Args:
-        mutex: The window's mutex, from `new_mutex`.
-        scope: The window's name scope (full name), for the lock's ops.
-        build: Callable returning ``(done, other)``: ``done``, an op or a
-            nested structure (``tf.nest``) of ops, tensors and None, all
-            finishing after everything built, and ``other``, anything else
-            (returned as it is).
-        state: Callable returning the window's state variables, called once
-            ``build`` has run.
-        name: Name of each op of ``done``.
-
-    Returns:
-        ``(done, other)``, with ``done`` made to finish after the release
-        (in the same structure, None kept): fetching it runs the whole
-        locked section.
+    ``build()`` returns ``(done, other)``: ``done`` a structure of ops and
+    tensors finishing after everything built, returned made to finish after
+    the release (each op named ``name``); ``other`` as it is. ``state()``
+    gives the window's variables.
     """
     graph = tf.compat.v1.get_default_graph()
     before = {op.name for op in graph.get_operations()}
