@@ -139,28 +139,25 @@ def build_accumulation(
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer, or is tf_keras's
-            ``LossScaleOptimizer`` (use
-            ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``).
-        TypeError: If ``optimizer`` is an `AccumulationOptimizer` or a
-            `KerasAccumulationOptimizer`: give the optimizer they wrap.
-        TypeError: If a tf_keras optimizer is to train a reference variable.
-        TypeError: If ``loss``, ``var_list``, ``global_step``, ``weight``,
-            ``fused`` or ``cross_replica`` has the wrong type.
+            or a tf_keras legacy optimizer, is tf_keras's ``LossScaleOptimizer``
+            (use ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
+            or accumulates by itself (`AccumulationOptimizer`,
+            `KerasAccumulationOptimizer`: give the optimizer they wrap).
+        TypeError: If a tf_keras optimizer is to train a reference variable,
+            or ``loss``, ``var_list``, ``global_step``, ``weight``, ``fused``
+            or ``cross_replica`` has the wrong type.
         ValueError / TypeError: an option that `WindowOptions` refuses; see
             `WindowOptions`.
-        ValueError: If ``loss`` or ``weight`` is not a scalar, or a variable
-            of ``var_list``, ``global_step``, ``weight`` or an op of
-            ``update_ops`` is not in the loss's graph.
-        ValueError: If ``fused=True`` with a ``SyncReplicasOptimizer``.
-        ValueError: If there is nothing to train: no trainable variable, an
-            empty ``var_list``, or no variable with a gradient.
-        ValueError: If a variable the loss reads has a shape that is not
-            fully defined.
+        ValueError: If ``loss`` or ``weight`` is not a scalar; a variable of
+            ``var_list``, ``global_step``, ``weight`` or an op of
+            ``update_ops`` is not in the loss's graph; or ``fused=True`` with
+            a ``SyncReplicasOptimizer``.
+        ValueError: If there is nothing to train (no trainable variable, an
+            empty ``var_list``, no gradient), or a variable the loss reads has
+            a shape that is not fully defined.
         ValueError: If the optimizer's apply cannot be built here: it creates
             a variable inside ``apply_gradients`` from a tensor computed
-            there, or (with ``fused=True``) creates different state each time
-            its ``apply_gradients`` is built.
+            there, or (with ``fused=True``) different state each build.
         TypeError, ValueError: If a transform returns something other than a
             gradient of the gradient's shape and dtype.
     """

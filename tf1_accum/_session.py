@@ -129,31 +129,21 @@ def run_accumulation(
         without ``fetches``); ``window_mean()`` is the large batch's loss.
 
     Raises:
-        TypeError: If ``accumulation`` is not an `Accumulation`, ``fused`` is
-            not a bool, or ``memory_fit`` is not a `MemoryFit`.
-        TypeError: If ``feed_dicts`` is not iterable, or is a single dict
-            without ``micro_batch_size``, ``micro_batches`` or
-            ``memory_fit``; or a feed dict, or ``apply_feed_dict``, is not a
-            dict.
-        TypeError: If ``micro_batch_size`` or ``micro_batches`` is not an
-            integer, or a large batch feeds a ``SparseTensor``.
-        ValueError: If ``feed_dicts`` holds no micro-batch, or ``fused=True``
-            for an accumulation built without ``fused=True``.
-        ValueError: If two micro-batches feed different values to a
-            placeholder that the apply reads (a learning rate).
-        ValueError: If ``fetches`` holds one of the accumulation's ops or
-            what an apply computes (``statistics``,
-            ``accum_apply_statistics``, ``global_norm``).
-        ValueError: When splitting: ``micro_batch_size`` or
-            ``micro_batches`` is not positive, or both are given; a key of the
-            large batch names no tensor; it has nothing to split, no one
-            batch dimension, or 0 rows; a placeholder's fixed leading
-            dimension is the batch's rows, and the micro-batches are smaller.
-        ValueError: When splitting: the micro-batches are unequal and the
-            accumulation was built without ``weight=``, or differ from its
-            statistics' ``micro_batch_size``.
-        ValueError: With ``memory_fit``: the accumulation was built without
-            ``weight=``, or the window already holds micro-batches.
+        TypeError: If an argument has the wrong type (``accumulation`` not an
+            `Accumulation`, a feed dict not a dict, ``micro_batches`` not an
+            integer...), ``feed_dicts`` is a single dict and no split is
+            asked for, or a large batch feeds a ``SparseTensor``.
+        ValueError: If ``feed_dicts`` holds no micro-batch, ``fused=True``
+            without ``accum_apply_op``, two micro-batches feed a placeholder
+            the apply reads different values, or ``fetches`` holds one of the
+            accumulation's ops or what an apply computes.
+        ValueError: When splitting: ``micro_batch_size`` or ``micro_batches``
+            is not positive, or both are given; a key names no tensor; the
+            batch has nothing to split, no one batch dimension, or 0 rows; a
+            fixed batch dimension and smaller micro-batches; unequal
+            micro-batches without ``weight=``, or unlike the statistics'
+            ``micro_batch_size``; ``memory_fit`` without ``weight=``, or on a
+            window that already holds micro-batches.
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
