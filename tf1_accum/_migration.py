@@ -22,12 +22,7 @@ if typing.TYPE_CHECKING:
 
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
-    """Refuses an accumulating optimizer given to ``what``, a way in that accumulates.
-
-    Raises:
-        TypeError: if ``optimizer`` is an `AccumulationOptimizer` or a
-            `KerasAccumulationOptimizer`.
-    """
+    """Refuses an `AccumulationOptimizer` (or Keras one) given to ``what``, which accumulates."""
     from tf1_accum._keras import given
 
     optimizer = given(optimizer)
@@ -217,12 +212,7 @@ class WindowStart:
 
 
 def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
-    """Refuses a shared ``global_step`` that the graph also increments by hand.
-
-    Raises:
-        ValueError: If a `WindowStart` is ``shared`` and its ``hand_written``
-            finds an op.
-    """
+    """Refuses a shared ``global_step`` that the graph also increments by hand (`hand_written`)."""
     for start in starts:
         found = [] if start is None or not start.shared else start.hand_written()
         if start is not None and found:

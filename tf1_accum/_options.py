@@ -149,11 +149,7 @@ def transforms_of(options: WindowOptions) -> tuple[GradientTransform, ...]:
 
 
 def update_ops_in(options: WindowOptions, graph: tf.Graph) -> list[tf.Operation]:
-    """The ops to run with each micro-batch: ``update_ops``, or the graph's ``UPDATE_OPS``.
-
-    Raises:
-        ValueError: If an op of ``update_ops`` is not in ``graph``.
-    """
+    """The ops to run with each micro-batch: ``update_ops`` (of ``graph``), or ``UPDATE_OPS``."""
     if options.update_ops is None:
         return list(graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS))
     return typing.cast(list, _validate.check_update_ops(options.update_ops, graph))
@@ -185,15 +181,9 @@ def transformed(
 ) -> Gradient:
     """``gradient`` after each of ``transforms`` (`transforms_of`); checks what each returns.
 
-    A variable a transform creates is created outside the apply's conditional.
-
-    Raises:
-        TypeError: If a transform returns something other than a tensor (or
-            ``tf.IndexedSlices`` for a sparse gradient), or another dtype
-            than the gradient's.
-        ValueError: If it returns another shape than the gradient's, or
-            creates a variable from a tensor computed inside the conditional
-            the apply is built in.
+    A ``TypeError`` for another type or dtype than the gradient's, a
+    ``ValueError`` for another shape, or a variable made from a tensor
+    computed inside the apply's conditional (variables are made outside it).
     """
     for transform in transforms:
         with tf.variable_creator_scope(_created_outside):

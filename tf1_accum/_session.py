@@ -72,13 +72,12 @@ def run_accumulation(
 ) -> WindowFetches:
     """Runs one window: accumulates each micro-batch, then applies once.
 
-    Each micro-batch runs ``accum_op`` with ``fetches`` in one
-    ``session.run``; then ``apply_op`` runs, fed ``apply_feed_dict`` and the
-    placeholders it reads that the micro-batches fed (a learning rate, the
-    same value in each): N + 1 runs. With ``fused``, the last micro-batch runs
-    ``accum_apply_op`` instead (N runs; a fetch reading the variables outside
-    the gradient path may then see them updated). A window left partial by an
-    earlier call or a checkpoint is continued.
+    Each micro-batch runs ``accum_op`` with ``fetches``; then ``apply_op``
+    runs, fed ``apply_feed_dict`` and what the micro-batches fed the
+    placeholders it reads (a learning rate). With ``fused``, the last
+    micro-batch runs ``accum_apply_op`` instead (a fetch reading variables
+    outside the gradient path may see them updated). A partial window is
+    continued.
 
     If micro-batch k or the apply fails before the update (an op error, a
     generator's exception, ``KeyboardInterrupt``), the window is discarded
@@ -335,11 +334,7 @@ def _carry(
     feed: typing.Mapping | None,
     index: int,
 ) -> None:
-    """Keeps what ``feed`` gives a placeholder of ``reads``, for the apply's feed.
-
-    Raises:
-        ValueError: If it differs from what an earlier micro-batch fed it.
-    """
+    """Keeps what ``feed`` gives a placeholder of ``reads``, for the apply; refuses a change."""
     for key, value in (feed or {}).items():
         name = getattr(key, "name", key)
         if name not in reads:
@@ -361,9 +356,6 @@ def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any
 
     They run with every micro-batch: a window op would act mid-window, and an
     apply's results would read the window without its apply.
-
-    Raises:
-        ValueError: Naming the field of the `Accumulation` found.
     """
     if fetches is None:
         return

@@ -43,10 +43,8 @@ class SizeChange(typing.NamedTuple):
 class MemoryFit:
     """Finds the micro-batch size that fits in memory, and remembers it across windows.
 
-    Pass the same one to every `run_accumulation` of an accumulation as
-    ``memory_fit=``. A window that runs out of memory is discarded and runs
-    again, whole, with smaller micro-batches; after ``probe_every`` windows
-    at one size a larger one is tried (:doc:`feed_the_batch`).
+    Pass the same one to every `run_accumulation` as ``memory_fit=``: a window
+    out of memory runs again with smaller micro-batches (:doc:`feed_the_batch`).
 
     Example (5 rows in micro-batches of 2, 2 and 1: one update, the large
     batch's):
@@ -208,11 +206,7 @@ def _first_line(error: BaseException | None) -> str:
 
 
 class WindowDiscarded(Exception):
-    """Micro-batch ``micro_batch`` failed with ``error``; the window was discarded.
-
-    The session helper's window runner raises it, instead of the error, for
-    the error types its caller retries (`run_window`: out of memory).
-    """
+    """Micro-batch ``micro_batch`` failed with ``error`` of a type to retry; window discarded."""
 
     def __init__(self, error: tf.errors.OpError, micro_batch: int) -> None:
         super().__init__(error, micro_batch)
@@ -246,11 +240,7 @@ def plan_window(
     micro_batches: int | None,
     memory_fit: MemoryFit | None,
 ) -> Plan:
-    """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`.
-
-    Raises:
-        TypeError, ValueError: With the texts `run_accumulation` documents.
-    """
+    """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`."""
     for name, value in (("micro_batch_size", micro_batch_size), ("micro_batches", micro_batches)):
         if value is None:
             continue

@@ -256,11 +256,7 @@ _TAKE_GRADIENT_OPS = (
 def check_not_under_sync_replicas(
     grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
 ) -> None:
-    """Refuses gradients a ``SyncReplicasOptimizer`` aggregated for an AccumulationOptimizer.
-
-    Raises:
-        ValueError: If a gradient is taken from a ``ConditionalAccumulator``.
-    """
+    """Refuses gradients a ``SyncReplicasOptimizer`` aggregated (a ``ConditionalAccumulator``'s)."""
     for gradient, var in grads_and_vars:
         values = getattr(gradient, "values", gradient)
         op = getattr(values, "op", None)
@@ -349,11 +345,7 @@ def usable_gradients(
     grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
     loss: tf.Tensor | None = None,
 ) -> list[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]]:
-    """The ``(gradient, variable)`` pairs whose gradient is not None; warns of the others.
-
-    Raises:
-        ValueError: if no pair has a gradient (``loss``, if given, is named).
-    """
+    """The pairs whose gradient is not None; warns of the others, refuses none at all."""
     grads_and_vars = list(grads_and_vars)
     missing = [v.op.name for g, v in grads_and_vars if g is None]
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]

@@ -68,11 +68,7 @@ class Added(typing.NamedTuple):
 
 
 class Applied(typing.NamedTuple):
-    """What one apply of the window computed, as `Window.apply` and its callers return it.
-
-    Built inside a conditional, ``grads_and_vars`` is None (they do not leave
-    the branch), and so is ``op`` unless the caller made one.
-    """
+    """What one apply computed; built in a conditional, ``grads_and_vars`` is None."""
 
     grads_and_vars: typing.Optional[list]
     op: typing.Optional[tf.Operation]
@@ -105,11 +101,7 @@ _NOTHING_ACCUMULATED_ANYWHERE = (
 
 
 class Window:
-    """Accumulators, a counter, and the ops on them.
-
-    Build it inside the accumulation's name scope (``scope``, its full name).
-    ``mutex``: one made earlier by `new_mutex`; by default its own.
-    """
+    """Accumulators, a counter, and the ops on them; built in the name scope ``scope``."""
 
     def __init__(
         self,
