@@ -38,8 +38,7 @@ __all__ = (
     "run_accumulation",
 )
 
-# Public name -> the private module that defines it. A new public name gets a
-# line here and in __all__.
+# Public name -> the private module that defines it (and a line in __all__).
 _MODULES = {
     "Accumulation": "_accumulation",
     "AccumulationOptimizer": "_optimizer",

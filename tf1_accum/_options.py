@@ -18,10 +18,9 @@ class WindowMean(typing.NamedTuple):
 
     Attributes:
         global_norm: ``float64`` scalar: the global norm of the window's mean
-            (its sum with ``average=False``) over every variable, before any
-            transform.
-        micro_batches: ``int64`` scalar: the micro-batches in the window
-            (across every worker, with ``cross_replica``).
+            (or sum) over every variable, before any transform.
+        micro_batches: ``int64`` scalar: the window's micro-batches (of every
+            worker, with ``cross_replica``).
     """
 
     global_norm: tf.Tensor

@@ -42,8 +42,7 @@ class SharedApply:
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer) -> None:
         self.optimizer = optimizer
-        # Filled by the first build: every variable it created, with the name
-        # it was asked for, and what each get_variable call returned.
+        # Filled by the first build: what it created (with the name asked) and got.
         self._created: list[tuple[str | None, tf.Variable]] | None = None
         self._got: dict[str, tf.Variable] | None = None
 

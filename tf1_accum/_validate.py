@@ -429,8 +429,7 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
         raise
 
 
-# TensorFlow 2.16 and newer come with Keras 3, whose tf.compat.v1.layers
-# (dense, batch_normalization, ...) raise "`dense` is not available with Keras 3."
+# With Keras 3 (TensorFlow 2.16+), tf.compat.v1.layers raise "`dense` is not available...".
 KERAS_3_SYMPTOM = "is not available with Keras 3"
 KERAS_3_HINT = (
     "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: install "

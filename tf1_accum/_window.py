@@ -247,8 +247,7 @@ class Window:
                 square = tf.identity(square)
             if counted is not None:
                 counted = tf.identity(counted)
-            # Weights summing to zero leave 0 / 0: a NaN mean, which the
-            # non-finite guard skips (and counts), as it would any NaN window.
+            # Weights summing to 0 give a NaN mean: skipped as non-finite.
             if self.cross_replica is None:
                 # After an add, the mean waits for its count (which waits for every add).
                 checks = [count] if after is not None else []
@@ -378,13 +377,11 @@ class Window:
         mean = self.mean(after, nonempty)
         finite = tf.math.is_finite(mean.norm)
         if self.options.transform is None:
-            # Finite where the norm is: made where the optimizer takes each, one
-            # large gradient at a time; these, for a user to fetch, are equal.
+            # Made where the optimizer takes each; these, for a user to fetch, are equal.
             grads = mean.gradients()
             make_grads = mean.gradients
         else:
-            # Made once, before the apply, so the non-finite check reads them (a
-            # parameter copy).
+            # Made once, before the apply, for the non-finite check (a parameter copy).
             with tf.compat.v1.name_scope(self.scope):
                 grads = self._transform_state.build(mean.gradients)
                 squares = _square_norms([_values(g) for g in grads])
@@ -515,8 +512,7 @@ def _apply_one_at_a_time(
     def before(op: tf.Operation) -> typing.List[tf.Operation]:
         return [t.op for t in op.inputs] + list(op.control_inputs)
 
-    # The ops built here that each gradient needs, and of those, the ones
-    # only it needs (what a wait may hold back without holding back another).
+    # The ops each gradient needs, and those only it needs (safe to hold back).
     needs: typing.List[typing.Set[tf.Operation]] = []
     for grad in grads:
         found, stack = set(), [_values(grad).op]
@@ -539,8 +535,7 @@ def _apply_one_at_a_time(
     users = [[c for c in _values(g).consumers() if c in inside] for g in grads]
     if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
         return update
-    # Only large gradients wait: a small one costs no memory worth an order,
-    # and running it at once keeps a small model's apply as quick as it was.
+    # Only large gradients wait: a small one is cheaper run at once.
     large = [k for k, var in enumerate(var_list) if _elements(var) >= _ONE_AT_A_TIME_FROM]
     for k, following in zip(large, large[1:]):
         waited = users[k]
@@ -550,8 +545,7 @@ def _apply_one_at_a_time(
     return update
 
 
-# Gradients of at least this many elements (256 KiB of float32) are made one
-# at a time by the apply.
+# Gradients of this many elements (256 KiB of float32) or more are made one at a time.
 _ONE_AT_A_TIME_FROM = 1 << 16
 
 
