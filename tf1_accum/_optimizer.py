@@ -380,9 +380,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def flush_op(self) -> tf.Operation:
         """Applies a window shorter than ``steps`` with its true count, and resets.
 
-        Run it once at the end of training, with no feed; with nothing
-        accumulated it does nothing. It never runs ``update_ops``, and flushes
-        every train op this optimizer built in the graph, in order.
+        Run it once at the end of training, with no feed (with nothing accumulated, a
+        no-op). It never runs ``update_ops``; it flushes every train op built in the graph.
 
         Raises:
             ValueError: If no train op was built yet.
@@ -429,13 +428,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 or a Keras optimizer is given a reference variable.
             ValueError: If no gradient is given for any variable, the
                 gradients come from a ``SyncReplicasOptimizer`` wrapping this
-                one (``SyncReplicasOptimizer(AccumulationOptimizer(...))``,
-                which would hang), a variable's shape is not fully defined,
-                ``global_step`` (a variable of another graph), ``weight`` or an op of
-                ``update_ops`` is not in the graph of the loss, or the wrapped
-                optimizer creates a variable inside ``apply_gradients`` from a
-                tensor computed there, or creates different state each time
-                its ``apply_gradients`` is built.
+                one (which would hang), a variable's shape is not fully
+                defined, ``global_step``, ``weight`` or an op of ``update_ops``
+                is not in the graph of the loss, or the wrapped optimizer
+                creates a variable in ``apply_gradients`` from a tensor
+                computed there, or different state each time it is built.
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
         graph = tf.compat.v1.get_default_graph()
@@ -643,8 +640,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         it after the train op, before any other saver is added to ``SAVERS``.
 
         Args:
-            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s
-                (``RunConfig.keep_checkpoint_max`` in an ``Estimator``).
+            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s.
             **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
                 argument (``init_op``, ``local_init_op``...), except ``saver``.
 
