@@ -89,10 +89,7 @@ class _Reach:
 
 
 def _reaches(graph: tf.Graph) -> list[_Reach]:
-    """The train ops built in ``graph`` by every AccumulationOptimizer, in order.
-
-    Kept on the graph itself: they hold its tensors, and go with it.
-    """
+    """The train ops built in ``graph`` by every AccumulationOptimizer, kept on the graph."""
     if not hasattr(graph, "_tf1_accum_reaches"):
         graph._tf1_accum_reaches = []  # type: ignore[attr-defined]
     return typing.cast(list, graph._tf1_accum_reaches)  # type: ignore[attr-defined]
@@ -311,10 +308,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return [b for b in self._builds if b.window.counter.graph is graph]
 
     def _one_build(self, what: str) -> _Build:
-        """The one train op built in the default graph (or, outside it, in the only graph).
-
-        Raises ``ValueError`` if none was built, or several.
-        """
+        """The one train op built in the default graph (or the only one); ValueError if not one."""
         builds = self._built()
         if not builds and len({id(b.window.counter.graph) for b in self._builds}) == 1:
             builds = self._builds  # read outside the one graph it was built in
@@ -353,10 +347,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def applied(self) -> tf.Tensor:
         """bool tensor: whether this run of the train op applied an update (not `flush_op`'s).
 
-        Per-update work hangs on it (see :doc:`real_programs`)::
-
-            with tf.control_dependencies([train_op]):
-                step_op = tf.cond(opt.applied, lambda: ema.apply(weights), tf.no_op)
+        Per-update work (a moving average, summaries) hangs on it: see :doc:`real_programs`.
         """
         return self._one_build("applied").train.applied
 
@@ -656,9 +647,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
-        """(counter, flush op) of each train op built in ``graph``, for the hook's begin().
-
-        The graph is complete then: a hand-written shared ``global_step`` increment is refused.
-        """
+        """(counter, flush op) of each train op in ``graph``; refuses a hand-written increment."""
         _migration.refuse_hand_written([b.start for b in self._built(graph)])
         return [(b.window.counter, b.flush.op) for b in self._built(graph)]
