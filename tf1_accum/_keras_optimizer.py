@@ -308,9 +308,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
 
         Raises:
             ValueError: If asked for by ``model.save()`` in the SavedModel
-                format, which would drop the optimizer's state, or before
-                ``fit`` built the train op of a model ``load_model`` returned
-                (the window read from the file is not in the graph yet).
+                format, or before ``fit`` built the train op of a model
+                ``load_model`` returned.
         """
         if _in_saved_model_save():
             raise ValueError(
