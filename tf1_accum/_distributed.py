@@ -206,11 +206,7 @@ class CollectiveAllReduce(Engine):
 
 
 class _WindowReducer:
-    """Sums a window's totals across the workers in one collective op.
-
-    One instance key for all its all-reduces: a step applies through one op,
-    the same on every worker.
-    """
+    """Sums a window's totals across the workers: one key, as a step applies through one op."""
 
     def __init__(self, collective: Engine, instance_key: int) -> None:
         self.collective = collective
@@ -341,9 +337,7 @@ def broadcast_variables(
             `HorovodAllReduce`, or ``var_list`` holds something other than
             variables.
         ValueError: If ``var_list`` is empty or holds a variable of a dtype
-            the engine's broadcast cannot send (the collective one sends
-            bool, float16, float32, float64, int32, int64; Horovod's also
-            int8, int16, uint8, uint16).
+            the engine's broadcast cannot send.
     """
     _validate.check_graph_mode("broadcast_variables")
     if not isinstance(collective, Engine):
