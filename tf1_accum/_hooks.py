@@ -14,10 +14,7 @@ from tf1_accum import _unhooked
 
 
 class _UnmovedStepFilter(logging.Filter):
-    """Drops StepCounterHook's warning that ``global_step`` did not move in a run.
-
-    It acts while its session is open: a session that ends with an error calls no ``end()``.
-    """
+    """Drops StepCounterHook's unmoved-step warning while its session is open (no ``end()``)."""
 
     def __init__(self, session: tf.compat.v1.Session) -> None:
         super().__init__()
@@ -45,10 +42,7 @@ def _filter_unmoved_step_warnings(session: tf.compat.v1.Session) -> _UnmovedStep
 
 
 class AccumulationHook(tf.compat.v1.train.SessionRunHook):
-    """Keeps a partial window in the final checkpoint, or flushes it at ``end()``.
-
-    Made by `AccumulationOptimizer.make_session_run_hook`, which documents it.
-    """
+    """Made by `AccumulationOptimizer.make_session_run_hook`, which documents it."""
 
     def __init__(
         self,
