@@ -1,7 +1,4 @@
-"""A Saver whose checkpoints never catch a window in the middle of an op.
-
-How it locks is in the concepts page, "Design notes".
-"""
+"""A Saver whose checkpoints never catch a window in the middle of an op (see concepts.rst)."""
 
 from __future__ import annotations
 
@@ -71,11 +68,7 @@ def _locked(
     mutexes: typing.Sequence[tf.Tensor],
     name: str,
 ) -> None:
-    """Makes the ops ``last`` runs among ``created`` run while every mutex is held.
-
-    The locks are taken in the order of ``mutexes``; ``last`` waits for the
-    releases (see the concepts page, "Design notes").
-    """
+    """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
     section = _ancestors(last, created)
     with tf.control_dependencies(None):
         locks: list[tf.Tensor] = []
