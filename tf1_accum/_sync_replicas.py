@@ -23,8 +23,7 @@ if typing.TYPE_CHECKING:
 class SyncPush(tf.compat.v1.train.Optimizer):
     """Pushes a window to the accumulators `prepare` built, then waits for the update.
 
-    ``global_step`` moves on the chief, once per update: it wraps the
-    synchronous optimizer (``_opt``), which counts its own steps.
+    It wraps the synchronous optimizer (``_opt``): ``global_step`` moves on the chief.
     """
 
     def __init__(self, sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
