@@ -33,11 +33,7 @@ def scales_loss(optimizer: object) -> bool:
 
 
 def counts_its_own_steps(optimizer: object) -> bool:
-    """Whether ``optimizer`` (or one it wraps) advances ``global_step`` itself.
-
-    A loss-scale optimizer (which skips overflowing windows itself), or a
-    ``SyncReplicasOptimizer`` (on the chief).
-    """
+    """Whether ``optimizer`` (or one it wraps: loss-scale, sync) advances ``global_step`` itself."""
     return _loss_scale_optimizer(optimizer) is not None or any(
         isinstance(o, tf.compat.v1.train.SyncReplicasOptimizer) for o in wrapping_chain(optimizer)
     )
