@@ -54,11 +54,7 @@ def watch_checkpoint_saver_hook() -> None:
 def _warn_if_left_out(
     saver_hook: tf.compat.v1.train.CheckpointSaverHook, session: tf.compat.v1.Session
 ) -> None:
-    """Warns when ``session`` ends mid-window and no accumulation hook keeps the window.
-
-    Worded after what ``saver_hook.end`` does next: save (the window kept this
-    time), or not (the window lost to a resumed run).
-    """
+    """Warns when ``session`` ends mid-window and no accumulation hook keeps the window."""
     kept = _kept.get(session, ())
     counters = [c for c in session.graph.get_collection(TRAIN_OP_COUNTERS) if c.name not in kept]
     timer = getattr(saver_hook, "_timer", None)
@@ -98,10 +94,7 @@ def _warn_if_left_out(
 
 
 def watch_keras_fit() -> None:
-    """Makes tf_keras's ``fit`` warn at its end of epochs that ended mid-window (once).
-
-    One scalar read per epoch, after the callbacks (a flush leaves 0), for an accumulating model.
-    """
+    """Makes tf_keras's ``fit`` warn of epochs that ended mid-window (one read an epoch)."""
     callbacks = getattr(sys.modules.get("tf_keras"), "callbacks", None)
     hook_class = getattr(callbacks, "CallbackList", None)
     if hook_class is None or getattr(hook_class.on_epoch_end, "_tf1_accum_watched", False):
