@@ -18,8 +18,7 @@ from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
 from tf1_accum._window import reference_control_flow
 
-# Collections of ops that model code may add to; ops that the loop body adds
-# live inside the loop and cannot be fetched from outside it.
+# Op collections model code adds to: what the loop body adds cannot be fetched outside it.
 _OP_COLLECTIONS = (
     tf.compat.v1.GraphKeys.UPDATE_OPS,
     tf.compat.v1.GraphKeys.SUMMARIES,
@@ -31,31 +30,23 @@ class DatasetAccumulation(typing.NamedTuple):
     """The train op and state of `build_dataset_accumulation`.
 
     Attributes:
-        train_op: One run draws up to ``steps`` micro-batches from the dataset
-            inside a ``tf.while_loop``, accumulates their gradients, and applies
-            once. A window cut short by the end of the dataset is applied with
-            its true count; the run after that raises
-            ``tf.errors.OutOfRangeError``.
-        loss: Mean of the losses of the micro-batches the run drew (weighted,
-            with ``weight``), evaluated in the same run when fetched with
-            ``train_op``.
-        micro_batches: ``int64``: how many micro-batches the window applied:
-            those the run drew, and those a run that failed midway left in
-            the window (that run applied nothing; this one applies them).
+        train_op: One run draws up to ``steps`` micro-batches and applies
+            them (a short last window with its true count); the run after
+            the end of the data raises ``tf.errors.OutOfRangeError``.
+        loss: Mean loss of the micro-batches the run drew (weighted, with
+            ``weight``), fetched with ``train_op``.
+        micro_batches: ``int64``: micro-batches the window applied (with any a
+            failed run left in it).
         global_norm: float64 global norm of the window's gradient before
-            clipping, evaluated with ``train_op``.
+            clipping, fetched with ``train_op``.
         skipped_windows: ``int64`` variable: windows skipped as non-finite.
         counter: The window's counter (0 between runs).
         accumulators: Accumulator variables, aligned with ``var_list``.
         var_list: The variables trained.
         statistics: With ``statistics=True``, the `GradientStatistics` of the
-            window the run drew, evaluated with ``train_op``; None otherwise.
-            A window skipped as non-finite has them too (NaN where its
-            gradient is), and leaves ``noise_scale_ema`` as it was.
-        applied: bool tensor, evaluated with ``train_op``: whether the run
-            gave the optimizer its window; False for a window skipped as
-            non-finite. (A run after the end of the data raises
-            ``tf.errors.OutOfRangeError`` instead.)
+            window the run drew, fetched with ``train_op``; None otherwise.
+        applied: bool tensor, fetched with ``train_op``: whether the run gave
+            the optimizer its window (False if skipped as non-finite).
     """
 
     train_op: tf.Operation
@@ -91,27 +82,11 @@ def build_dataset_accumulation(
 ) -> DatasetAccumulation:
     """Builds a train op that runs a whole window inside the graph.
 
-    For models bound by per-run overhead: a window of N micro-batches costs one
-    ``session.run`` instead of N + 1, and no feed dict. The update equals one
-    step of ``optimizer`` on the N micro-batches together.
-
-    ``loss_fn(batch)`` is ordinary TF1 model code: it takes one element of
-    ``dataset`` and returns the scalar mean loss of that micro-batch. It is
-    called once, to build the loop's body, so the model is built once. The
-    variables it creates (``tf.compat.v1.get_variable``, ``tf.Variable``,
-    tf_keras layers) get the names they would have without accumulation.
-    Their initial value may be a NumPy value, an initializer, a callable or
-    a tensor computed from nothing of the loop (``tf.zeros``,
-    ``tf.random.normal``); one computed from the micro-batch or from a
-    variable is refused: create such a variable before calling this.
-    ``weight``, if given, is called once too, on the same element. The
-    ``UPDATE_OPS`` that ``loss_fn`` adds (batch-norm moving averages) run with
-    each micro-batch (see ``update_ops``); what it adds to ``SUMMARIES`` and
-    ``LOSSES`` is left out of those collections, since ops inside the loop
-    cannot be fetched from outside it.
-
-    The dataset is read through a one-shot iterator, so it must not capture
-    placeholders; repeat it (``dataset.repeat(epochs)``) for several epochs.
+    One ``session.run`` draws up to ``steps`` micro-batches from ``dataset``
+    (a one-shot iterator: no placeholders; repeat it for several epochs) and
+    applies the window. ``loss_fn`` builds the model once, with the variable
+    names it has without accumulation; what it adds to ``SUMMARIES`` and
+    ``LOSSES`` is left out of them. See :doc:`ways_in` ("In-graph loop").
 
     Example:
 
@@ -145,95 +120,46 @@ def build_dataset_accumulation(
         steps: Micro-batches per update, an int of at least 1.
         var_list: Variables to train; defaults to the trainable variables
             after ``loss_fn`` has built them.
-        global_step: Optional integer variable, incremented once per update,
-            whether the optimizer increments it or ignores it.
-        average: The window's mean (True, the default) or sum (False). This
-            and the other window options (``clip_norm``, ``transform``,
-            ``skip_nonfinite``, ``statistics``, ``micro_batch_size``) are the
-            same in every way in and described once: :ref:`window-options`.
-        weight: Optional callable taking one dataset element and returning
-            its scalar weight (number of examples or tokens): the update then
-            uses the weighted mean sum(w_i g_i) / sum(w_i). The mean loss
-            reported is weighted the same way (0 for a window whose weights
-            sum to 0).
-        clip_norm: Clip the window's gradient to this global norm before
-            the apply (``global_norm`` is its norm before clipping).
-        transform: Gradient transforms run on each variable's mean, after
-            ``clip_norm``'s clipping.
-        skip_nonfinite: Skip a window whose gradient holds a NaN or an Inf
-            (True, the default), counted in ``skipped_windows``.
-        update_ops: None (the default) runs, with each micro-batch, the
-            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` that ``loss_fn`` adds inside
-            the loop (batch-norm moving averages); ``[]`` runs none. Ops built
-            outside the loop cannot run once per micro-batch drawn inside it,
-            so a non-empty list is an error: add such updates to
-            ``UPDATE_OPS`` inside ``loss_fn``.
-        statistics: Also build ``statistics``: the `GradientStatistics` of
-            each window, from its micro-batch gradients. See
-            :doc:`statistics`.
-        micro_batch_size: Examples per micro-batch, for ``statistics``;
-            needed unless ``weight`` is given.
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
-            as in `build_accumulation`: each run of ``train_op`` sums its
-            window across the workers in one all-reduce after the loop, and
-            every worker applies the mean over all their micro-batches. Every
-            worker must run ``train_op`` equally often, each drawing a window
-            (shards of equal length), so that each all-reduce finds every
-            worker in it.
+        global_step: Optional integer variable, incremented once per update.
+        weight: Optional callable taking one dataset element and returning its
+            scalar weight; ``loss`` is weighted the same way.
+        update_ops: None (the default: the ``UPDATE_OPS`` that ``loss_fn`` adds)
+            or ``[]``; ops built outside the loop cannot run inside it.
+        average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size:
+            See `WindowOptions` (:ref:`window-options`).
+        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`, as
+            in `build_accumulation`; every worker runs ``train_op`` equally often.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
     Returns:
         A `DatasetAccumulation`.
 
-    The arguments are checked before anything is built: a bad one leaves the
-    graph as it was. What ``loss_fn`` and ``weight`` return is checked when
-    they are called; if that fails (or they raise), the graph's collections
-    are put back (no variable of theirs stays in ``global_variables()``), and
-    the error says how many ops stay in the graph, unused, and which
-    variables ``get_variable`` made, whose names stay taken.
+    The arguments are checked before anything is built; if ``loss_fn`` or
+    ``weight`` fails, the graph's collections are put back.
 
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer, or is tf_keras's
-            ``LossScaleOptimizer``, as in `build_accumulation`.
-        TypeError: If ``optimizer`` is an `AccumulationOptimizer` or a
-            `KerasAccumulationOptimizer`, which accumulate by themselves:
-            give the optimizer they wrap.
-        TypeError: If a tf_keras optimizer is to train a reference variable
-            (it updates resource variables only).
-        TypeError: If another argument has the wrong type: ``loss_fn``,
-            ``weight`` (callables), ``dataset`` (a ``tf.data.Dataset``),
-            ``steps`` (an int), and ``var_list``, ``global_step``,
-            ``average``, ``clip_norm``, ``skip_nonfinite``, ``update_ops``,
-            ``statistics``, ``micro_batch_size``, ``cross_replica`` as in
-            `build_accumulation`.
-        TypeError: If ``loss_fn`` returns something other than a
-            floating-point tensor, or ``weight`` other than a real tensor.
-        ValueError: If ``steps`` is less than 1, or ``clip_norm`` or
-            ``micro_batch_size`` is not positive and finite.
-        ValueError: If ``update_ops`` is a non-empty list: ops built outside
-            the loop cannot run once per micro-batch drawn inside it.
-        ValueError: If options do not go together: ``statistics=True``
-            without ``micro_batch_size`` or ``weight``; ``micro_batch_size``
-            without ``statistics=True``, or with ``weight``.
-        ValueError: If a variable of ``var_list``, or ``global_step``, is not
-            in the default graph.
-        ValueError: If what ``loss_fn`` or ``weight`` returns is not a scalar.
-        ValueError: If there is nothing to train: no trainable variable once
-            ``loss_fn`` has built the model, an empty ``var_list``, or no
-            variable with a gradient.
-        ValueError: If a trained variable's shape is not fully defined.
-        ValueError: If ``loss_fn`` creates a variable from a tensor that reads
-            a value of the loop (the micro-batch, a variable).
-        ValueError: If the optimizer creates a variable inside
-            ``apply_gradients`` from a tensor computed there.
-        ValueError: If ``dataset`` captures a placeholder (a one-shot
-            iterator cannot).
-        TypeError, ValueError: If ``transform`` is not a callable or a list
-            of them, or a transform returns something other than a gradient
-            of the gradient's shape and dtype (a tensor; ``tf.IndexedSlices`` for a
-            sparse one).
+            ``LossScaleOptimizer``, an `AccumulationOptimizer` or a
+            `KerasAccumulationOptimizer`; a tf_keras optimizer is to train a
+            reference variable; ``loss_fn``, ``weight`` (callables),
+            ``dataset``, ``steps``, ``var_list``, ``global_step`` or
+            ``cross_replica`` has the wrong type; or ``loss_fn`` returns
+            something other than a floating-point tensor, ``weight`` other
+            than a real tensor.
+        ValueError: If ``steps`` is less than 1; ``update_ops`` is a non-empty
+            list; a variable of ``var_list``, or ``global_step``, is not in
+            the default graph; what ``loss_fn`` or ``weight`` returns is not a
+            scalar; there is nothing to train (no trainable variable, an empty
+            ``var_list``, or no variable with a gradient); a trained
+            variable's shape is not fully defined; ``loss_fn`` creates a
+            variable from a tensor that reads a value of the loop; the
+            optimizer creates a variable inside ``apply_gradients`` from a
+            tensor computed there; or ``dataset`` captures a placeholder.
+        TypeError, ValueError: If a transform returns something other than a
+            gradient of the gradient's shape and dtype.
+        TypeError, ValueError: An option that `WindowOptions` refuses.
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
@@ -274,8 +200,7 @@ def build_dataset_accumulation(
     graph = tf.compat.v1.get_default_graph()
     if var_list is not None:
         var_list = _validate.check_var_list(var_list, graph)
-    # Checked: what follows calls loss_fn and builds. If it fails, the
-    # graph's collections are put back and the error says which ops remain.
+    # A failure from here on (in loss_fn, say) puts the graph's collections back.
     with _validate.restored_on_failure(graph, "build_dataset_accumulation"):
         return _build(
             loss_fn,
@@ -313,23 +238,14 @@ def _build(
         # The window is built inside the loop, where loss_fn shows the
         # gradients' types; its mutex now: the lock on it is taken before.
         mutex = new_mutex()
-    # What loss_fn adds to op collections is taken back: ops built inside the
-    # loop cannot be fetched from outside it.
     kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
-    # tf.while_loop calls its body once, to trace it, and returns only
-    # tensors: the window built there leaves the body through this list.
+    # The body is traced once and returns only tensors: the window leaves it through this list.
     made: list[_MadeInLoop] = []
 
     def build_window(batch: typing.Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
-        """Calls loss_fn (and weight) on the micro-batch drawn; builds the window and its add.
-
-        Returns the add's count, and the micro-batch's loss and weight (None
-        if unweighted) as ``loss_fn`` and ``weight`` returned them.
-        """
+        """Calls loss_fn (and weight) on the micro-batch; builds the window; (count, loss, w)."""
         branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
-        # Called in the caller's name scope (the variable scope has not
-        # changed): variables get the names they have without accumulation.
-        # Their constructors build them clear of the loop (init_scope).
+        # In the caller's name scope: variables get the names they have without accumulation.
         with (
             branch_graph.name_scope(caller_scope + "/" if caller_scope else ""),
             tf.compat.v1.variable_creator_scope(
@@ -408,10 +324,7 @@ def _build(
 
     def draw_and_apply() -> tuple[tuple[typing.Any, ...], None]:
         with tf.compat.v1.name_scope(scope):
-            # The sums are float64 loop variables (the loss's dtype is not
-            # known before loss_fn is called), rounded to it once, at the end.
-            # The body holds no conditional: the loop's condition is whether
-            # the micro-batch drawn last holds a value.
+            # float64 sums: the loss's dtype is unknown before loss_fn runs.
             zero = tf.constant(0.0, tf.float64)
             count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
                 keep_drawing,
@@ -432,8 +345,7 @@ def _build(
             # midway left in the window is applied, if anything.
             count = tf.where(tf.equal(drawn, 0), window.counter.read_value(), count)
         with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
-            # The other branch: the iterator is exhausted, get_next() raises
-            # OutOfRangeError.
+            # The other branch: the iterator is exhausted, get_next() raises OutOfRangeError.
             with tf.compat.v1.name_scope(caller_scope + "/" if caller_scope else ""):
                 applied = window.apply(
                     optimizer,
@@ -452,9 +364,8 @@ def _build(
         )
         return done, None
 
-    # The whole window, drawing included, holds the window's mutex (see
-    # exclusive): threads running the train op take turns. The loop is built
-    # as version 1 control flow if the variables it adds into are references.
+    # The whole window, drawing included, holds the window's mutex; v1 control
+    # flow if the variables it adds into are references.
     with reference_control_flow(
         graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
         + list(var_list or [])
@@ -494,13 +405,9 @@ def _initialized_outside_the_loop(
 ) -> tf.Variable:
     """Builds a variable's initial value outside the loop, as its initializer needs.
 
-    A variable is built clear of the loop (its constructor enters
-    ``init_scope``), and so is an initial value given as a NumPy value, an
-    initializer or a callable. A tensor that loss_fn computed lives inside the
-    loop (a function graph, or ``graph`` in a loop context), where the
-    initializer cannot read it: its ops are copied out of the loop when they
-    read nothing from it (``tf.zeros``, ``tf.random.normal``, a constant), and
-    the variable is refused otherwise.
+    A tensor that loss_fn computed lives inside the loop, where the initializer
+    cannot read it: it is copied out when it reads nothing of the loop
+    (``tf.zeros``, ``tf.random.normal``), and refused otherwise.
     """
     initial_value = kwargs.get("initial_value")
     if isinstance(initial_value, tf.Tensor) and (
@@ -547,10 +454,8 @@ _LOOP_OP_TYPES = frozenset(
 def _copied_out_of_the_loop(tensor: tf.Tensor, graph: tf.Graph) -> tf.Tensor | None:
     """``tensor`` built again in ``graph``, clear of the loop, or None if it reads the loop.
 
-    Every op it is computed from is copied, with the same attributes (a
-    random op keeps its seeds), if none reads a variable, a value from outside
-    loss_fn, or the micro-batch: if none takes an input from outside the ops
-    that loss_fn built from nothing.
+    Its ops are copied with their attributes (a random op keeps its seeds) if
+    none reads a variable, a value from outside loss_fn, or the micro-batch.
     """
     order, seen, stack = [], set(), [(tensor.op, False)]
     while stack:

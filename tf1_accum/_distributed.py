@@ -1,11 +1,4 @@
-"""Accumulation across workers: one collective all-reduce per window.
-
-Between-graph replication on TensorFlow's own runtime: every worker runs the
-same graph-building code against its own ``tf.compat.v1.train.Server``, holds
-a replica of the variables and accumulates its own micro-batches. The apply
-then all-reduces the window across the workers, once, with TensorFlow's
-collective ops, and every worker applies the same update.
-"""
+"""Accumulation across workers: one all-reduce per window (see docs/distributed.rst)."""
 
 from __future__ import annotations
 
@@ -21,14 +14,9 @@ from tf1_accum._state import plain_variables
 class Engine:
     """What ``cross_replica=`` accepts: an engine that sums a window across workers.
 
-    `CollectiveAllReduce` (TensorFlow's collective ops) and
-    `HorovodAllReduce` (Horovod) are the two. An engine hands out keys in
-    the order the graph is built (every worker builds the same graph, so
-    their keys agree), and builds the two ops the library needs: a sum of
-    one flat vector over every worker (`_all_reduce`), and a broadcast of
-    one from worker 0 (`_broadcast`). Packing a window's totals into that
-    one vector, and unpacking the sum, is the engines' common part
-    (`_WindowReducer`).
+    `CollectiveAllReduce` and `HorovodAllReduce`. An engine hands out keys in
+    graph-building order and builds a sum over workers (`_all_reduce`) and a
+    broadcast from worker 0 (`_broadcast`) of one flat vector.
     """
 
     #: Named in error messages: "the <kind> broadcast cannot send ...".
@@ -65,22 +53,11 @@ def check_cross_replica(cross_replica: object) -> None:
 class CollectiveAllReduce(Engine):
     """Where and how the windows of W workers are all-reduced.
 
-    Pass one as ``cross_replica=`` to `build_accumulation`,
-    `AccumulationOptimizer` or `build_dataset_accumulation`. Every worker
-    builds the same graph, in the same order, with its own ``task_index``.
-    The apply of each window sums the window across the workers in one
-    collective all-reduce; each worker divides the summed gradients by the
-    summed count (or weight) and applies the result, so all workers make the
-    same update: that of large-batch training on the W x N micro-batches
-    (with ``average=False``, their sum). With ``statistics=True``, the
-    `GradientStatistics` describe every worker's micro-batches. Sparse
-    gradients are densified: each window sends the whole embedding table
-    (see :doc:`distributed`).
-
-    Servers and sessions need ``session_config()`` (the collective group
-    leader). Variables must start equal on every worker: run
-    `broadcast_variables` once after initialization (or after restoring, on
-    worker 0, a checkpoint).
+    Pass one as ``cross_replica=`` to any way in; every worker builds the
+    same graph, in the same order, with its own ``task_index``, and applies
+    the update of large-batch training on all W x N micro-batches. Servers and
+    sessions need ``session_config()``; run `broadcast_variables` once after
+    initialization. See :doc:`distributed`.
 
     Example (one worker, so that it runs in a plain session; with W workers,
     each runs this against its ``server.target``):
@@ -110,17 +87,13 @@ class CollectiveAllReduce(Engine):
         task_index: This worker's index, 0 to W - 1. Worker 0 is the group
             leader and the source of `broadcast_variables`.
         job_name: The cluster job the workers belong to.
-        timeout: Optional positive number of seconds: a collective op that
-            does not complete within it (a worker died, or never arrived)
-            fails with ``tf.errors.DeadlineExceededError`` instead of waiting
-            forever. ``session_config()`` also sets the session's
-            ``operation_timeout_in_ms`` to twice this, for the other ops.
+        timeout: Optional positive number of seconds after which a collective
+            op fails with ``tf.errors.DeadlineExceededError`` instead of
+            waiting forever (``session_config()`` sets twice it for the rest).
         group_key: The collective group's key; the same on every worker.
         instance_key: The first collective instance key this object hands
-            out; each accumulation built with it takes the next one, and
-            each `broadcast_variables` one per dtype it sends, so every
-            worker must build them in the same order.
-            Use distinct ranges for objects whose graphs share a server.
+            out, one per accumulation and per dtype `broadcast_variables`
+            sends; use distinct ranges for objects whose graphs share a server.
 
     Raises:
         TypeError: If ``num_workers``, ``task_index``, ``group_key`` or
@@ -179,16 +152,10 @@ class CollectiveAllReduce(Engine):
     def session_config(
         self, config: tf.compat.v1.ConfigProto | None = None
     ) -> tf.compat.v1.ConfigProto:
-        """Returns a ``ConfigProto`` for this worker's server and sessions.
+        """A copy of ``config`` (or a new ``ConfigProto``) for this worker's server and sessions.
 
-        Args:
-            config: Optional ``tf.compat.v1.ConfigProto`` to start from (it is
-                copied, not changed).
-
-        Returns:
-            A ``tf.compat.v1.ConfigProto`` with
-            ``experimental.collective_group_leader`` set to worker 0 and, with
-            a ``timeout``, ``operation_timeout_in_ms`` set to twice it.
+        It sets ``experimental.collective_group_leader`` to worker 0 and, with a
+        ``timeout``, ``operation_timeout_in_ms`` to twice it.
         """
         result = tf.compat.v1.ConfigProto()
         if config is not None:
@@ -239,12 +206,7 @@ class CollectiveAllReduce(Engine):
 
 
 class _WindowReducer:
-    """Sums a window's totals across the workers in one collective op.
-
-    Every all-reduce it builds uses one instance key: a window is applied by
-    one of its ops per step (``apply_op``, or the fused
-    ``accum_apply_op``), and every worker's choice matches any other's.
-    """
+    """Sums a window's totals across the workers: one key, as a step applies through one op."""
 
     def __init__(self, collective: Engine, instance_key: int) -> None:
         self.collective = collective
@@ -259,20 +221,10 @@ class _WindowReducer:
     ) -> tuple[list[tuple[tf.Tensor, ...]], tf.Tensor, tf.Tensor | None, list[tf.Tensor]]:
         """All-reduces (sums) the window's totals.
 
-        Args:
-            per_slot: one tuple of dense tensors per accumulator: its sum, and
-                for a sparse one its touched-row mask.
-            count: the local int64 count of micro-batches.
-            weight: the local float64 total weight, or None.
-            scalars: more scalar sums (the gradient statistics' float64 sum
-                of squared norms, their int64 count of micro-batches of
-                positive weight), summed in the same all-reduce. In a
-                float32 vector a float64 sum is rounded to float32; an
-                integer one is exact up to 2^24.
-
-        Returns:
-            ``(per_slot, count, weight, scalars)``, each summed over the
-            workers, in the same structure and dtypes (``scalars`` a list).
+        ``per_slot`` holds one tuple per accumulator (its sum, and a sparse
+        one's touched-row mask); ``scalars`` more sums (the statistics'), exact
+        in a float32 vector for integers up to 2^24. Returns the same
+        structure, summed over the workers.
         """
         parts = [t for totals in per_slot for t in totals]
         # Base dtypes: after an add in the same run (fused) the totals of
@@ -322,10 +274,7 @@ _CHUNKS = 4  # integers exact up to 2^48 (higher ones as exact as float32 allows
 
 
 def _weight_pieces(weight: tf.Tensor, dtype: tf.DType) -> list[tf.Tensor]:
-    """Splits the float64 scalar ``weight`` (>= 0) into ``dtype`` scalars that sum exactly.
-
-    In float64 one piece is enough. Returns a list of scalar tensors.
-    """
+    """Splits the float64 scalar ``weight`` (>= 0) into ``dtype`` scalars that sum exactly."""
     weight = tf.cast(weight, tf.float64)
     if dtype == tf.float64:
         return [weight]
@@ -358,9 +307,7 @@ def broadcast_variables(
     """Returns an op that sets every worker's variables to worker 0's values.
 
     Run it once on every worker, after initialization (on worker 0, after
-    restoring a checkpoint, if any), before the first window: replicas then
-    start identical whatever their initializers drew. It sends one broadcast
-    per dtype (a collective broadcast, or Horovod's ``broadcast``).
+    restoring a checkpoint, if any), before the first window.
 
     Example:
 
@@ -390,9 +337,7 @@ def broadcast_variables(
             `HorovodAllReduce`, or ``var_list`` holds something other than
             variables.
         ValueError: If ``var_list`` is empty or holds a variable of a dtype
-            the engine's broadcast cannot send (the collective one sends
-            bool, float16, float32, float64, int32, int64; Horovod's also
-            int8, int16, uint8, uint16).
+            the engine's broadcast cannot send.
     """
     _validate.check_graph_mode("broadcast_variables")
     if not isinstance(collective, Engine):

@@ -14,12 +14,7 @@ from tf1_accum import _unhooked
 
 
 class _UnmovedStepFilter(logging.Filter):
-    """Drops StepCounterHook's warning that ``global_step`` did not move in a run.
-
-    ``global_step`` counts updates: N - 1 of every N runs leave it as it was,
-    by design. The filter acts while its session is open (a session that
-    ends with an error calls no hook's ``end()``, which would remove it).
-    """
+    """Drops StepCounterHook's unmoved-step warning while its session is open (no ``end()``)."""
 
     def __init__(self, session: tf.compat.v1.Session) -> None:
         super().__init__()
@@ -36,10 +31,7 @@ class _UnmovedStepFilter(logging.Filter):
 
 
 def _filter_unmoved_step_warnings(session: tf.compat.v1.Session) -> _UnmovedStepFilter:
-    """Adds an `_UnmovedStepFilter` for ``session`` to TensorFlow's logger.
-
-    Filters of sessions closed already (ended by an error) are taken off.
-    """
+    """Adds an `_UnmovedStepFilter` for ``session``; takes off those of closed sessions."""
     logger = tf.get_logger()
     for old in [f for f in logger.filters if isinstance(f, _UnmovedStepFilter)]:
         if not old.active():
@@ -50,10 +42,7 @@ def _filter_unmoved_step_warnings(session: tf.compat.v1.Session) -> _UnmovedStep
 
 
 class AccumulationHook(tf.compat.v1.train.SessionRunHook):
-    """Keeps a partial window in the final checkpoint, or flushes it at ``end()``.
-
-    Made by `AccumulationOptimizer.make_session_run_hook`, which documents it.
-    """
+    """Made by `AccumulationOptimizer.make_session_run_hook`, which documents it."""
 
     def __init__(
         self,

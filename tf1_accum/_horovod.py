@@ -1,11 +1,7 @@
-"""Accumulation across Horovod workers: one Horovod all-reduce per window.
+"""Accumulation across Horovod workers: one ``hvd.allreduce`` per window.
 
-For programs that already run under ``horovodrun``: every worker (Horovod
-rank) holds a replica of the variables and accumulates its own micro-batches;
-the apply of each window sums the window across the workers in one
-``hvd.allreduce``, packed exactly as `CollectiveAllReduce` packs it (see
-``_distributed._WindowReducer``), and every worker applies the same update.
-Horovod is imported only when a `HorovodAllReduce` is made.
+Packed as `CollectiveAllReduce` packs it; Horovod is imported only when a
+`HorovodAllReduce` is made.
 """
 
 from __future__ import annotations
@@ -26,33 +22,19 @@ _NO_HOROVOD = (
     "tf1_accum.CollectiveAllReduce, which needs nothing built."
 )
 
-# Objects made in this process, in order: each takes the next default name,
-# the same on every worker that makes them in the same order.
+# Each object made in this process takes the next default name, as on every worker.
 _made = itertools.count()
 
 
 class HorovodAllReduce(_distributed.Engine):
     """Sums the windows of Horovod's workers in one ``hvd.allreduce`` per window.
 
-    Pass one as ``cross_replica=`` to `build_accumulation`,
-    `AccumulationOptimizer` or `build_dataset_accumulation`, in a program
-    started by ``horovodrun`` (after ``hvd.init()``). Each worker accumulates
-    its own micro-batches; the apply sums the window across the workers in
-    one Horovod all-reduce, and every worker applies the update of
-    large-batch training on every micro-batch of every worker. A NaN on one
-    worker makes every worker skip the window, and ``global_step`` advances
-    once per update. (``hvd.DistributedOptimizer(opt,
-    backward_passes_per_step=N)`` applies the *sum* of the N passes, unless
-    ``average_aggregated_gradients=True``, and advances ``global_step`` on
-    every pass: see :doc:`distributed`.) Sparse gradients are densified, as
-    with `CollectiveAllReduce`: each window sends the whole embedding table.
-
-    Horovod matches the ops of different workers by name, and each
-    accumulation and each `broadcast_variables` built with this object takes
-    the next name (``<name>_window_<k>``, ``<name>_broadcast_<k>``), so every
-    worker must build them in the same order. Variables must start equal on
-    every worker: run `broadcast_variables` (or add `broadcast_hook`) after
-    initialization.
+    Pass one as ``cross_replica=`` to any way in, in a program started by
+    ``horovodrun`` (after ``hvd.init()``); every worker applies the update of
+    large-batch training on every worker's micro-batches. Horovod matches ops
+    by name, so every worker builds the accumulations and
+    `broadcast_variables` in the same order; run `broadcast_variables` (or
+    add `broadcast_hook`) after initialization. See :doc:`distributed`.
 
     Example (outside ``horovodrun``, Horovod runs one worker):
 
@@ -79,9 +61,8 @@ class HorovodAllReduce(_distributed.Engine):
 
     Args:
         name: Prefix of the names of the Horovod ops this object builds, the
-            same on every worker. By default ``"tf1_accum<i>"``, i counting
-            the objects made in this process, so objects made in the same
-            order on every worker agree.
+            same on every worker; by default ``"tf1_accum<i>"``, i counting
+            the objects made in this process.
 
     Raises:
         ImportError: If Horovod's TensorFlow ops cannot be imported (Horovod
@@ -144,19 +125,12 @@ class HorovodAllReduce(_distributed.Engine):
     ) -> tf.compat.v1.train.SessionRunHook:
         """Returns a hook that broadcasts worker 0's variables when a session is made.
 
-        For loops a framework owns (``MonitoredTrainingSession`` and others
-        that take ``SessionRunHook`` objects):
-        the hook builds `broadcast_variables` when the session begins (before
-        the graph is finalized) and runs it once each session is created,
-        after initialization or a restore. It replaces
-        ``hvd.BroadcastGlobalVariablesHook``, which Horovod defines only where
-        ``tf.estimator`` exists (TensorFlow 2.15 and older); this one is a
-        ``tf.compat.v1.train.SessionRunHook`` on every supported TensorFlow.
+        It builds `broadcast_variables` at ``begin()`` and runs it once each
+        session is created; it replaces ``hvd.BroadcastGlobalVariablesHook``,
+        which TensorFlow after 2.15 lacks.
 
         Args:
-            var_list: As in `broadcast_variables`; by default every variable
-                of the graph that tf1_accum did not create, taken when the
-                session begins.
+            var_list: As in `broadcast_variables` (taken when the session begins).
 
         Returns:
             A ``tf.compat.v1.train.SessionRunHook``.
@@ -169,9 +143,7 @@ class HorovodAllReduce(_distributed.Engine):
         return key
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        # A scope of its own, so that the op's own name is exactly the
-        # Horovod name even when a second op of the same key (the fused
-        # apply) is built beside the first; Horovod then drops the scope.
+        # A scope of its own: the op's name stays the Horovod name beside a second op of this key.
         with tf.compat.v1.name_scope(None, "horovod"):
             return self._hvd.allreduce(
                 flat,

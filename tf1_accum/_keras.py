@@ -1,13 +1,8 @@
 """Keras optimizers in a TF1 graph: the legacy ones through an adapter, the rest refused.
 
-A tf_keras legacy optimizer (``tf_keras.optimizers.legacy.Adam`` and the
-other ``OptimizerV2`` subclasses) builds ordinary graph ops in a ``Session``
-and trains like its ``tf.compat.v1.train`` counterpart, but it has no
-``compute_gradients`` and no ``global_step``. `KerasOptimizerAdapter` gives it
-the ``tf.compat.v1.train.Optimizer`` interface every way in drives.
-
-The classes are recognized by name along their MRO, so neither tf_keras nor
-Keras is imported here: the library imports without them.
+`KerasOptimizerAdapter` gives a tf_keras legacy ``OptimizerV2`` the
+``tf.compat.v1.train.Optimizer`` interface. Classes are recognized by name
+along their MRO, so neither tf_keras nor Keras is imported here.
 """
 
 from __future__ import annotations
@@ -128,11 +123,9 @@ def check_variables(
 class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
     """A tf_keras legacy optimizer with the ``tf.compat.v1.train.Optimizer`` interface.
 
-    ``compute_gradients`` is TF1's (plain ``tf.gradients``: Keras' own
-    clipping happens in its ``apply_gradients``, so it clips the window's
-    gradient, as in large-batch training). ``apply_gradients`` hands the pairs
-    to the Keras optimizer, which advances its ``iterations``, then advances
-    ``global_step`` once, if given and if it is not that same variable.
+    ``compute_gradients`` is TF1's, so Keras' clipping (in its apply) clips the
+    window's gradient; ``apply_gradients`` also advances ``global_step`` once,
+    unless it is the Keras ``iterations``.
     """
 
     def __init__(self, keras_optimizer: typing.Any) -> None:

@@ -1,13 +1,7 @@
 """A tf_keras legacy optimizer that accumulates, and whose state ``model.save()`` keeps.
 
-`KerasAccumulationOptimizer` is an ``OptimizerV2`` (a tf_keras legacy
-optimizer), so tf_keras treats it as its own: ``model.save()`` writes its
-config and its weights, ``load_model`` rebuilds it and sets them back. The
-accumulation itself is the one `AccumulationOptimizer` builds; this class only
-gives it the Keras interface and lists its state among the weights.
-
-This module imports tf_keras: ``tf1_accum`` imports it only when
-``tf1_accum.KerasAccumulationOptimizer`` is first used.
+The accumulation is `AccumulationOptimizer`'s; this module (loaded on first
+use, as it imports tf_keras) gives it the Keras interface.
 """
 
 from __future__ import annotations
@@ -32,8 +26,7 @@ except ImportError as error:
     ) from error
 
 if typing.TYPE_CHECKING:
-    # tf_keras ships no type information: to mypy, its optimizer is a class of
-    # unknown base (KerasAccumulationOptimizer's base, and isinstance's class).
+    # tf_keras ships no type information: to mypy, its optimizer is of unknown base.
     class _LegacyOptimizer(typing.Any): ...
 
 else:
@@ -93,28 +86,12 @@ def _check_wrapped(optimizer: typing.Any) -> None:
 class KerasAccumulationOptimizer(_LegacyOptimizer):
     """A tf_keras legacy optimizer that accumulates ``steps`` micro-batches per update.
 
-    For tf_keras models trained in a TF1 graph (``TF_USE_LEGACY_KERAS=1``,
-    ``tf.compat.v1.disable_v2_behavior()`` or ``disable_eager_execution()``)
-    whose training is saved with ``model.save()``. Compiled into a model, it
-    makes ``fit(batch_size=B)`` update as ``fit(batch_size=steps * B)`` does
-    with ``optimizer`` alone, as `AccumulationOptimizer` does, whose
-    accumulation it builds. Being a Keras optimizer itself, its state is the
-    model's optimizer state: ``model.save('model.h5')`` keeps the wrapped
-    optimizer's slots, ``iterations`` and the window (its accumulators and
-    counter, a partial window included), and ``tf_keras.models.load_model``
-    rebuilds the optimizer and sets them back when ``fit`` builds its train
-    function. A resumed ``fit`` ends where an uninterrupted one does.
-
-    ``iterations`` is the wrapped optimizer's: it counts updates. Keras' own
-    batch-level updates (batch normalization's moving averages) run with every
-    micro-batch, as Keras runs them. To apply the short last window of an
-    epoch, run `flush_op` in ``on_epoch_end``; without it, a ``fit`` whose
-    epochs end mid-window warns at its end.
-
-    Only the HDF5 format keeps the state in a TF1 graph. The SavedModel
-    directory format (``model.save(path)`` without ``.h5``) raises
-    ``ValueError`` naming HDF5; the ``.keras`` format needs eager execution
-    and fails in a TF1 graph with tf_keras's ``NotImplementedError``.
+    For tf_keras models trained in a TF1 graph: ``fit(batch_size=B)`` updates
+    as ``fit(batch_size=steps * B)`` does with ``optimizer`` alone, and
+    ``model.save('model.h5')`` keeps the window with the optimizer's state
+    (HDF5 only: see :ref:`real-programs-keras-save`). ``iterations`` counts
+    updates; run `flush_op` in ``on_epoch_end`` to apply an epoch's short last
+    window.
 
     Example:
 
@@ -129,39 +106,22 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ...     print(tf_keras.backend.get_value(model.optimizer.iterations))
     3
 
-    Saved and loaded (``load_model`` finds the class once ``tf1_accum``'s
-    name has been used, or through ``custom_objects``)::
-
-        model.save("model.h5")
-        # later, in a new graph and session:
-        model = tf_keras.models.load_model(
-            "model.h5",
-            custom_objects={"KerasAccumulationOptimizer": tf1_accum.KerasAccumulationOptimizer},
-        )
-        model.fit(x, y, batch_size=B)  # continues the window and the optimizer
-
     Args:
         optimizer: The tf_keras legacy optimizer that applies the updates
-            (``tf_keras.optimizers.legacy.Adam``, ``SGD``, ``RMSprop``, ...);
-            its ``clipnorm`` and ``global_clipnorm`` clip the window's mean.
+            (``tf_keras.optimizers.legacy.Adam``, ...); its ``clipnorm`` and
+            ``global_clipnorm`` clip the window's mean.
         steps: Micro-batches per update, an int of at least 1.
-        average: True (the default) applies the mean of the micro-batch
-            gradients, False their sum, as in `AccumulationOptimizer`.
-        clip_norm: Optional positive, finite number: the window's gradient is clipped
-            to this global norm before the apply.
-        skip_nonfinite: True (the default) skips a window whose gradient holds
-            a NaN or an Inf.
+        average, clip_norm, skip_nonfinite: See `WindowOptions` (:ref:`window-options`).
         name: Name of the optimizer and of the accumulation's name scope.
 
     Raises:
         TypeError: If ``optimizer`` is not a tf_keras legacy optimizer (a
             ``tf.compat.v1.train`` optimizer, a Keras 3 or a new tf_keras
             optimizer, tf_keras's ``LossScaleOptimizer``, or a
-            KerasAccumulationOptimizer), or an option has the wrong type, or
-            a Keras option (``clipnorm``, ``clipvalue``, ...) is given here
-            instead of to ``optimizer``.
-        ValueError: If ``steps`` is less than 1 or ``clip_norm`` is not
-            positive.
+            KerasAccumulationOptimizer), ``steps`` is not an int, or a Keras
+            option (``clipnorm``, ...) is given here instead of to ``optimizer``.
+        ValueError: If ``steps`` is less than 1.
+        TypeError, ValueError: An option that `WindowOptions` refuses.
     """
 
     _tf1_accum_accumulates = True  # recognized by the other ways in, which refuse it
@@ -314,11 +274,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return self.variables()
 
     def set_weights(self, weights: typing.Sequence[typing.Any]) -> None:
-        """Sets the optimizer's state, as ``get_weights`` returns it.
-
-        Before the train op is built (``load_model`` sets the weights before
-        ``fit`` builds it), the wrapped optimizer's part is set at once and
-        the window's when the train op is built.
+        """Sets the optimizer's state, as ``get_weights`` returns it (the window's once built).
 
         Raises:
             ValueError: If the number of values is not the number of weights.
@@ -352,9 +308,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
 
         Raises:
             ValueError: If asked for by ``model.save()`` in the SavedModel
-                format, which would drop the optimizer's state, or before
-                ``fit`` built the train op of a model ``load_model`` returned
-                (the window read from the file is not in the graph yet).
+                format, or before ``fit`` built the train op of a model
+                ``load_model`` returned.
         """
         if _in_saved_model_save():
             raise ValueError(

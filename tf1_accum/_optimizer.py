@@ -89,10 +89,7 @@ class _Reach:
 
 
 def _reaches(graph: tf.Graph) -> list[_Reach]:
-    """The train ops built in ``graph`` by every AccumulationOptimizer, in order.
-
-    Kept on the graph itself: they hold its tensors, and go with it.
-    """
+    """The train ops built in ``graph`` by every AccumulationOptimizer, kept on the graph."""
     if not hasattr(graph, "_tf1_accum_reaches"):
         graph._tf1_accum_reaches = []  # type: ignore[attr-defined]
     return typing.cast(list, graph._tf1_accum_reaches)  # type: ignore[attr-defined]
@@ -101,10 +98,8 @@ def _reaches(graph: tf.Graph) -> list[_Reach]:
 def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
     """Stops a run of ``this`` train op while a window coupled with it is partly full.
 
-    Two windows are coupled when an update of one changes the gradients the
-    other accumulates (a GAN's discriminator and generator, two tasks on
-    shared layers). Only the train op built later checks, before its
-    micro-batch is added: a scalar read of each coupled counter per run.
+    Coupled: an update of one changes the other's gradients (a GAN). Only the
+    later train op checks: a scalar read of each coupled counter per run.
     """
     checks = []
     for other in earlier:
@@ -139,10 +134,8 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
 def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None:
     """Warns of an op of ``UPDATE_OPS`` that needs a placeholder fed that the loss does not read.
 
-    It belongs to another model (a GAN's other network, with batch norm):
-    every run of the train op would fail for want of its feed. A program may
-    feed that placeholder on purpose, so this warns. The walk back from each
-    op stops at what the loss reads: an op of the loss's model stops at once.
+    It belongs to another model (a GAN's other network): every run would fail
+    for want of its feed, unless the program feeds it on purpose.
     """
     for update in update_ops:
         # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
@@ -191,60 +184,16 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     Each run of the train op adds its micro-batch's gradients; every
     ``steps``-th run also applies their mean (or sum) through the wrapped
-    optimizer and resets, in that same ``session.run``. The updates equal plain
-    training on batches ``steps`` times larger. Micro-batches left over at the
-    end, fewer than ``steps``, are applied with their true count by
-    ``flush_op``. ``global_step``, if given, counts updates, so schedules and
-    hooks driven by it (``StopAtStepHook``, ``CheckpointSaverHook``,
-    learning-rate decay) follow updates, whether the wrapped optimizer
-    increments it or ignores it. Optimizer slots and Adam's beta
-    powers are created outside the conditional, with the names plain training
-    gives them.
+    optimizer and resets, in that same ``session.run``. ``global_step``, if
+    given, counts updates (a run that finds it moved by something else, or a
+    coupled window partly full, stops with an ``InvalidArgumentError``: see
+    :doc:`concepts`); `flush_op` applies the micro-batches left over. Wrap it
+    outermost (around a loss-scale or ``SyncReplicasOptimizer``). See
+    :doc:`ways_in`, :doc:`real_programs` and :ref:`parameter-servers`.
 
-    Optimizers that replace ``apply_gradients`` and create their state inside
-    it (BERT's ``AdamWeightDecayOptimizer``, LAMB, LARS) work as they are: the
-    train op's apply and ``flush_op``'s share the state the first one created.
-    Work that must happen once per update (a hand-written ``global_step``
-    increment, a moving average of the weights, summaries) hangs on
-    ``applied``, True in the runs that applied an update (see
-    :doc:`real_programs`).
-
-    Given ``global_step``, each run of the train op first checks that
-    nothing else moved it since the window's first micro-batch: a
-    hand-written ``global_step.assign(global_step + 1)`` grouped with the
-    train op (BERT's ``create_optimizer``) would count every micro-batch
-    besides every update. Such a run stops with an ``InvalidArgumentError``
-    that says what to change, before its micro-batch is added. So does a
-    run of a train op while the partly full window of one built before it
-    is coupled with it (a GAN's discriminator and generator: see
-    "Several optimizers on shared variables" in :doc:`concepts`). Gradients
-    handed to ``apply_gradients`` from ``tf.clip_by_global_norm`` (or
-    ``clip_by_norm``, ``clip_by_value``) get a ``UserWarning``: they clip
-    each micro-batch, where ``clip_norm=`` clips the window. See the
-    migration checklist of :doc:`real_programs`.
-
-    Several threads may run the train op on one session (a queue-runner
-    style loop): each run holds the window's mutex while it adds its
-    micro-batch and, when due, applies, so every micro-batch is counted once
-    and every update applies exactly the ``steps`` micro-batches of its
-    window; ``global_step`` counts updates. ``flush_op`` takes the same mutex.
-
-    Between-graph replication with parameter servers: a ``global_step`` on
-    a parameter server moves with every worker's updates, so it is not
-    checked during a window; the hook of `make_session_run_hook` refuses a
-    hand-written increment of it when the session starts. Wrapping a
-    ``SyncReplicasOptimizer(opt, W, total_num_replicas=W)``, every
-    ``steps``-th run pushes the worker's window and waits for the update,
-    which the chief applies to the mean of one window of every worker; give
-    every worker the synchronous optimizer's ``make_session_run_hook(is_chief)``
-    (0 initial tokens is then its default; more, which would drop windows,
-    are refused).
-
-    Compose it outermost: ``AccumulationOptimizer(
-    tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, ...))``
-    checks the window's mean gradient for overflow and adjusts the loss scale
-    once per update. The other nesting would check and rescale each
-    micro-batch, and skip single micro-batches instead of windows.
+    The properties after `steps` are those of the one train op built in the
+    default graph; all but `flush_op` raise ``ValueError`` if there is none,
+    or several (build one AccumulationOptimizer per train op).
 
     Example:
 
@@ -269,66 +218,28 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     Args:
         optimizer: The ``tf.compat.v1.train.Optimizer`` that applies the updates,
-            or a tf_keras legacy optimizer (``tf_keras.optimizers.legacy.Adam``
-            and the other ``OptimizerV2`` subclasses; resource variables only).
+            or a tf_keras legacy ``OptimizerV2`` (resource variables only).
         steps: Micro-batches per update, an int of at least 1.
-        average: The window's mean (True, the default) or sum (False). This
-            and the other window options (``clip_norm``, ``transform``,
-            ``skip_nonfinite``, ``statistics``, ``micro_batch_size``) are the
-            same in every way in and described once: :ref:`window-options`.
-        weight: Optional scalar tensor computed from each micro-batch (its
-            number of examples or tokens), or a callable with no argument
-            that returns one when the train op is built: the update then uses
-            the weighted mean sum(w_i g_i) / sum(w_i). A micro-batch of weight
-            0 still counts as one of the ``steps`` runs.
-        clip_norm: Clip the window's gradient to this global norm before
-            the apply (``global_norm`` is its norm before clipping).
-        transform: Gradient transforms run on each variable's mean, after
-            ``clip_norm``'s clipping.
-        skip_nonfinite: Skip a window whose gradient holds a NaN or an Inf
-            (True, the default), counted in ``skipped_windows``.
-        statistics: Also build the ``statistics`` and ``flush_statistics``
-            properties, the `GradientStatistics` of the windows that the
-            train op and ``flush_op`` apply.
-        micro_batch_size: Examples per micro-batch, for ``statistics``;
-            needed unless ``weight`` is given.
-        update_ops: Ops the train op runs with each micro-batch (batch-norm
-            moving-average updates). None (the default) takes the graph's
-            ``tf.compat.v1.GraphKeys.UPDATE_OPS`` as they are when the train op
-            is built (``minimize`` or ``apply_gradients``), with a
-            ``UserWarning`` naming any of them that needs a placeholder fed
-            that the loss does not read (another model's, as a GAN's); a list
-            runs exactly those ops, ``[]`` none. ``flush_op`` never runs them.
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`,
-            as in `build_accumulation`: every ``steps``-th run (and
-            ``flush_op``) sums the window across the workers in one
-            all-reduce, and every worker applies the mean over all their
-            micro-batches. Every worker must run the train op the same
-            number of times (and ``flush_op`` together), so that each
-            all-reduce finds every worker in it.
+        weight: A micro-batch's scalar weight tensor, or a callable with no
+            argument that returns one when the train op is built.
+        average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size, update_ops:
+            See `WindowOptions` (:ref:`window-options`).
+        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`, as
+            in `build_accumulation`; every worker runs the train op (and
+            ``flush_op``) the same number of times.
         name: Name scope of the accumulation ops.
 
     Raises:
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is an `AccumulationOptimizer` or
-            tf_keras's ``LossScaleOptimizer``, ``steps`` is not an int,
-            ``average``, ``skip_nonfinite`` or ``statistics`` is not a bool,
-            or ``weight``,
-            ``clip_norm``, ``micro_batch_size`` or ``update_ops`` has the
-            wrong type, or ``cross_replica`` is not a `CollectiveAllReduce`
-            or a `HorovodAllReduce`.
+            or is an `AccumulationOptimizer` or tf_keras's
+            ``LossScaleOptimizer``, ``steps`` is not an int, ``weight`` has the
+            wrong type, or ``cross_replica`` is not a `CollectiveAllReduce` or
+            a `HorovodAllReduce`.
         ValueError: If ``optimizer`` is a ``SyncReplicasOptimizer`` that
-            aggregates more windows per update than there are workers.
-        ValueError: If ``steps`` is less than 1, ``clip_norm`` is not
-            positive and finite, ``weight`` (a tensor) is not a scalar, ``statistics=True``
-            without ``micro_batch_size`` or ``weight``, or ``micro_batch_size``
-            is not positive, or is given without ``statistics=True`` or
-            together with ``weight``.
-        TypeError: If ``transform`` is not a callable or a list of them (a
-            transform that returns something other than a gradient of its
-            variable's shape and dtype is refused by ``minimize``, with the graph's
-            collections put back).
+            aggregates more windows per update than there are workers,
+            ``steps`` is less than 1, or ``weight`` (a tensor) is not a scalar.
+        TypeError, ValueError: An option that `WindowOptions` refuses.
     """
 
     def __init__(
@@ -386,15 +297,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def micro_step(self) -> tf.Variable:
         """The ``int64`` counter of micro-batches accumulated since the last update.
 
-        Fetch it in a run of its own, after the train op's: fetched in the
-        same ``session.run`` as the train op, it is read unordered with that
-        run's increment, and holds the count before or after the run. To log
-        once per update, fetch `applied` with the train op.
-
-        Raises:
-            ValueError: If no train op was built yet, or this optimizer built
-                several in the graph (each has its own window: build one
-                AccumulationOptimizer per train op).
+        Fetch it in a run of its own: with the train op it is read unordered
+        with that run's increment (to log once per update, fetch `applied`).
         """
         return self._one_build("micro_step").window.counter
 
@@ -404,10 +308,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return [b for b in self._builds if b.window.counter.graph is graph]
 
     def _one_build(self, what: str) -> _Build:
-        """The one train op built in the default graph (or, outside it, in the only graph).
-
-        Raises ``ValueError`` if none was built, or several.
-        """
+        """The one train op built in the default graph (or the only one); ValueError if not one."""
         builds = self._built()
         if not builds and len({id(b.window.counter.graph) for b in self._builds}) == 1:
             builds = self._builds  # read outside the one graph it was built in
@@ -434,76 +335,35 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     @property
     def skipped_windows(self) -> tf.Variable:
-        """The ``int64`` count of windows skipped as non-finite.
-
-        Raises:
-            ValueError: If no train op was built yet, or this optimizer built
-                several in the graph (each has its own window: build one
-                AccumulationOptimizer per train op).
-        """
+        """The ``int64`` count of windows skipped as non-finite."""
         return self._one_build("skipped_windows").window.skipped
 
     @property
     def global_norm(self) -> tf.Tensor:
-        """float64 global norm of the window's gradient before clipping.
-
-        Evaluated with the train op: the norm of the window applied in that
-        run, or 0 in runs that only accumulate.
-
-        Raises:
-            ValueError: If no train op was built yet, or this optimizer built
-                several in the graph (each has its own window: build one
-                AccumulationOptimizer per train op).
-        """
+        """float64 global norm before clipping of the window applied in this run (else 0)."""
         return self._one_build("global_norm").train.norm
 
     @property
     def applied(self) -> tf.Tensor:
-        """bool tensor: whether this run of the train op applied an update.
+        """bool tensor: whether this run of the train op applied an update (not `flush_op`'s).
 
-        Evaluated with the train op: True in the runs that applied the
-        window, False in runs that only accumulated and in windows skipped as
-        non-finite. Work that must happen once per update hangs on it::
-
-            with tf.control_dependencies([train_op]):
-                step_op = tf.cond(opt.applied, lambda: ema.apply(weights), tf.no_op)
-
-        ``flush_op`` applies outside the train op: it does not set it.
-
-        Raises:
-            ValueError: If no train op was built yet, or this optimizer built
-                several in the graph (each has its own window: build one
-                AccumulationOptimizer per train op).
+        Per-update work (a moving average, summaries) hangs on it: see :doc:`real_programs`.
         """
         return self._one_build("applied").train.applied
 
     @property
     def statistics(self) -> _stats.GradientStatistics | None:
-        """The window's `GradientStatistics`, or None when built without ``statistics``.
+        """The `GradientStatistics` of the window applied in this run (or None).
 
-        Evaluated with the train op: the statistics of the window applied in
-        that run. In runs that only accumulate, the floats are NaN,
-        ``micro_batches`` is 0 and ``summary_op`` is an empty summary.
-
-        Raises:
-            ValueError: If no train op was built yet, or this optimizer built
-                several in the graph (each has its own window: build one
-                AccumulationOptimizer per train op).
+        In runs that only accumulate, the floats are NaN and ``micro_batches`` is 0.
         """
         return self._one_build("statistics").train.statistics
 
     @property
     def flush_statistics(self) -> _stats.GradientStatistics | None:
-        """The `GradientStatistics` of the window `flush_op` applies (None without ``statistics``).
+        """The `GradientStatistics` of the window `flush_op` applies, fetched with it (or None).
 
-        Evaluated with ``flush_op``: fetch them in the same ``session.run``.
-        When there was nothing to flush, the floats are NaN, ``micro_batches``
-        is 0 and ``summary_op`` is an empty summary.
-
-        Raises:
-            ValueError: If no train op was built yet, or this optimizer built
-                several in the graph (each has its own window: build one
-                AccumulationOptimizer per train op).
+        With nothing to flush, the floats are NaN and ``micro_batches`` is 0.
         """
         return self._one_build("flush_statistics").flush.statistics
 
@@ -511,14 +371,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def flush_op(self) -> tf.Operation:
         """Applies a window shorter than ``steps`` with its true count, and resets.
 
-        For the end of training (or of an epoch), when the last micro-batches
-        do not fill a window: run it once, with no feed. It applies the mean
-        over the micro-batches accumulated so far (weighted, with ``weight``),
-        increments ``global_step`` and resets the window. With nothing
-        accumulated it does nothing, so it is safe to run unconditionally.
-        It never runs ``update_ops``. When this optimizer built several train
-        ops in the graph (``minimize`` called more than once), it flushes
-        each one's window, in the order they were built.
+        Run it once at the end of training, with no feed (with nothing accumulated, a
+        no-op). It never runs ``update_ops``; it flushes every train op built in the graph.
 
         Raises:
             ValueError: If no train op was built yet.
@@ -543,26 +397,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
 
+        Every argument is checked before anything is built; a later failure
+        (a refused ``weight`` callable's result) puts the graph's collections back.
+
         Args:
             grads_and_vars: ``(gradient, variable)`` pairs, as from
                 `compute_gradients`; pairs whose gradient is None are skipped,
-                with one warning that names their variables (as
-                `build_accumulation` does).
-            global_step: Optional integer variable, incremented once per update,
-                whether the wrapped optimizer increments it or not; the
-                wrapped optimizer still receives it. Nothing else may move it
-                in the middle of a window (see above).
+                with a warning.
+            global_step: Optional integer variable, incremented once per update;
+                nothing else may move it in the middle of a window.
             name: Name scope of the ops; defaults to the optimizer's name.
 
         Returns:
             The train op. Each run accumulates one micro-batch and runs
             ``update_ops``; every ``steps``-th run also applies and resets.
-
-        Every argument is checked before anything is built, so a bad one
-        leaves the graph as it was. A ``weight`` callable is called after
-        those checks; if what it returns is refused (or the build fails
-        later), the graph's collections are put back and the error says how
-        many ops remain in the graph, unused.
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -571,13 +419,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 or a Keras optimizer is given a reference variable.
             ValueError: If no gradient is given for any variable, the
                 gradients come from a ``SyncReplicasOptimizer`` wrapping this
-                one (``SyncReplicasOptimizer(AccumulationOptimizer(...))``,
-                which would hang), a variable's shape is not fully defined,
-                ``global_step`` (a variable of another graph), ``weight`` or an op of
-                ``update_ops`` is not in the graph of the loss, or the wrapped
-                optimizer creates a variable inside ``apply_gradients`` from a
-                tensor computed there, or creates different state each time
-                its ``apply_gradients`` is built.
+                one (which would hang), a variable's shape is not fully
+                defined, ``global_step``, ``weight`` or an op of ``update_ops``
+                is not in the graph of the loss, or the wrapped optimizer
+                creates a variable in ``apply_gradients`` from a tensor
+                computed there, or different state each time it is built.
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
         graph = tf.compat.v1.get_default_graph()
@@ -636,9 +482,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         own: list[tf.Operation] = []
         if isinstance(applier, tf.compat.v1.train.SyncReplicasOptimizer):
             applier, own = _sync_replicas.prepare(applier, pairs, global_step)
-        # The train op and the flush each hold the window's mutex while they
-        # run (see Window.exclusive): threads running the train op on one
-        # session take turns on the window, each micro-batch counted once.
+        # The train op and the flush hold the window's mutex: threads take turns.
         with window.control_flow(global_step):
             start = None
             if global_step is not None:
@@ -651,20 +495,15 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 checked += _check_alone(reach, _reaches(outer))
                 with tf.control_dependencies(checked):
                     added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
-                # The counter's increment waits for every add: the apply,
-                # reads and update, comes after this micro-batch's gradients.
+                # The counter's increment waits for every add: the apply follows them.
                 with tf.compat.v1.name_scope(window.scope):
                     due = tf.greater_equal(tf.identity(added.count), self._steps, name="due")
                 graph.add_to_collection(APPLY_DUE_COLLECTION, due)
                 return window.apply(applier, global_step, when=due), None
 
             train, _ = window.exclusive(accumulate_and_apply)
-            # Built now, not when first asked for: a MonitoredSession
-            # finalizes the graph before the end of training. After the
-            # flushes of the train ops built before in this graph, in turn:
-            # flush_op flushes every window.
-            # Clear of the train op's control flow, and of a conditional it is
-            # built in (a loss-scale optimizer's).
+            # Built now (a MonitoredSession finalizes the graph), outside any
+            # conditional, after the earlier train ops' flushes: it flushes every window.
             earlier = [b.flush.op for b in self._built(outer)]
             with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
 
@@ -676,8 +515,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 flushed, _ = window.exclusive(flush, name="flush")
         self._builds.append(_Build(window, train, flushed, start))
         _reaches(outer).append(reach)
-        # A MonitoredTrainingSession or Estimator that ends mid-window without
-        # make_session_run_hook's hook may leave the window out of every checkpoint.
+        # Without make_session_run_hook's hook, a window may miss every checkpoint: warn.
         outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
         _unhooked.watch_checkpoint_saver_hook()
         _unhooked.watch_keras_fit()
@@ -697,12 +535,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         """Computes the gradients of ``loss`` and returns the accumulating train op.
 
-        As ``tf.compat.v1.train.Optimizer.minimize``, but every argument is
-        checked before a gradient is built: a bad one leaves the graph as it
-        was. What only the built gradients reveal (none for any variable,
-        though the loss reads them) and a failing ``weight`` callable or
-        wrapped apply put the graph's collections back, and the error says
-        how many ops remain in the graph, unused.
+        As ``tf.compat.v1.train.Optimizer.minimize``; every argument is checked
+        before a gradient is built, and a later failure puts the graph's
+        collections back.
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -734,9 +569,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         variables = _validate.check_var_list(var_list, loss.graph)
         _validate.check_trainable(loss, variables)
         _keras.check_variables(self._optimizer, variables)
-        # Checked: the gradients are built next. A failure from here on
-        # (no gradient after all, the wrapped optimizer's apply) puts the
-        # graph's collections back and says which ops remain.
+        # A failure from here on puts the graph's collections back.
         with _validate.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize"):
             grads_and_vars = self.compute_gradients(loss, var_list=var_list, **given)
             pairs = _validate.usable_gradients(grads_and_vars)
@@ -755,14 +588,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def variables(self) -> list[tf.Variable]:
         """The optimizer's state in the default graph: the wrapped optimizer's, then tf1_accum's.
 
-        As ``tf.compat.v1.train.Optimizer.variables`` promises, every variable
-        the optimizer created: the wrapped optimizer's slots and non-slot
-        variables, then the accumulators and counters of each train op built
-        (all of them also in `STATE_COLLECTION`). tf_keras initializes
-        exactly these when ``model.fit`` runs a ``tf.compat.v1`` optimizer;
-        ``tf.compat.v1.variables_initializer(opt.variables())`` initializes
-        the whole optimizer. Variable names do not change, so checkpoints do
-        not either; `plain_variables` still leaves tf1_accum's state out.
+        tf1_accum's are the accumulators and counters of each train op built (also
+        in `STATE_COLLECTION`); `plain_variables` leaves them out.
         """
         state = [v for b in self._built() for v in b.window._state()]
         state += [b.start.variable for b in self._built() if b.start is not None]
@@ -773,41 +600,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.compat.v1.train.SessionRunHook:
         """A hook that keeps a partial window in the final checkpoint, or flushes it.
 
-        For loops a framework owns (``MonitoredTrainingSession``,
-        ``tf.estimator``): when the session closes in the middle of a window
-        (the input ran out, the loop ended), ``CheckpointSaverHook`` writes no
-        final checkpoint unless ``global_step`` moved since its last save, and
-        ``global_step`` counts updates, so the micro-batches since the last
-        update would be in no checkpoint. At ``end()``, this hook:
-
-        * by default, if a window is partial, saves the session again with the
-          graph's saver (the one in ``tf.compat.v1.GraphKeys.SAVERS``, which
-          ``MonitoredTrainingSession`` and ``Estimator`` use), to the path
-          of the last checkpoint that saver wrote, at the current
-          ``global_step``: the final checkpoint holds the accumulators and
-          counter, and a run resumed from it ends bit-identical to an
-          uninterrupted one;
-        * with ``flush_at_end=True``, runs `flush_op` (applies the partial
-          window with its true count, advancing ``global_step``), then saves
-          likewise, so the final checkpoint holds that last update.
-
-        It saves itself because hooks end in order and ``MonitoredTrainingSession``
-        puts its own ``CheckpointSaverHook`` before ``hooks`` (``Estimator``
-        before ``training_hooks``): the hook works in any position. If the
-        graph has no global step, or not exactly one saver in ``SAVERS``, or
-        that saver wrote no checkpoint in the session, nothing is saved, and
-        a kept partial window gets a ``UserWarning``. Pass it in ``hooks`` (or
-        ``training_hooks`` of an ``EstimatorSpec``), on the chief. Without
-        it, a session that ends in the middle of a window gets a
-        ``UserWarning`` from ``CheckpointSaverHook.end()``: the window is
-        left out of every checkpoint when the last one was written at the
-        session's last update, and kept by luck otherwise.
-
-        From ``begin()`` to ``end()`` it also drops, from TensorFlow's logger,
-        the warning of ``StepCounterHook`` (which ``MonitoredTrainingSession``
-        and ``Estimator`` add) that "global step ... has not been increased":
-        ``global_step`` counts updates, so N - 1 runs of every N leave it as
-        it was, by design.
+        For ``MonitoredTrainingSession`` and ``tf.estimator`` (see
+        :doc:`real_programs`): at ``end()``, a partial window is saved with the
+        graph's saver (in ``SAVERS``) to the last checkpoint's path, or, with
+        ``flush_at_end=True``, applied by `flush_op` and then saved. Pass it in
+        ``hooks`` (``training_hooks``), on the chief. It also silences
+        ``StepCounterHook``'s "global step ... has not been increased" warning.
 
         Args:
             flush_at_end: False (the default) keeps the partial window for a
@@ -828,27 +626,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.compat.v1.train.Scaffold:
         """A ``Scaffold`` that starts from a checkpoint of plain training, or resumes one.
 
-        For ``MonitoredTrainingSession`` (``scaffold=``) and ``tf.estimator``
-        (``EstimatorSpec(scaffold=...)``) programs migrated in a directory that
-        plain training wrote: its checkpoints hold no accumulator and no
-        counter, and the session's default saver fails to restore them
-        (``Key .../counter not found in checkpoint``). The scaffold's saver
-        saves every global variable, as the default one does; restoring, it
-        restores a checkpoint that holds tf1_accum's state whole (a partial
-        window included) and, from one that holds none of it, the model's and
-        the wrapped optimizer's variables (`plain_variables`), then
-        initializes the accumulators and counters: the first window starts
-        empty, at the checkpoint's ``global_step``.
-
-        Make it after the train op is built (the saver lists the variables
-        then), and before any other saver is added to
-        ``tf.compat.v1.GraphKeys.SAVERS``: it adds its own there, where the
-        ``CheckpointSaverHook``, ``Estimator`` and `make_session_run_hook`'s
-        hook find it. Sharded, with relative paths, as ``Estimator``'s.
+        From a checkpoint without tf1_accum's state it restores `plain_variables`
+        and starts an empty window (:ref:`real-programs-plain-checkpoint`). Make
+        it after the train op, before any other saver is added to ``SAVERS``.
 
         Args:
-            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s
-                (``RunConfig.keep_checkpoint_max`` in an ``Estimator``).
+            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s.
             **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
                 argument (``init_op``, ``local_init_op``...), except ``saver``.
 
@@ -864,10 +647,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
-        """(counter, flush op) of each train op built in ``graph``, for the hook's begin().
-
-        The graph is complete then: a hand-written increment of a shared
-        ``global_step`` is refused here.
-        """
+        """(counter, flush op) of each train op in ``graph``; refuses a hand-written increment."""
         _migration.refuse_hand_written([b.start for b in self._built(graph)])
         return [(b.window.counter, b.flush.op) for b in self._built(graph)]

@@ -1,7 +1,4 @@
-"""A Saver whose checkpoints never catch a window in the middle of an op.
-
-How it locks is in the concepts page, "Design notes".
-"""
+"""A Saver whose checkpoints never catch a window in the middle of an op (see concepts.rst)."""
 
 from __future__ import annotations
 
@@ -15,23 +12,11 @@ from tf1_accum._state import MUTEX_COLLECTION
 class Saver(tf.compat.v1.train.Saver):
     """A ``tf.compat.v1.train.Saver`` that saves and restores whole windows.
 
-    Its save and restore hold the mutex of every accumulation window built in
-    its graph (``build_accumulation``, `AccumulationOptimizer`,
-    ``build_dataset_accumulation``), the mutex each window op holds while it
-    runs. A checkpoint written while other threads run ``accum_op``,
-    ``apply_op`` or the wrapper's train op then holds each window as it was
-    between two of those runs (its counter agrees with its accumulators), and
-    a restore never lands in the middle of an add. A plain
-    ``tf.compat.v1.train.Saver`` may write a torn checkpoint then.
-
-    It takes the arguments of ``tf.compat.v1.train.Saver`` and is used the
-    same way, including where a framework saves: for
-    ``MonitoredTrainingSession`` and ``Estimator``, add it to the graph's
-    ``tf.compat.v1.GraphKeys.SAVERS`` (their ``CheckpointSaverHook`` and the
-    hook of `AccumulationOptimizer.make_session_run_hook` then save with it);
-    else pass it as ``saver=`` of a ``CheckpointSaverHook`` or a
-    ``Supervisor``. Build it after the windows: it locks those in the graph
-    when it is built.
+    Its save and restore hold the mutex of every window built in its graph
+    before it, so a checkpoint written while other threads train holds each
+    window whole (see "Checkpoints" in :doc:`concepts`). Used as
+    ``tf.compat.v1.train.Saver``; for ``MonitoredTrainingSession`` and
+    ``Estimator``, add it to ``tf.compat.v1.GraphKeys.SAVERS``.
 
     Example:
 
@@ -58,16 +43,11 @@ class Saver(tf.compat.v1.train.Saver):
     """
 
     def build(self) -> None:
-        """Builds the save and restore ops, each holding every window's mutex.
-
-        As ``tf.compat.v1.train.Saver.build``; called by the constructor
-        unless ``defer_build=True``.
-        """
+        """As ``Saver.build``: the save and restore ops, each holding every window's mutex."""
         graph = tf.compat.v1.get_default_graph()
         before = {op.name for op in graph.get_operations()}
         super().build()
-        # A Scaffold builds its saver again: a second lock of one mutex in
-        # the same run could wait for the first forever.
+        # A Scaffold builds its saver again: a second lock of one mutex would deadlock.
         if tf.executing_eagerly() or self.saver_def is None or getattr(self, "_locked", False):
             return
         self._locked = True
@@ -88,11 +68,7 @@ def _locked(
     mutexes: typing.Sequence[tf.Tensor],
     name: str,
 ) -> None:
-    """Makes the ops ``last`` runs among ``created`` run while every mutex is held.
-
-    The locks are taken in the order of ``mutexes``; ``last`` waits for the
-    releases (see the concepts page, "Design notes").
-    """
+    """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
     section = _ancestors(last, created)
     with tf.control_dependencies(None):
         locks: list[tf.Tensor] = []

@@ -1,13 +1,4 @@
-"""A Scaffold for loops a framework owns: start from a plain checkpoint, or resume a full one.
-
-A ``MonitoredTrainingSession`` or an ``Estimator`` restores the latest
-checkpoint of its directory with one ``Saver`` of every global variable. A
-directory that plain training wrote holds no accumulator and no counter, so
-the first run of a migrated program fails there (``Key .../counter not found
-in checkpoint``). The saver made here restores such a checkpoint's variables
-and initializes tf1_accum's own; a checkpoint that holds them (written by a
-migrated run) it restores whole, partial window included.
-"""
+"""A Scaffold for loops a framework owns: start from a plain checkpoint, or resume a full one."""
 
 from __future__ import annotations
 
@@ -21,11 +12,7 @@ from tf1_accum._state import plain_variables
 
 
 class _PlainOrFullSaver(Saver):
-    """Saves every global variable; restores a checkpoint with or without tf1_accum's state.
-
-    A `Saver`: its saves and full restores hold every window's mutex, so a
-    checkpoint written while threads accumulate is never torn.
-    """
+    """Saves every global variable; restores a checkpoint with or without tf1_accum's state."""
 
     def __init__(self, max_to_keep: int) -> None:
         super().__init__(

@@ -1,11 +1,7 @@
 """Gradient statistics of a window: norms, the gradient noise scale, running averages.
 
-A window holds N micro-batch gradients and their mean, which is what the
-small-batch and large-batch estimators of McCandlish et al. (2018, "An
-Empirical Model of Large-Batch Training", appendix A) need: the squared norm
-of the mean gradient (batch B_big = N B) and the mean squared norm of the
-micro-batch gradients (batch B_small = B). Each micro-batch adds one float64
-scalar to the window; nothing is computed twice.
+The estimators are McCandlish et al. (2018)'s, described in docs/statistics.rst;
+each micro-batch adds one float64 scalar to the window.
 """
 
 from __future__ import annotations
@@ -30,20 +26,10 @@ EMA_DECAY = 0.9
 class GradientStatistics(typing.NamedTuple):
     """Statistics of one window, from a way in built with ``statistics=True``.
 
-    Each apply has its own: `Accumulation` has ``statistics`` (evaluated with
-    ``apply_op``) and, with ``fused=True``, ``accum_apply_statistics``
-    (evaluated with ``accum_apply_op``); `AccumulationOptimizer` has the
-    ``statistics`` property (evaluated with the train op: NaN, 0
-    micro-batches and an empty summary in runs that only accumulate) and
-    ``flush_statistics`` (evaluated with ``flush_op``); `DatasetAccumulation`
-    has ``statistics`` (evaluated with ``train_op``). Fetch them in the same
-    ``session.run`` as their op, and only with it: after the apply the window
-    is reset. Built with ``cross_replica``, they describe the micro-batches of
-    every worker.
-
-    ``micro_batches`` is int64 and ``summary_op`` a string; every other
-    tensor is float64. Sums become means whatever ``average`` says, and
-    norms are taken before any clipping.
+    Fetch them in the same ``session.run`` as the op that applies (after it
+    the window is reset); see :doc:`statistics`. ``micro_batches`` is int64,
+    ``summary_op`` a string, the rest float64: means whatever ``average``
+    says, norms before any clipping.
 
     Attributes:
         global_norm: Global L2 norm of the window's mean gradient ``G_big``.
@@ -57,26 +43,16 @@ class GradientStatistics(typing.NamedTuple):
         micro_batches: ``N``, the number of micro-batches in the window
             (int64); with ``weight``, of those of positive weight: a
             micro-batch of weight 0 has no part in the statistics.
-        gradient_square: Unbiased estimate of ``|G|^2``, the squared norm of
-            the true gradient: ``(B_big |G_big|^2 - B_small |G_small|^2) /
-            (B_big - B_small)``, with ``B_big = N B_small``.
+        gradient_square: Unbiased estimate of ``|G|^2``, the true gradient's
+            squared norm.
         noise_trace: Unbiased estimate of ``tr(Sigma)``, the trace of the
-            per-example gradient covariance: ``(|G_small|^2 - |G_big|^2) /
-            (1 / B_small - 1 / B_big)``.
-        noise_scale: ``B_simple = noise_trace / gradient_square``, this
-            window's estimate of the gradient noise scale, in examples (or in
-            units of ``weight``). NaN for a window of one micro-batch, which
-            has no estimate. One window's value is noisy and may be negative.
-        noise_scale_ema: The noise scale from exponential moving averages
-            (decay 0.9 per window: about the last ten windows count) of
-            ``noise_trace`` and ``gradient_square`` kept separately, this
-            window included: their ratio is steadier than an average of
-            ratios. Windows without a finite estimate leave the averages as
-            they were; NaN until the first window with one.
+            per-example gradient covariance.
+        noise_scale: ``noise_trace / gradient_square``, this window's (noisy)
+            estimate of the gradient noise scale; NaN for one micro-batch.
+        noise_scale_ema: The ratio of moving averages (decay 0.9 per window)
+            of ``noise_trace`` and ``gradient_square``; NaN until an estimate.
         summary_op: A ``tf.compat.v1.summary`` string tensor with the scalars
-            above and each variable's norm. It is not in the ``SUMMARIES``
-            collection, so ``merge_all`` does not fetch it in runs without
-            ``apply_op``.
+            above and each variable's norm (not in ``SUMMARIES``).
     """
 
     global_norm: tf.Tensor
@@ -92,14 +68,7 @@ class GradientStatistics(typing.NamedTuple):
 
 
 class MovingAverages(typing.NamedTuple):
-    """The state of a window's statistics: float64 scalar variables, made by `WindowStatistics`.
-
-    Attributes:
-        noise_trace: Exponential moving average of ``noise_trace`` across
-            windows.
-        gradient_square: Exponential moving average of ``gradient_square``
-            across windows.
-    """
+    """The moving averages across windows of ``noise_trace`` and ``gradient_square`` (float64)."""
 
     noise_trace: tf.Variable
     gradient_square: tf.Variable
@@ -108,14 +77,8 @@ class MovingAverages(typing.NamedTuple):
 class WindowStatistics:
     """The ops behind `GradientStatistics`, driven by a `Window`.
 
-    The window makes the state with `create_state` (its variables live with
-    the rest of the window's), calls `square_norm` on each micro-batch's
-    gradients (and adds the result to its one extra accumulator) and
-    `observe` in its apply, with that state: `observe` returns the
-    `GradientStatistics` of that apply (the window hands them to its caller)
-    and the ops its reset must wait for. An instance holds only the build's
-    settings, given when it is made: the variables, ``micro_batch_size``
-    and ``average``.
+    The window calls `create_state` once, `square_norm` per micro-batch and
+    `observe` in its apply; an instance holds only the build's settings.
     """
 
     def __init__(
@@ -141,12 +104,7 @@ class WindowStatistics:
 
     @staticmethod
     def create_state() -> MovingAverages:
-        """Creates the moving averages' variables: the state `observe` takes.
-
-        The `Window` calls it once its own checks have passed (a failed build
-        leaves no state) and on its device, so that the averages live where
-        the rest of the window's state does, and lists them with that state.
-        """
+        """Creates the moving averages' variables (on the window's device, after its checks)."""
         return MovingAverages(
             noise_trace=state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema"),
             gradient_square=state_variable(
@@ -158,11 +116,7 @@ class WindowStatistics:
     def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
         """The float64 squared global norm of one micro-batch's gradients.
 
-        A micro-batch's sparse gradient may name a row more than once (an id
-        seen twice in an embedding lookup): rows are summed (in float32 at
-        least) before squaring. The norms are ``_norms.square_norms``, the
-        window's own: one reduction per variable in its own precision, in
-        float64 only if that overflows.
+        A sparse gradient's repeated rows are summed (in float32 at least) before squaring.
         """
         values = []
         for g in gradients:
@@ -184,20 +138,10 @@ class WindowStatistics:
     ) -> tuple[GradientStatistics, list[tf.Operation]]:
         """Builds the statistics of the window being applied.
 
-        Args:
-            averages: the `MovingAverages` that `create_state` made for the
-                window; this apply updates them.
-            squares: the float64 squared norm of each variable's window
-                gradient, mean or sum, before clipping (the window computes
-                them once, for its global norm too).
-            count: the number of micro-batches.
-            weight_total: the sum of the weights, or None.
-            square_total: the sum over micro-batches of (weight times) the
-                squared norm of the micro-batch gradient.
-
-        Returns:
-            ``(statistics, updates)``: the `GradientStatistics` of this apply,
-            and the moving averages' updates, which the reset must wait for.
+        ``squares`` are each variable's float64 squared window norm (mean or
+        sum, before clipping); ``square_total`` the sum over micro-batches of
+        (weight times) their squared norm. Returns the `GradientStatistics` and
+        the moving averages' updates, which the reset must wait for.
         """
         with tf.compat.v1.name_scope("statistics"):
             # The tensors in a scope of their own: the summaries take their names.
@@ -300,11 +244,8 @@ class WindowStatistics:
 def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
     """Returns how many micro-batches make the window's batch reach the noise scale.
 
-    Near the gradient noise scale B_noise, a larger batch stops buying
-    proportionally fewer steps (McCandlish et al. 2018): the recommendation
-    is the smallest N with N x ``micro_batch_size`` >= ``noise_scale``, at
-    least 1. Feed it the moving average ``noise_scale_ema``: one window's
-    estimate is noisy.
+    The smallest N with N x ``micro_batch_size`` >= ``noise_scale``, at least
+    1 (see :doc:`statistics`). Feed it ``noise_scale_ema``.
 
     Example:
 
@@ -388,12 +329,8 @@ def build_running_average(
 ) -> RunningAverage:
     """Builds a running average of ``values`` over a window or a horizon.
 
-    The formula ``avg = avg * (1 - 1/(step+1)) + g/(step+1)``, keyed on the
-    global step, never resets: late in training it averages over everything
-    since step 0, and each new gradient barely moves it. Here the count
-    starts again at every ``reset_op`` (run it when a window begins), or
-    after every ``horizon`` updates: the averages are then the plain mean of
-    the values since the last reset, block after block.
+    Unlike one keyed on the global step, it starts again at every ``reset_op``
+    or after every ``horizon`` updates (see :doc:`statistics`).
 
     Example:
 

@@ -1,19 +1,10 @@
 """Synchronous replicas through the wrapper: one window per worker per update.
 
-``SyncReplicasOptimizer.apply_gradients`` builds, in one call, what lives on
-the parameter servers and the chief (an accumulator per variable, the token
-queue, the chief's update: take the workers' mean, apply it, enqueue one
-token per worker) and what a worker runs (push its gradients, then wait for a
-token). `AccumulationOptimizer` applies inside a conditional, once per window,
-where the first part cannot live: `prepare` builds the whole of it outside,
-once, and `SyncPush` builds the worker's part again inside the conditional,
-on the same accumulators and queue, as the synchronous optimizer's own train
-op does.
-
-Each worker pushes its window once and waits for the update that takes it;
-with no initial token (`prepare` makes 0 the default of the synchronous
-optimizer's hook), every update takes one window of every worker, computed
-from the same weights, and equals one step on all of their micro-batches.
+The synchronous optimizer's accumulators, queue and chief update cannot live
+in the wrapper's conditional apply: `prepare` builds them outside, once, and
+`SyncPush` builds the worker's push-and-wait inside, on the same accumulators
+and queue. With no initial token, every update takes one window of every
+worker (see :ref:`parameter-servers`).
 """
 
 from __future__ import annotations
@@ -32,8 +23,7 @@ if typing.TYPE_CHECKING:
 class SyncPush(tf.compat.v1.train.Optimizer):
     """Pushes a window to the accumulators `prepare` built, then waits for the update.
 
-    ``global_step`` moves on the chief, once per update: it wraps the
-    synchronous optimizer (``_opt``), which counts its own steps.
+    It wraps the synchronous optimizer (``_opt``): ``global_step`` moves on the chief.
     """
 
     def __init__(self, sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
@@ -69,9 +59,7 @@ def prepare(
 ) -> tuple[SyncPush, list[tf.Operation]]:
     """Builds ``sync``'s accumulators, queue and chief update; the worker's push, and those ops.
 
-    ``pairs`` give the accumulators their types (a sparse gradient gets a
-    sparse accumulator); the worker's train op that ``sync`` also returns is
-    never run.
+    ``pairs`` give the accumulators their types; the worker's train op ``sync`` returns is unused.
 
     Raises:
         ValueError: If ``global_step`` is None (the tokens are its values).
@@ -93,8 +81,7 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
     """Refuses aggregation settings that hang; warns of those that drop windows.
 
     Makes 0 initial tokens the default of ``sync.make_session_run_hook`` and
-    refuses more: an initial token lets a worker start its next window before
-    the update, from stale weights, and the accumulators drop that window.
+    refuses more: an initial token lets a worker's next window go stale.
 
     Raises:
         ValueError: If ``replicas_to_aggregate`` is more than

@@ -1,16 +1,7 @@
 """Warnings for loops a framework owns that end mid-window: sessions it saves, tf_keras ``fit``.
 
-``CheckpointSaverHook.end()`` saves only if ``global_step`` moved since its
-last save, and ``global_step`` counts updates: a session that ends in the
-middle of a window keeps the window in its final checkpoint only by luck.
-`watch_checkpoint_saver_hook` wraps ``CheckpointSaverHook.end`` (once per
-process) to warn then; see the concepts page, "Design notes".
-
-A tf_keras ``fit`` whose epochs end mid-window, with no callback running
-``flush_op``, carries each epoch's last micro-batches into the next epoch
-and never applies the last ones, where ``fit`` with larger batches applies a
-short last batch each epoch. `watch_keras_fit` wraps tf_keras's
-``CallbackList`` (once per process) to warn at the end of such a ``fit``.
+Each wraps the framework's class once per process; why a window is lost
+there is in the concepts page, "Design notes".
 """
 
 from __future__ import annotations
@@ -63,13 +54,7 @@ def watch_checkpoint_saver_hook() -> None:
 def _warn_if_left_out(
     saver_hook: tf.compat.v1.train.CheckpointSaverHook, session: tf.compat.v1.Session
 ) -> None:
-    """Warns when ``session`` ends mid-window and no accumulation hook keeps the window.
-
-    Worded after what ``saver_hook.end`` does next: it saves the window when
-    ``global_step`` moved since its last save (this time, then, the window is
-    kept), and saves nothing otherwise (the micro-batches accumulated after
-    the last checkpoint are lost to a resumed run).
-    """
+    """Warns when ``session`` ends mid-window and no accumulation hook keeps the window."""
     kept = _kept.get(session, ())
     counters = [c for c in session.graph.get_collection(TRAIN_OP_COUNTERS) if c.name not in kept]
     timer = getattr(saver_hook, "_timer", None)
@@ -109,12 +94,7 @@ def _warn_if_left_out(
 
 
 def watch_keras_fit() -> None:
-    """Makes tf_keras's ``fit`` warn at its end of epochs that ended mid-window (once).
-
-    Each epoch's end reads the counters of the model's optimizer, after every
-    callback ran (a flush callback leaves them at 0): one scalar read an
-    epoch, only for a model whose optimizer accumulates.
-    """
+    """Makes tf_keras's ``fit`` warn of epochs that ended mid-window (one read an epoch)."""
     callbacks = getattr(sys.modules.get("tf_keras"), "callbacks", None)
     hook_class = getattr(callbacks, "CallbackList", None)
     if hook_class is None or getattr(hook_class.on_epoch_end, "_tf1_accum_watched", False):

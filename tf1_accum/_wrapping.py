@@ -1,10 +1,7 @@
 """Optimizers that wrap another: the chain of them, and what the window asks of it.
 
-A loss-scale optimizer or a ``SyncReplicasOptimizer`` changes how a window
-is applied, even when it sits inside another wrapper. TensorFlow's wrappers
-keep the optimizer they wrap in ``_optimizer`` (the loss-scale optimizers)
-or ``_opt`` (``SyncReplicasOptimizer``); `wrapping_chain` follows both, and
-every question about the chain is asked of what it yields.
+TensorFlow's wrappers keep the optimizer they wrap in ``_optimizer`` (the
+loss-scale optimizers) or ``_opt`` (``SyncReplicasOptimizer``).
 """
 
 import typing
@@ -13,11 +10,7 @@ import tensorflow as tf
 
 
 def wrapping_chain(optimizer: object) -> typing.Iterator[object]:
-    """Yields ``optimizer``, then the optimizer it wraps, and so on inwards.
-
-    The chain ends at an optimizer that wraps none, or at one already
-    yielded (a wrapper that refers back to itself).
-    """
+    """Yields ``optimizer``, then the optimizer it wraps, and so on inwards (each once)."""
     seen: set[int] = set()
     while optimizer is not None and id(optimizer) not in seen:
         seen.add(id(optimizer))
@@ -34,22 +27,13 @@ def _loss_scale_optimizer(optimizer: object) -> object | None:
 
 
 def scales_loss(optimizer: object) -> bool:
-    """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer.
-
-    Only a dynamic loss scale checks gradients for overflow; a fixed one
-    applies whatever it is given.
-    """
+    """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer (one that checks)."""
     scaling = _loss_scale_optimizer(optimizer)
     return scaling is not None and "Dynamic" in type(getattr(scaling, "_loss_scale", None)).__name__
 
 
 def counts_its_own_steps(optimizer: object) -> bool:
-    """Whether ``optimizer`` (or one it wraps) advances ``global_step`` itself.
-
-    A loss-scale optimizer increments it when it applies: a dynamic one
-    skips an overflowing window itself and leaves ``global_step`` as it
-    was. A ``SyncReplicasOptimizer`` steps it on the chief, for all workers.
-    """
+    """Whether ``optimizer`` (or one it wraps: loss-scale, sync) advances ``global_step`` itself."""
     return _loss_scale_optimizer(optimizer) is not None or any(
         isinstance(o, tf.compat.v1.train.SyncReplicasOptimizer) for o in wrapping_chain(optimizer)
     )
