@@ -310,8 +310,8 @@ def test_window_ops_fetched_in_one_run(grouped):
             findings = tf1_accum.check_graph(apply_op, None if grouped else acc.accum_op)
             assert by_kind(findings) == {"ops_in_one_run": [max(op.name for op in fetches)]}
             assert re.search(
-                r"runs \w+ \(\S+\) and \w+ \(\S+\) of one accumulation in one session.run, "
-                r"in no fixed order.*run_accumulation.*accum_apply_op",
+                r"runs \w+ \(\S+\) and \w+ \(\S+\) of one accumulation in one session.run: "
+                r".*in no fixed order.*run_accumulation.*accum_apply_op",
                 findings[0].message,
             )
 
@@ -478,6 +478,7 @@ def test_findings_are_named_tuples():
         finding = tf1_accum.check_graph(apply_op)[0]
         assert isinstance(finding, tf1_accum.GraphFinding)
         assert finding._fields == ("kind", "op_name", "message")
+        assert finding.code == "TFA001"
         assert finding == (finding.kind, finding.op_name, finding.message)
 
 
@@ -731,7 +732,8 @@ def test_bert_steps_worked_out_from_the_micro_batch_size_are_reported(iterator):
         "pipeline (12 per epoch, 36 in all)"
     )
     assert "one per 4 micro-batches: training ends at update 9" in message
-    assert "Divide every step count by N = 4" in message
+    assert "N = 4: a schedule's step count worked out from the micro-batch size" in message
+    assert "divide every step count by N" in message
     assert "num_train_steps = int(examples / (batch_size * N) * epochs)" in message
 
 

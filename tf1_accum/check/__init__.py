@@ -6,7 +6,9 @@ docs/cli.rst. Its one public function is `main`, the command itself; the
 modules beside it are its parts:
 
 - ``_cli``: the command line (`main`);
-- ``_lint``: the rule table, one file or many checked, the findings;
+- ``_catalogue``: the mistakes, one code, title, why and fix each (which
+  ``tf1_accum.check_graph`` reports by too);
+- ``_lint``: one file or many checked, the findings;
 - ``_source``: reading a file (Python 2 and encoded source too);
 - ``_parents``: parent classes copied in from the other files checked;
 - ``_flow``: what each value of a module is made from;
