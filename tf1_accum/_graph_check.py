@@ -19,13 +19,6 @@ from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum.check._catalogue import KINDS, message
 
-APPLY_NEEDS_FEED = "apply_needs_feed"
-APPLY_ACCUMULATES = "apply_accumulates"
-OPS_IN_ONE_RUN = "ops_in_one_run"
-NEVER_RESET = "never_reset"
-SUM_NOT_MEAN = "sum_not_mean"
-STEP_NOT_PER_UPDATE = "step_not_per_update"
-
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 # Ops that hand a ref or resource tensor on unchanged (input 0).
 _FORWARDING_OPS = frozenset(
@@ -504,7 +497,7 @@ class _Checker:
             which = "the micro-batch fetches run too" if self.accum_given else "adds its feed"
             where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
             where += f"{self.accumulates[op].name}), which {which}"
-            findings.append(_finding(APPLY_ACCUMULATES, op.name, where))
+            findings.append(_finding("apply_accumulates", op.name, where))
 
         # (i) and (iv): the gradients handed to the optimizer, and what the
         # accumulate ops run again add.
@@ -525,12 +518,12 @@ class _Checker:
             var = None if user in again else self.summed_accumulator(start)
             if var is not None:
                 where = f"{user.name} ({user.type}) applies accumulator {var.name} as it is"
-                findings.append(_finding(SUM_NOT_MEAN, user.name, where))
+                findings.append(_finding("sum_not_mean", user.name, where))
         for placeholder, user in needs_feed.items():
             what = "accumulate op" if user in again else "the gradient of update op"
             where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
             findings.append(
-                _finding(APPLY_NEEDS_FEED, placeholder.name, where + f"{what} {user.name}")
+                _finding("apply_needs_feed", placeholder.name, where + f"{what} {user.name}")
             )
 
         # (iii) accumulators that the applied gradients come from and
@@ -540,7 +533,7 @@ class _Checker:
                 continue
             adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
             where = f"Accumulator {var.name} is added to (by {', '.join(adders)}) but never reset"
-            findings.append(_finding(NEVER_RESET, var.name, where))
+            findings.append(_finding("never_reset", var.name, where))
         read = {
             self.variable_of(op.inputs[0])
             for op in apply_set
@@ -552,7 +545,7 @@ class _Checker:
             adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
             where = f"Counter {var.name} is incremented (by {', '.join(adders)}) and read "
             where += "by the apply, but never reset (a mean divided by it shrinks)"
-            findings.append(_finding(NEVER_RESET, var.name, where))
+            findings.append(_finding("never_reset", var.name, where))
         findings += self.one_run_findings(apply_set)
         findings += self.step_findings(apply_set, accum_set)
         findings += _schedule_check.schedule_findings(self.graph, self.steps, apply_set, _finding)
@@ -573,7 +566,7 @@ class _Checker:
             other, other_field = first[window]
             where = f"Fetching {_names(self.apply_fetches)} runs {other_field} ({other.name}) "
             where += f"and {field} ({op.name}) of one accumulation in one session.run"
-            findings.append(_finding(OPS_IN_ONE_RUN, op.name, where))
+            findings.append(_finding("ops_in_one_run", op.name, where))
         return findings
 
     def conditional(self, op: tf.Operation) -> bool:
@@ -621,14 +614,14 @@ class _Checker:
                 reported.add(op)
                 where = f"{what} runs {op.name}, which increments the global step "
                 where += f"{self.accumulates[op].name} with every micro-batch"
-                findings.append(_finding(STEP_NOT_PER_UPDATE, op.name, where))
+                findings.append(_finding("step_not_per_update", op.name, where))
         if not per_micro_batch_apply:
             in_apply = sorted(increments & apply_set, key=lambda o: o.name)
             if len(in_apply) >= 2 and any(not self.conditional(o) for o in in_apply):
                 names = ", ".join(o.name for o in in_apply)
                 where = f"Fetching {apply_name} runs {len(in_apply)} increments of the "
                 where += f"global step ({names}; an optimizer given global_step is one)"
-                findings.append(_finding(STEP_NOT_PER_UPDATE, in_apply[-1].name, where))
+                findings.append(_finding("step_not_per_update", in_apply[-1].name, where))
         return findings
 
     def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:

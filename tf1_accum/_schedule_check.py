@@ -18,8 +18,6 @@ from tf1_accum._window import APPLY_DUE_COLLECTION
 # A finding, of the type the caller's ``finding`` makes (GraphFinding).
 _Finding = typing.TypeVar("_Finding")
 
-SCHEDULE_IN_MICRO_BATCHES = "schedule_in_micro_batches"
-
 # Ops that hand the global step on as a number of steps.
 _STEP_OPS = frozenset(
     {
@@ -107,7 +105,7 @@ def schedule_findings(
         what = "all" if epochs == total.epochs else f"{epochs} of the {int(total.epochs)}"
         findings.append(
             finding(
-                SCHEDULE_IN_MICRO_BATCHES,
+                "schedule_in_micro_batches",
                 op.name,
                 f"Schedule op {op.name} ({op.type}) sets the global step {var.name} "
                 f"against the step count {value:g}, the micro-batches of {what} "
