@@ -15,6 +15,15 @@ modules beside it are its parts:
 - ``_rules``: the rules, read from what ``_flow`` tags.
 """
 
-from tf1_accum.check._cli import main
+import typing
 
 __all__ = ("main",)
+
+
+def __getattr__(name: str) -> typing.Any:
+    # Imported on first use: check_graph reads only the catalogue beside it.
+    if name == "main":
+        from tf1_accum.check._cli import main
+
+        return main
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
