@@ -522,9 +522,8 @@ class _Checker:
         for placeholder, user in needs_feed.items():
             what = "accumulate op" if user in again else "the gradient of update op"
             where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
-            findings.append(
-                _finding("apply_needs_feed", placeholder.name, where + f"{what} {user.name}")
-            )
+            where += f"on which {what} {user.name} depends"
+            findings.append(_finding("apply_needs_feed", placeholder.name, where))
 
         # (iii) accumulators that the applied gradients come from and
         # nothing resets.
