@@ -851,6 +851,7 @@ def test_the_catalogue_names_each_mistake_once_in_the_docs():
         values = [getattr(m, field) for m in catalogue if getattr(m, field)]
         assert len(set(values)) == len(values), field
     assert set(_catalogue.KINDS) == set(GRAPHS) | {"schedule_in_micro_batches"}
+    assert sorted(_graph_check._KINDS) == sorted(_catalogue.KINDS)
     docs = pathlib.Path(__file__).parent.parent / "docs"
     cli = (docs / "cli.rst").read_text(encoding="utf-8").replace("``", "")
     guide = (docs / "migration.rst").read_text(encoding="utf-8")

@@ -19,6 +19,10 @@ from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum.check._catalogue import KINDS, message
 
+# The order of the findings (their kinds).
+_KINDS = """apply_needs_feed apply_accumulates ops_in_one_run never_reset sum_not_mean
+step_not_per_update schedule_in_micro_batches""".split()
+
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 # Ops that hand a ref or resource tensor on unchanged (input 0).
 _FORWARDING_OPS = frozenset(
@@ -125,19 +129,19 @@ def check_graph(
     function bodies of version 2 ``If`` and ``While`` ops built in this
     process), and reports each kind of `GraphFinding`, by its code:
 
-    * ``"sum_not_mean"`` (TFA001): an optimizer's update op takes an
-      accumulator's value unchanged (read, cast or gathered); tf1_accum's own
-      accumulators are not reported (``average=False`` is a choice).
+    * ``"apply_needs_feed"`` (TFA004): a gradient handed to an optimizer
+      depends on a placeholder (a learning rate's is fine).
     * ``"apply_accumulates"`` (TFA003): fetching the apply runs an accumulate
       op that the micro-batch fetches run too; without ``accum_ops``, one of
       fed data that the apply runs without resetting its accumulator.
-    * ``"apply_needs_feed"`` (TFA004): a gradient handed to an optimizer
-      depends on a placeholder (a learning rate's is fine).
     * ``"ops_in_one_run"`` (TFA010): fetching the apply runs two ops of one
       `build_accumulation` window.
     * ``"never_reset"`` (TFA011): an accumulator the applied gradients come
       from, or a floating-point counter the apply divides by, is assigned
       nothing but its initializer.
+    * ``"sum_not_mean"`` (TFA001): an optimizer's update op takes an
+      accumulator's value unchanged (read, cast or gathered); tf1_accum's own
+      accumulators are not reported (``average=False`` is a choice).
     * ``"step_not_per_update"`` (TFA012): the global step is incremented
       outside any conditional by a fetch that runs with every micro-batch,
       or twice by one apply.
@@ -169,9 +173,9 @@ def check_graph(
     ...     accum_op = total.assign_add(grad)
     ...     apply_op = opt.apply_gradients([(total, w)])
     ...     findings = tf1_accum.check_graph(apply_op, [accum_op])
-    >>> [(finding.code, finding.kind) for finding in findings]
-    [('TFA001', 'sum_not_mean'), ('TFA011', 'never_reset')]
-    >>> findings[1].op_name
+    >>> [(finding.kind, finding.code) for finding in findings]
+    [('never_reset', 'TFA011'), ('sum_not_mean', 'TFA001')]
+    >>> findings[0].op_name
     'Variable'
     >>> with tf.Graph().as_default():
     ...     x = tf.compat.v1.placeholder(tf.float32, [None])
@@ -192,8 +196,8 @@ def check_graph(
             instead of returning them.
 
     Returns:
-        A list of `GraphFinding`, ordered by code, then by op name; empty
-        when nothing was found.
+        A list of `GraphFinding`, ordered by kind (in the order listed
+        above), then by op name; empty when nothing was found.
 
     Raises:
         TypeError: If ``apply_op`` is empty, ``apply_op`` or ``accum_ops``
@@ -548,7 +552,7 @@ class _Checker:
         findings += self.one_run_findings(apply_set)
         findings += self.step_findings(apply_set, accum_set)
         findings += _schedule_check.schedule_findings(self.graph, self.steps, apply_set, _finding)
-        findings.sort(key=lambda f: (f.code, f.op_name))
+        findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
         return findings
 
     def one_run_findings(self, apply_set: set[tf.Operation]) -> list[GraphFinding]:
