@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf1_accum
 from _helpers import Model
 from tf1_accum import _graph_check
+from tf1_accum.check import _catalogue, _lint
 
 v1 = tf.compat.v1
 
@@ -310,8 +311,8 @@ def test_window_ops_fetched_in_one_run(grouped):
             findings = tf1_accum.check_graph(apply_op, None if grouped else acc.accum_op)
             assert by_kind(findings) == {"ops_in_one_run": [max(op.name for op in fetches)]}
             assert re.search(
-                r"runs \w+ \(\S+\) and \w+ \(\S+\) of one accumulation in one session.run, "
-                r"in no fixed order.*run_accumulation.*accum_apply_op",
+                r"runs \w+ \(\S+\) and \w+ \(\S+\) of one accumulation in one session.run: "
+                r".*in no fixed order.*run_accumulation.*accum_apply_op",
                 findings[0].message,
             )
 
@@ -478,6 +479,7 @@ def test_findings_are_named_tuples():
         finding = tf1_accum.check_graph(apply_op)[0]
         assert isinstance(finding, tf1_accum.GraphFinding)
         assert finding._fields == ("kind", "op_name", "message")
+        assert finding.code == "TFA001"
         assert finding == (finding.kind, finding.op_name, finding.message)
 
 
@@ -731,7 +733,8 @@ def test_bert_steps_worked_out_from_the_micro_batch_size_are_reported(iterator):
         "pipeline (12 per epoch, 36 in all)"
     )
     assert "one per 4 micro-batches: training ends at update 9" in message
-    assert "Divide every step count by N = 4" in message
+    assert "N = 4: a schedule's step count worked out from the micro-batch size" in message
+    assert "divide every step count by N" in message
     assert "num_train_steps = int(examples / (batch_size * N) * epochs)" in message
 
 
@@ -777,3 +780,86 @@ def test_a_count_that_may_be_in_updates_is_not_reported():
     # 12 micro-batches is one epoch, or 4 epochs of updates: within the 12
     # updates of training, it may be right.
     assert _unet_findings(EXAMPLES // MICRO_BATCH, epochs=WINDOW) == []
+
+
+# -- the catalogue: each mistake reported by its code, by each detector that claims it --
+
+
+def _sums():
+    model = HandWritten()
+    return model.opt.apply_gradients(list(zip(model.accums, model.vars))), model.accum_ops
+
+
+def _refed():
+    model = HandWritten()
+    norm_accums = [accum_op / 4.0 for accum_op in model.accum_ops]
+    return model.opt.apply_gradients(list(zip(norm_accums, model.vars))), model.accum_ops
+
+
+def _in_one_run():
+    acc = tf1_accum.build_accumulation(Model(tf.float32, sparse=False).loss, OPTIMIZERS["sgd"]())
+    return [acc.accum_op, acc.apply_op], acc.accum_op
+
+
+def _never_reset():
+    model = HandWritten(zero_ops=False)
+    return model.opt.apply_gradients([(a / 4.0, v) for a, v in zip(model.accums, model.vars)]), None
+
+
+def _step_per_micro_batch():
+    model = HandWritten()
+    step = v1.train.get_or_create_global_step()
+    count = v1.Variable(0.0, trainable=False)
+    accum = model.accum_ops + [count.assign_add(1.0), v1.assign_add(step, 1)]
+    mean = [(a / count, v) for a, v in zip(model.accums, model.vars)]
+    return tf.group(model.opt.apply_gradients(mean), model.zero_ops, count.assign(0.0)), accum
+
+
+GRAPHS = {
+    "sum_not_mean": _sums,
+    "apply_accumulates": _refed,
+    "apply_needs_feed": _refed,
+    "ops_in_one_run": _in_one_run,
+    "never_reset": _never_reset,
+    "step_not_per_update": _step_per_micro_batch,
+}
+CORPUS = sorted((pathlib.Path(__file__).parent / "check_corpus").glob("*.py.txt"))
+
+
+@pytest.mark.parametrize("code", sorted(_catalogue.CATALOGUE))
+def test_each_mistake_is_reported_by_its_code_and_text(code):
+    mistake = _catalogue.CATALOGUE[code]
+    assert mistake.source or mistake.kind, code
+    if mistake.source:
+        marked = [p for p in CORPUS if f"# expect: {code}" in p.read_text("latin-1")]
+        findings = [f for f in _lint.check_paths([str(marked[0])]) if f.rule == code]
+        assert [f.message for f in findings[:1]] == [f"{mistake.why}; {mistake.fix}"]
+    if mistake.kind == "schedule_in_micro_batches":
+        findings = _bert_findings(int(EXAMPLES / MICRO_BATCH * 3), 3)
+    elif mistake.kind:
+        with tf.Graph().as_default():
+            findings = tf1_accum.check_graph(*GRAPHS[mistake.kind]())
+    if mistake.kind:
+        [finding] = [f for f in findings if f.kind == mistake.kind][:1]
+        assert finding.code == code
+        assert finding.message.endswith(f": {mistake.why}; {mistake.fix}")
+
+
+def test_the_catalogue_names_each_mistake_once_in_the_docs():
+    catalogue = _catalogue.CATALOGUE.values()
+    for field in ("code", "title", "why", "fix", "kind"):
+        values = [getattr(m, field) for m in catalogue if getattr(m, field)]
+        assert len(set(values)) == len(values), field
+    assert set(_catalogue.KINDS) == set(GRAPHS) | {"schedule_in_micro_batches"}
+    assert sorted(_graph_check._KINDS) == sorted(_catalogue.KINDS)
+    docs = pathlib.Path(__file__).parent.parent / "docs"
+    cli = (docs / "cli.rst").read_text(encoding="utf-8").replace("``", "")
+    guide = (docs / "migration.rst").read_text(encoding="utf-8")
+    for mistake in catalogue:
+        assert cli.count(f"* {mistake.code} {mistake.title}") == 1, mistake.code
+        assert guide.count(f"* {mistake.code} ") == 1, mistake.code
+        page, anchor = mistake.doc.split(".html#")
+        text = (docs / f"{page}.rst").read_text(encoding="utf-8")
+        headings = re.findall(r"^(.+)\n[-~=]{3,}$", text, re.M)
+        slugs = {re.sub(r"[^a-z0-9]+", "-", h.lower()).strip("-") for h in headings}
+        assert anchor in slugs or f".. _{anchor}:" in text, mistake.doc

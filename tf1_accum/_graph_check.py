@@ -17,23 +17,11 @@ from tf1_accum import _accumulation
 from tf1_accum import _schedule_check
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
+from tf1_accum.check._catalogue import KINDS, message
 
-APPLY_NEEDS_FEED = "apply_needs_feed"
-APPLY_ACCUMULATES = "apply_accumulates"
-OPS_IN_ONE_RUN = "ops_in_one_run"
-NEVER_RESET = "never_reset"
-SUM_NOT_MEAN = "sum_not_mean"
-STEP_NOT_PER_UPDATE = "step_not_per_update"
-SCHEDULE_IN_MICRO_BATCHES = _schedule_check.SCHEDULE_IN_MICRO_BATCHES
-_KINDS = (
-    APPLY_NEEDS_FEED,
-    APPLY_ACCUMULATES,
-    OPS_IN_ONE_RUN,
-    NEVER_RESET,
-    SUM_NOT_MEAN,
-    STEP_NOT_PER_UPDATE,
-    SCHEDULE_IN_MICRO_BATCHES,
-)
+# The order of the findings (their kinds).
+_KINDS = """apply_needs_feed apply_accumulates ops_in_one_run never_reset sum_not_mean
+step_not_per_update schedule_in_micro_batches""".split()
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 # Ops that hand a ref or resource tensor on unchanged (input 0).
@@ -105,37 +93,26 @@ class GraphFinding(typing.NamedTuple):
     """One problem that `check_graph` found.
 
     Attributes:
-        kind: What is wrong, one of:
-
-            * ``"apply_needs_feed"``: a gradient that the apply hands to the
-              optimizer depends on a placeholder, so fetching the apply needs
-              a ``feed_dict`` and runs the forward and backward pass again;
-            * ``"apply_accumulates"``: fetching the apply runs an accumulate
-              op again, so the micro-batch fed with it is added a second time;
-            * ``"ops_in_one_run"``: fetching the apply runs two ops of one
-              `build_accumulation` window (``accum_op`` and ``apply_op``, say),
-              which one run runs in no fixed order;
-            * ``"never_reset"``: nothing in the graph resets an accumulator
-              (or the counter the apply divides by), so it sums (counts)
-              over all of training, not over one window;
-            * ``"sum_not_mean"``: an optimizer's update op gets an
-              accumulator's value as it is, the sum over the micro-batches,
-              where it expects the mean;
-            * ``"step_not_per_update"``: ``global_step`` is incremented with
-              every micro-batch, or twice per update;
-            * ``"schedule_in_micro_batches"``: a learning-rate schedule
-              driven by ``global_step`` has a step count worked out in
-              micro-batches, where ``global_step`` counts updates.
-
+        kind: What is wrong, one of the kinds `check_graph` lists.
         op_name: The op at fault: the placeholder, the accumulate op, the
             accumulator (or counter) variable, the optimizer's update op, or
             the schedule op that reads the step count.
-        message: What goes wrong, and the tf1_accum replacement.
+        message: Where, what goes wrong, and the tf1_accum replacement.
     """
 
     kind: str
     op_name: str
     message: str
+
+    @property
+    def code(self) -> str:
+        """The mistake's code, as ``tf1-accum-check`` names it (``"TFA001"``)."""
+        return KINDS[self.kind].code
+
+
+def _finding(kind: str, op_name: str, where: str) -> GraphFinding:
+    """The `GraphFinding` of ``kind`` at ``op_name``, its message from the catalogue."""
+    return GraphFinding(kind, op_name, message(KINDS[kind].code, where))
 
 
 def check_graph(
@@ -150,36 +127,28 @@ def check_graph(
     what it fetches for each micro-batch. It walks the ops those fetches run,
     into ``tf.cond`` and ``tf.while_loop`` (version 1 control flow, and the
     function bodies of version 2 ``If`` and ``While`` ops built in this
-    process), and reports each kind of `GraphFinding`:
+    process), and reports each kind of `GraphFinding`, by its code:
 
-    * ``"apply_needs_feed"``: a gradient handed to an optimizer depends on a
-      placeholder, so fetching the apply runs the forward and backward pass
-      again. A placeholder that reaches the update otherwise (a learning
-      rate) is fine.
-    * ``"apply_accumulates"``: fetching the apply runs an accumulate op that
-      the micro-batch fetches run too, so the last micro-batch is added
-      twice. Without ``accum_ops``: an accumulate op of fed data that the
-      apply runs without also resetting that accumulator (an op that adds
-      the last micro-batch, applies and resets is a correct fused step).
-    * ``"ops_in_one_run"``: fetching the apply runs two ops of one
-      `build_accumulation` window (``accum_op`` and ``apply_op``, grouped or
-      listed), in no fixed order: the apply may miss the micro-batch fed.
-    * ``"never_reset"``: an accumulator the applied gradients come from, or
-      a floating-point counter the apply divides by, is assigned nothing but
-      its initializer, so it sums over all of training.
-    * ``"sum_not_mean"``: an optimizer's update op takes an accumulator's
-      value unchanged (read, cast or gathered): the sum, where the optimizer
-      expects the mean. tf1_accum's own accumulators are not reported
-      (``average=False`` applies the sum on purpose).
-    * ``"step_not_per_update"``: the global step (in
-      ``tf.compat.v1.GraphKeys.GLOBAL_STEP``) is incremented outside any
-      conditional by a fetch that runs with every micro-batch, or twice by
-      one apply.
-    * ``"schedule_in_micro_batches"``: for `AccumulationOptimizer`'s train
-      op reading a ``tf.data`` pipeline of known, finite size, a
-      learning-rate schedule of the apply whose step count equals the
-      micro-batches of a whole number of epochs and lies past the last
-      update (see :ref:`real-programs-schedules`).
+    * ``"apply_needs_feed"`` (TFA004): a gradient handed to an optimizer
+      depends on a placeholder (a learning rate's is fine).
+    * ``"apply_accumulates"`` (TFA003): fetching the apply runs an accumulate
+      op that the micro-batch fetches run too; without ``accum_ops``, one of
+      fed data that the apply runs without resetting its accumulator.
+    * ``"ops_in_one_run"`` (TFA010): fetching the apply runs two ops of one
+      `build_accumulation` window.
+    * ``"never_reset"`` (TFA011): an accumulator the applied gradients come
+      from, or a floating-point counter the apply divides by, is assigned
+      nothing but its initializer.
+    * ``"sum_not_mean"`` (TFA001): an optimizer's update op takes an
+      accumulator's value unchanged (read, cast or gathered); tf1_accum's own
+      accumulators are not reported (``average=False`` is a choice).
+    * ``"step_not_per_update"`` (TFA012): the global step is incremented
+      outside any conditional by a fetch that runs with every micro-batch,
+      or twice by one apply.
+    * ``"schedule_in_micro_batches"`` (TFA013): for `AccumulationOptimizer`'s
+      train op reading a ``tf.data`` pipeline of known, finite size, a
+      schedule's step count equals the micro-batches of a whole number of
+      epochs and lies past the last update (see :ref:`real-programs-schedules`).
 
     tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
     train op and ``build_dataset_accumulation``'s train op give no findings.
@@ -204,8 +173,8 @@ def check_graph(
     ...     accum_op = total.assign_add(grad)
     ...     apply_op = opt.apply_gradients([(total, w)])
     ...     findings = tf1_accum.check_graph(apply_op, [accum_op])
-    >>> [finding.kind for finding in findings]
-    ['never_reset', 'sum_not_mean']
+    >>> [(finding.kind, finding.code) for finding in findings]
+    [('never_reset', 'TFA011'), ('sum_not_mean', 'TFA001')]
     >>> findings[0].op_name
     'Variable'
     >>> with tf.Graph().as_default():
@@ -529,30 +498,10 @@ class _Checker:
             elif op in self.fed and var not in reset_in_apply:
                 again.add(op)
         for op in again:
-            var = self.accumulates[op]
-            if self.accum_given:
-                why = (
-                    "which the micro-batch fetches run too: the last micro-batch, "
-                    "accumulated already, is fed to the apply and added again, so it "
-                    "counts twice"
-                )
-            else:
-                why = (
-                    "which adds whatever is fed to the apply: fed the last "
-                    "micro-batch after that micro-batch was accumulated, it adds it "
-                    "again, so it counts twice"
-                )
-            findings.append(
-                GraphFinding(
-                    APPLY_ACCUMULATES,
-                    op.name,
-                    f"Fetching {apply_name} runs accumulate op {op.name} (into "
-                    f"{var.name}), {why}. Keep accumulation and apply apart: "
-                    "tf1_accum.build_accumulation's apply_op reads the accumulators "
-                    "and needs no feed; with fused=True, run_accumulation adds the "
-                    "last micro-batch and applies in one run, and never adds it twice.",
-                )
-            )
+            which = "the micro-batch fetches run too" if self.accum_given else "adds its feed"
+            where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
+            where += f"{self.accumulates[op].name}), which {which}"
+            findings.append(_finding("apply_accumulates", op.name, where))
 
         # (i) and (iv): the gradients handed to the optimizer, and what the
         # accumulate ops run again add.
@@ -572,37 +521,13 @@ class _Checker:
                     needs_feed.setdefault(op, user)
             var = None if user in again else self.summed_accumulator(start)
             if var is not None:
-                findings.append(
-                    GraphFinding(
-                        SUM_NOT_MEAN,
-                        user.name,
-                        f"{user.name} ({user.type}) applies accumulator {var.name} "
-                        "as it is: the sum of the micro-batch gradients, where the "
-                        "optimizer expects their mean (the gradient of the mean loss). "
-                        "For SGD and Momentum the step is N times too large. Divide by "
-                        "the number of micro-batches accumulated, or use "
-                        "tf1_accum.build_accumulation, whose apply_op divides by its "
-                        "counter (average=True, the default).",
-                    )
-                )
+                where = f"{user.name} ({user.type}) applies accumulator {var.name} as it is"
+                findings.append(_finding("sum_not_mean", user.name, where))
         for placeholder, user in needs_feed.items():
-            what = (
-                f"accumulate op {user.name}"
-                if user in again
-                else f"the gradient that {user.name} applies"
-            )
-            findings.append(
-                GraphFinding(
-                    APPLY_NEEDS_FEED,
-                    placeholder.name,
-                    f"Fetching {apply_name} needs a feed for placeholder "
-                    f"{placeholder.name}, on which {what} depends: every apply runs "
-                    "the forward and backward pass again on what is fed, instead of "
-                    "applying only what was accumulated. Use "
-                    "tf1_accum.build_accumulation: its apply_op reads only the "
-                    "accumulators and runs with no feed_dict.",
-                )
-            )
+            what = "accumulate op" if user in again else "the gradient of update op"
+            where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
+            where += f"on which {what} {user.name} depends"
+            findings.append(_finding("apply_needs_feed", placeholder.name, where))
 
         # (iii) accumulators that the applied gradients come from and
         # nothing resets.
@@ -610,18 +535,8 @@ class _Checker:
             if var in self.resets:
                 continue
             adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
-            findings.append(
-                GraphFinding(
-                    NEVER_RESET,
-                    var.name,
-                    f"Accumulator {var.name} is added to (by {', '.join(adders)}) but "
-                    "never reset: no op in the graph assigns it anything except its "
-                    "initializer, so after the first update it holds the sum over all "
-                    "of training, not over one window. tf1_accum.build_accumulation's "
-                    "apply_op resets the window after each update (zero_op discards a "
-                    "partial one).",
-                )
-            )
+            where = f"Accumulator {var.name} is added to (by {', '.join(adders)}) but never reset"
+            findings.append(_finding("never_reset", var.name, where))
         read = {
             self.variable_of(op.inputs[0])
             for op in apply_set
@@ -631,23 +546,12 @@ class _Checker:
             if var in self.resets:
                 continue
             adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
-            findings.append(
-                GraphFinding(
-                    NEVER_RESET,
-                    var.name,
-                    f"Counter {var.name} is incremented (by {', '.join(adders)}) and "
-                    "read by the apply, but never reset: after the first update it "
-                    "counts the micro-batches since the start of training, so a mean "
-                    "divided by it shrinks window after window. "
-                    "tf1_accum.build_accumulation's apply_op resets its counter with "
-                    "the accumulators.",
-                )
-            )
+            where = f"Counter {var.name} is incremented (by {', '.join(adders)}) and read "
+            where += "by the apply, but never reset (a mean divided by it shrinks)"
+            findings.append(_finding("never_reset", var.name, where))
         findings += self.one_run_findings(apply_set)
         findings += self.step_findings(apply_set, accum_set)
-        findings += _schedule_check.schedule_findings(
-            self.graph, self.steps, apply_set, GraphFinding
-        )
+        findings += _schedule_check.schedule_findings(self.graph, self.steps, apply_set, _finding)
         findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
         return findings
 
@@ -663,19 +567,9 @@ class _Checker:
                 first[window] = (op, field)
                 continue
             other, other_field = first[window]
-            findings.append(
-                GraphFinding(
-                    OPS_IN_ONE_RUN,
-                    op.name,
-                    f"Fetching {_names(self.apply_fetches)} runs {other_field} "
-                    f"({other.name}) and {field} ({op.name}) of one accumulation in one "
-                    "session.run, in no fixed order: an apply_op run before accum_op "
-                    "applies the window without the micro-batch fed, and leaves it to "
-                    "the next window. Run each in a session.run of its own (as "
-                    "run_accumulation does), or build with fused=True and run "
-                    "accum_apply_op with the last micro-batch's feed.",
-                )
-            )
+            where = f"Fetching {_names(self.apply_fetches)} runs {other_field} ({other.name}) "
+            where += f"and {field} ({op.name}) of one accumulation in one session.run"
+            findings.append(_finding("ops_in_one_run", op.name, where))
         return findings
 
     def conditional(self, op: tf.Operation) -> bool:
@@ -721,36 +615,16 @@ class _Checker:
                 if self.conditional(op) or op in reported:
                     continue
                 reported.add(op)
-                findings.append(
-                    GraphFinding(
-                        STEP_NOT_PER_UPDATE,
-                        op.name,
-                        f"{what} runs {op.name}, which increments the global step "
-                        f"{self.accumulates[op].name} with every micro-batch: the step "
-                        "counts micro-batches, not updates, so learning-rate schedules, "
-                        "StopAtStepHook and checkpoints keyed on it run N times ahead. "
-                        "Increment it once per update: pass global_step to the "
-                        "accumulation (build_accumulation, AccumulationOptimizer) and "
-                        "delete the hand-written increment, or run it only when an "
-                        "update is applied (tf.cond(opt.applied, ...)).",
-                    )
-                )
+                where = f"{what} runs {op.name}, which increments the global step "
+                where += f"{self.accumulates[op].name} with every micro-batch"
+                findings.append(_finding("step_not_per_update", op.name, where))
         if not per_micro_batch_apply:
             in_apply = sorted(increments & apply_set, key=lambda o: o.name)
             if len(in_apply) >= 2 and any(not self.conditional(o) for o in in_apply):
                 names = ", ".join(o.name for o in in_apply)
-                findings.append(
-                    GraphFinding(
-                        STEP_NOT_PER_UPDATE,
-                        in_apply[-1].name,
-                        f"Fetching {apply_name} runs {len(in_apply)} increments of the "
-                        f"global step ({names}): each update advances it "
-                        f"{len(in_apply)} times, so learning-rate schedules and hooks "
-                        "keyed on it run ahead. Keep one: an optimizer given "
-                        "global_step increments it already, so delete the hand-written "
-                        "global_step.assign(global_step + 1).",
-                    )
-                )
+                where = f"Fetching {apply_name} runs {len(in_apply)} increments of the "
+                where += f"global step ({names}; an optimizer given global_step is one)"
+                findings.append(_finding("step_not_per_update", in_apply[-1].name, where))
         return findings
 
     def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:

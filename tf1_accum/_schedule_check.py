@@ -18,8 +18,6 @@ from tf1_accum._window import APPLY_DUE_COLLECTION
 # A finding, of the type the caller's ``finding`` makes (GraphFinding).
 _Finding = typing.TypeVar("_Finding")
 
-SCHEDULE_IN_MICRO_BATCHES = "schedule_in_micro_batches"
-
 # Ops that hand the global step on as a number of steps.
 _STEP_OPS = frozenset(
     {
@@ -82,7 +80,7 @@ def schedule_findings(
     apply_set: set[tf.Operation],
     finding: typing.Callable[[str, str, str], _Finding],
 ) -> list[_Finding]:
-    """The step counts in micro-batches, as ``finding(kind, op_name, message)`` results."""
+    """The step counts in micro-batches, as ``finding(kind, op_name, where)`` results."""
     steps = _window_steps(graph, apply_set)
     if steps is None or not global_steps:
         return []
@@ -107,19 +105,14 @@ def schedule_findings(
         what = "all" if epochs == total.epochs else f"{epochs} of the {int(total.epochs)}"
         findings.append(
             finding(
-                SCHEDULE_IN_MICRO_BATCHES,
+                "schedule_in_micro_batches",
                 op.name,
                 f"Schedule op {op.name} ({op.type}) sets the global step {var.name} "
                 f"against the step count {value:g}, the micro-batches of {what} "
                 "epoch(s) of the input pipeline "
-                f"({epoch.actual:g} per epoch, {total.actual:g} in all): a step count "
-                "worked out from the micro-batch size. The global step counts updates, "
-                f"one per {steps} micro-batches: training ends at update {updates}, and "
-                f"this point of the schedule comes {steps} times later than in the "
-                "original program (a decay N times too slow, a warm-up N times too long). "
-                f"Divide every step count by N = {steps}: decay_steps, num_train_steps "
-                "and num_warmup_steps, boundaries, and Estimator.train's max_steps "
-                "(num_train_steps = int(examples / (batch_size * N) * epochs)).",
+                f"({epoch.actual:g} per epoch, {total.actual:g} in all), where the global "
+                f"step counts updates, one per {steps} micro-batches: training ends at "
+                f"update {updates}, N = {steps}",
             )
         )
     return findings

@@ -19,13 +19,13 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tf1_accum.check import _lint
+from tf1_accum.check import _catalogue, _lint
 
 
 def _codes(text: str) -> set[str]:
     """The rule codes of a ``--select``/``--ignore`` value (``TFA001,TFA003``)."""
     codes = {code.strip().upper() for code in text.split(",") if code.strip()}
-    unknown = sorted(codes - set(_lint.RULES) - {"TFA000"})
+    unknown = sorted(codes - set(_catalogue.RULES) - {"TFA000"})
     if unknown:
         raise argparse.ArgumentTypeError(
             f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA010"

@@ -17,7 +17,7 @@ import re
 import typing
 from collections.abc import Iterable, Iterator
 
-from tf1_accum.check import _parents, _rules, _source
+from tf1_accum.check import _catalogue, _parents, _rules, _source
 
 
 class Finding(typing.NamedTuple):
@@ -26,7 +26,7 @@ class Finding(typing.NamedTuple):
     Attributes:
         path: The file, as given (or found under a directory given).
         line: 1-based line number.
-        rule: The rule's code, ``"TFA001"`` to ``"TFA009"``, or ``"TFA000"``
+        rule: The rule's code, ``"TFA001"`` to ``"TFA010"``, or ``"TFA000"``
             for a file that cannot be read or parsed.
         message: What is wrong, then ``"; "``, then the tf1_accum replacement.
         col: 1-based column.
@@ -41,61 +41,6 @@ class Finding(typing.NamedTuple):
     def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.col}: {self.rule} {self.message}"
 
-
-#: Rule code -> (pattern, what is wrong; the tf1_accum replacement).
-RULES = {
-    "TFA001": ("(a) sums applied",
-        "apply_gradients gets the accumulated sums, not their mean: with SGD or momentum "
-        "the update is N times the large-batch update; use "
-        "tf1_accum.build_accumulation(loss, optimizer), whose apply_op applies the mean"),
-    "TFA002": ("(b) divided by a counter variable",
-        "accumulators divided by a counter variable: every micro-batch weighs the same "
-        "whatever its size, and an apply with the counter at 0 turns every weight into NaN; "
-        "use tf1_accum.build_accumulation(loss, optimizer, weight=<examples in the "
-        "micro-batch>), whose apply_op refuses an empty window"),
-    "TFA003": ("(c) apply computed from the assign_add ops",
-        "the gradients given to apply_gradients are computed from the assign_add ops, so "
-        "each run of the apply accumulates its feed again (fed the last micro-batch, it "
-        "counts it twice); use tf1_accum.build_accumulation: its apply_op reads the "
-        "accumulators and needs no feed (fused=True saves the extra run)"),
-    "TFA004": ("(d) gradients through placeholders",
-        "gradients fed back through placeholders: each micro-batch copies every gradient "
-        "to Python and back; use tf1_accum.build_accumulation with "
-        "tf1_accum.run_accumulation, which keep them in the graph"),
-    "TFA005": ("(e) running average keyed on the global step",
-        "running average of gradients divided by the global step, which never resets: each "
-        "update applies the mean of every gradient since training began; use "
-        "tf1_accum.build_accumulation(loss, optimizer, global_step=global_step), which "
-        "averages each window alone and counts updates"),
-    "TFA006": ("(f) tf.cond that accumulates or applies",
-        "tf.cond that accumulates or applies: the run that applies does not accumulate its "
-        "micro-batch, and the optimizer's slots are built inside the conditional; use "
-        "tf1_accum.AccumulationOptimizer(optimizer, steps=N), whose train op accumulates "
-        "every micro-batch and applies every N-th"),
-    "TFA007": ("(a) initialized_value()",
-        "Variable.initialized_value() raises NotImplementedError on resource variables "
-        "(TensorFlow 2 graph mode without disable_v2_behavior()); use "
-        "tf1_accum.build_accumulation, which creates its accumulators for both kinds of "
-        "variable"),
-    "TFA008": ("(g) N - 1 micro-batches accumulated, then applied",
-        "the loop accumulates N - 1 micro-batches and this run applies without accumulating "
-        "the last one: its gradient is lost, and the update is the sum of N - 1; use "
-        "tf1_accum.run_accumulation(session, accumulation, feed_dicts), which accumulates "
-        "every micro-batch before it applies"),
-    "TFA009": ("(c) a value computed from the assign_add ops fetched after the loop",
-        "this run fetches a value computed from the assign_add ops after the loop that ran "
-        "them, so it runs the adds again with its feed: the last micro-batch is added twice "
-        "(and the value read includes it twice); fetch the accumulator variables themselves, "
-        "or use tf1_accum.build_accumulation, whose apply_op reads the accumulators and needs "
-        "no feed"),
-    "TFA010": ("(h) accumulate and apply fetched in one run",
-        "this run fetches an accumulate op and an apply side by side, and TensorFlow runs "
-        "the ops of one run in no fixed order: the apply may run first, apply the window "
-        "without this micro-batch and leave it to the next window; run each in a "
-        "session.run of its own (tf1_accum.run_accumulation does), or build with "
-        "tf1_accum.build_accumulation(..., fused=True) and run accum_apply_op with the "
-        "last micro-batch's feed"),
-}  # fmt: skip
 
 _IGNORE = re.compile(r"#\s*tf1_accum\.check:\s*ignore\b(?:\s+(TFA\d{3}(?:\s*,\s*TFA\d{3})*))?")
 
@@ -166,7 +111,9 @@ def check_source(
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "initialized_value"
         }
     kept = [(line, col, rule) for line, col, rule in sorted(found) if line < _parents.OFFSET]
-    findings = (Finding(path, line, rule, RULES[rule][1], col) for line, col, rule in kept)
+    findings = (
+        Finding(path, line, rule, _catalogue.message(rule), col) for line, col, rule in kept
+    )
     return [f for f in findings if _keep(f, lines)]
 
 
