@@ -11,6 +11,8 @@ from tf1_accum import _validate
 
 #: A gradient: dense, or sparse rows.
 Gradient = typing.Union[tf.Tensor, tf.IndexedSlices]
+#: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
+Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
 
 
 class WindowMean(typing.NamedTuple):

@@ -17,7 +17,7 @@ import tensorflow as tf
 from tf1_accum import _validate
 
 if typing.TYPE_CHECKING:
-    from tf1_accum._window import Pairs
+    from tf1_accum._options import Pairs
 
 
 class SyncPush(tf.compat.v1.train.Optimizer):

@@ -16,6 +16,7 @@ from tf1_accum import _validate
 from tf1_accum._norms import square_norms as _square_norms
 from tf1_accum._sync_replicas import SyncPush
 from tf1_accum._options import Gradient
+from tf1_accum._options import Pairs
 from tf1_accum._options import WindowMean
 from tf1_accum._options import WindowOptions
 from tf1_accum._options import transformed
@@ -33,9 +34,6 @@ if typing.TYPE_CHECKING:
     from tf1_accum._stats import GradientStatistics
     from tf1_accum._stats import MovingAverages
     from tf1_accum._stats import WindowStatistics
-
-#: ``(gradient, variable)`` pairs, as ``compute_gradients`` returns them.
-Pairs = typing.Sequence[typing.Tuple[Gradient, tf.Variable]]
 
 
 class Reducer(typing.Protocol):
