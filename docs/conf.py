@@ -6,6 +6,7 @@ import re
 import sys
 
 import sphinx.highlighting
+import sphinx.util.inspect
 from pygments.formatters import HtmlFormatter
 from sphinx.writers.html5 import HTML5Translator
 
@@ -60,6 +61,11 @@ autodoc_type_aliases = {
         "GradientTransform",
     )
 }
+# Sphinx prints an alias inside a Union (a dataclass field's type, such as
+# WindowOptions.transform) by its repr, TypeAliasForwardRef('GradientTransform'):
+# print its name, as in signatures.
+sphinx.util.inspect.TypeAliasForwardRef.__repr__ = lambda self: self.name  # type: ignore[method-assign]
+
 # One parameter a line once a signature is longer than this: long signatures
 # stay readable instead of running off the page.
 maximum_signature_line_length = 70
