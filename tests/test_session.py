@@ -254,14 +254,20 @@ def test_fused_names_the_failing_micro_batch(fused_window):
         np.testing.assert_array_equal(after[name], before[name])
 
 
-def test_apply_feed_dict_feeds_a_learning_rate_placeholder(sgd_window):
-    model, _, sess, batches = sgd_window
+def _sgd_at_a_fed_rate(model, sess):
+    """A second accumulation of ``model`` in ``sess``: plain SGD at a fed rate placeholder."""
     with sess.graph.as_default():
         rate = v1.placeholder(tf.float64, [], name="rate")
         acc = tf1_accum.build_accumulation(
             model.loss, v1.train.GradientDescentOptimizer(rate), name="scheduled"
         )
         sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
+    return rate, acc
+
+
+def test_apply_feed_dict_feeds_a_learning_rate_placeholder(sgd_window):
+    model, _, sess, batches = sgd_window
+    rate, acc = _sgd_at_a_fed_rate(model, sess)
     feeds = [model.feed(b) for b in batches]
     with pytest.raises(TypeError, match=r"apply_feed_dict must be a dict .*got 0.1"):
         tf1_accum.run_accumulation(sess, acc, feeds, apply_feed_dict=0.1)
@@ -518,12 +524,7 @@ def test_a_learning_rate_fed_with_the_batch_reaches_the_apply(way):
 
 def test_micro_batches_feeding_the_apply_different_values_are_refused(sgd_window):
     model, _, sess, batches = sgd_window
-    with sess.graph.as_default():
-        rate = v1.placeholder(tf.float64, [], name="rate")
-        acc = tf1_accum.build_accumulation(
-            model.loss, v1.train.GradientDescentOptimizer(rate), name="scheduled"
-        )
-        sess.run(v1.variables_initializer(v1.get_collection(tf1_accum.STATE_COLLECTION)))
+    rate, acc = _sgd_at_a_fed_rate(model, sess)
     feeds = [{**model.feed(b), rate: r} for b, r in zip(batches, (0.1, 0.1, 0.2))]
     counting = CountingSession(sess)
     message = r"micro-batch 2 feeds rate:0 0.2, and micro-batch 1 fed it 0.1: the apply"
