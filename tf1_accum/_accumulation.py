@@ -200,7 +200,6 @@ def build_accumulation(
                 pairs,
                 options,
                 scope,
-                statistics=_stats.WindowStatistics.for_window(options, pairs),
                 cross_replica=None if cross_replica is None else cross_replica._reducer(),
             )
         if weight is not None and weight.shape.ndims is None:

@@ -273,7 +273,6 @@ def _build(
                 pairs,
                 options,
                 scope,
-                statistics=_stats.WindowStatistics.for_window(options, pairs),
                 cross_replica=None if cross_replica is None else cross_replica._reducer(),
                 mutex=mutex,
             )

@@ -470,7 +470,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 pairs,
                 options,
                 scope,
-                statistics=_stats.WindowStatistics.for_window(options, pairs),
                 cross_replica=(
                     None if self._cross_replica is None else self._cross_replica._reducer()
                 ),

@@ -22,6 +22,9 @@ from tf1_accum._options import WindowOptions
 from tf1_accum._options import transformed
 from tf1_accum._options import transforms_of
 from tf1_accum._shared_apply import SharedApply
+from tf1_accum._stats import GradientStatistics
+from tf1_accum._stats import MovingAverages
+from tf1_accum._stats import WindowStatistics
 from tf1_accum._state import new_mutex
 from tf1_accum._state import state_variable
 from tf1_accum._wrapping import scales_loss as _scales_loss
@@ -29,11 +32,6 @@ from tf1_accum._wrapping import scales_loss as _scales_loss
 #: Graph collection of the ``counter >= steps`` predicate of each window that
 #: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
 APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._stats import GradientStatistics
-    from tf1_accum._stats import MovingAverages
-    from tf1_accum._stats import WindowStatistics
 
 
 class Reducer(typing.Protocol):
@@ -106,14 +104,13 @@ class Window:
         pairs: Pairs,
         options: WindowOptions,
         scope: str,
-        statistics: WindowStatistics | None = None,
         cross_replica: Reducer | None = None,
         mutex: tf.Tensor | None = None,
     ) -> None:
         self.options = options
         self.scope = scope
         self.cross_replica = cross_replica
-        self.statistics = statistics
+        self.statistics = statistics = WindowStatistics.for_window(options, pairs)
         self.square_norms: tf.Variable | None = None
         self.weighted_micro_batches: tf.Variable | None = None
         weighted = options.weighted
