@@ -11,8 +11,9 @@ modules beside it are its parts:
 - ``_lint``: one file or many checked, the findings;
 - ``_source``: reading a file (Python 2 and encoded source too);
 - ``_parents``: parent classes copied in from the other files checked;
-- ``_flow``: what each value of a module is made from;
-- ``_rules``: the rules, read from what ``_flow`` tags.
+- ``_flow``: where each value of a module is kept;
+- ``_tags``: what each value is made from;
+- ``_rules``: the rules, read from the tags.
 """
 
 import typing

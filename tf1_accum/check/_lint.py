@@ -1,8 +1,8 @@
 """Finds the forum-style accumulation patterns in Python source, without running it.
 
 `_source` reads the file (Python 2 too), `_parents` copies in the parent
-classes it imports from the other files checked, `_flow` tags each value with
-what it is made from, `_rules` looks at what reaches ``apply_gradients``,
+classes it imports from the other files checked, `_flow` and `_tags` tag each
+value with what it is made from, `_rules` looks at what reaches ``apply_gradients``,
 ``tf.cond`` and ``session.run``. A heuristic: it finds the patterns as they
 are usually written, and says nothing of code it cannot follow.
 """

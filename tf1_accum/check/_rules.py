@@ -1,4 +1,4 @@
-"""The rules of the migration checker, read from what `tf1_accum.check._flow` tags.
+"""The rules of the migration checker, read from what `tf1_accum.check._tags` tags.
 
 Each rule looks at one place: TFA001 to TFA005 at the gradients given to
 ``apply_gradients`` (`_apply_findings`), TFA005 also at an accumulator's
@@ -20,11 +20,11 @@ import typing
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
-from tf1_accum.check._flow import (
-    ADDS, AFTER, APPLIES, APPLY, ASSIGNS, CONSTANT, COUNTER_MEAN, DIVIDED, FUNCTIONS,
-    GRADIENT, GRADIENTS, MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR,
-    ZERO_OP, Definition, Key, Module, Table, Tag, Vid, added_to, argument_of, binary,
-    called_name, kinds_of, operands,
+from tf1_accum.check._flow import FUNCTIONS, Definition, Key, Table, argument_of, called_name
+from tf1_accum.check._tags import (
+    ADDS, AFTER, APPLIES, APPLY, ASSIGNS, CONSTANT, COUNTER_MEAN, DIVIDED, GRADIENT, GRADIENTS,
+    MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR, ZERO_OP, Module, Tag,
+    Vid, added_to, binary, kinds_of, operands,
 )  # fmt: skip
 
 #: (line, column, rule) of each finding.
