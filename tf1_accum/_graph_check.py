@@ -218,7 +218,8 @@ def check_graph(
                 f"apply_op and accum_ops must come from one graph: {op.name} is in "
                 f"another graph than {apply_fetches[0].name}."
             )
-    findings = _Checker(graph, apply_fetches, accum_fetches, accum_ops is not None).run()
+    facts = _Graph(graph)
+    findings = _findings(facts, apply_fetches, accum_fetches, accum_ops is not None)
     if findings and raise_on_findings:
         lines = "\n".join(f"  {f.kind} at {f.op_name}: {f.message}" for f in findings)
         raise ValueError(
@@ -269,20 +270,12 @@ def _bodies(op: tf.Operation) -> list[tuple[tf.Graph, list[tf.Tensor]]]:
     return [(g, outer) for g in branches if g is not None]
 
 
-class _Checker:
-    """One run of the checks over one graph."""
+class _Graph:
+    """What the checks read of one graph: its ops (version 2 bodies included),
+    its variables by role, and what each write does (`classify`)."""
 
-    def __init__(
-        self,
-        graph: tf.Graph,
-        apply_fetches: list[tf.Operation],
-        accum_fetches: list[tf.Operation],
-        accum_given: bool,
-    ) -> None:
+    def __init__(self, graph: tf.Graph) -> None:
         self.graph = graph
-        self.apply_fetches = apply_fetches
-        self.accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
-        self.accum_given = accum_given
         # Function-graph input placeholder -> outer tensor.
         self.outer: dict[tf.Operation, tf.Tensor] = {}
         # Version 2 control-flow op -> its graphs' outputs.
@@ -299,6 +292,7 @@ class _Checker:
                 initializer = getattr(item, "initializer", None)
                 if isinstance(initializer, tf.Operation):
                     self.initializers.add(initializer)
+        self.classify()
 
     def _scan(self, ops: typing.Iterable[tf.Operation]) -> None:
         """Lists every op, entering version 2 control-flow bodies."""
@@ -463,169 +457,9 @@ class _Checker:
             ):
                 self.counters.add(var)
 
-    def run(self) -> list[GraphFinding]:
-        self.classify()
-        apply_set = self.run_set(self.apply_fetches)
-        accum_set = self.run_set(self.accum_fetches)
-        apply_name = _names(self.apply_fetches)
-        findings: list[GraphFinding] = []
-
-        reset_in_apply = {
-            var for var, ops in self.resets.items() if any(o in apply_set for o in ops)
-        }
-        # The variables the applied gradients come from: only their
-        # accumulate ops matter below, not, say, those of a batch-norm moving
-        # average that a fused step updates too.
-        updates = [op for op in apply_set if _gradient_index(op) is not None]
-        used: set[tf.Operation] = set()
-        for update in updates:
-            grad = update.inputs[_gradient_index(update)].op
-            for op in self.reaches([grad], lambda o: o in self.writes, control=False):
-                if op.type in _VARIABLE_OPS:
-                    used.add(op)
-                elif op in self.accumulates:
-                    used.add(self.accumulates[op])
-
-        # (ii) accumulate ops that the apply runs again.
-        again: set[tf.Operation] = set()
-        for op in apply_set:
-            var = self.accumulates.get(op)
-            if var is None or var not in self.accumulators or var not in used:
-                continue
-            if self.accum_given:
-                if op in accum_set:
-                    again.add(op)
-            elif op in self.fed and var not in reset_in_apply:
-                again.add(op)
-        for op in again:
-            which = "the micro-batch fetches run too" if self.accum_given else "adds its feed"
-            where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
-            where += f"{self.accumulates[op].name}), which {which}"
-            findings.append(_finding("apply_accumulates", op.name, where))
-
-        # (i) and (iv): the gradients handed to the optimizer, and what the
-        # accumulate ops run again add.
-        starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
-        starts += [(op.inputs[_value_index(op)].op, op) for op in again]
-        # Variables carry what was accumulated; only the writes that run
-        # again carry this run's feed. A gradient may wait for the update of
-        # another variable (a window makes one mean at a time): an order, not
-        # something the gradient is computed from.
-        applying = set(updates)
-        stop = lambda o: (o in self.writes and o not in again) or o in applying  # noqa: E731
-        needs_feed: dict[tf.Operation, tf.Operation] = {}  # placeholder -> its first user
-        for start, user in starts:
-            reached = self.reaches([start], stop, control=True)
-            for op in reached:
-                if self.is_placeholder(op):
-                    needs_feed.setdefault(op, user)
-            var = None if user in again else self.summed_accumulator(start)
-            if var is not None:
-                where = f"{user.name} ({user.type}) applies accumulator {var.name} as it is"
-                findings.append(_finding("sum_not_mean", user.name, where))
-        for placeholder, user in needs_feed.items():
-            what = "accumulate op" if user in again else "the gradient of update op"
-            where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
-            where += f"on which {what} {user.name} depends"
-            findings.append(_finding("apply_needs_feed", placeholder.name, where))
-
-        # (iii) accumulators that the applied gradients come from and
-        # nothing resets.
-        for var in sorted(used & self.accumulators, key=lambda v: v.name):
-            if var in self.resets:
-                continue
-            adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
-            where = f"Accumulator {var.name} is added to (by {', '.join(adders)}) but never reset"
-            findings.append(_finding("never_reset", var.name, where))
-        read = {
-            self.variable_of(op.inputs[0])
-            for op in apply_set
-            if op.type in _READ_OPS and op.inputs and op not in self.writes
-        }
-        for var in sorted(self.counters & read, key=lambda v: v.name):
-            if var in self.resets:
-                continue
-            adders = sorted(o.name for o, v in self.accumulates.items() if v is var)
-            where = f"Counter {var.name} is incremented (by {', '.join(adders)}) and read "
-            where += "by the apply, but never reset (a mean divided by it shrinks)"
-            findings.append(_finding("never_reset", var.name, where))
-        findings += self.one_run_findings(apply_set)
-        findings += self.step_findings(apply_set, accum_set)
-        findings += _schedule_check.schedule_findings(self.graph, self.steps, apply_set, _finding)
-        findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
-        return findings
-
-    def one_run_findings(self, apply_set: set[tf.Operation]) -> list[GraphFinding]:
-        """Two ops of one `build_accumulation` window that fetching the apply runs."""
-        first: dict[object, tuple[tf.Operation, str]] = {}
-        findings = []
-        for op in sorted(apply_set, key=lambda o: o.name):
-            window, field = _accumulation.window_op_of(op) or (None, "")
-            if window is None:
-                continue
-            if window not in first:
-                first[window] = (op, field)
-                continue
-            other, other_field = first[window]
-            where = f"Fetching {_names(self.apply_fetches)} runs {other_field} ({other.name}) "
-            where += f"and {field} ({op.name}) of one accumulation in one session.run"
-            findings.append(_finding("ops_in_one_run", op.name, where))
-        return findings
-
     def conditional(self, op: tf.Operation) -> bool:
         """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
         return op.graph is not self.graph or op._get_control_flow_context() is not None
-
-    def step_findings(
-        self, apply_set: set[tf.Operation], accum_set: set[tf.Operation]
-    ) -> list[GraphFinding]:
-        """(v) increments of the global step that do not follow the updates."""
-        increments = {op for op, var in self.accumulates.items() if var in self.steps}
-        if not increments:
-            return []
-        apply_name = _names(self.apply_fetches)
-        findings: list[GraphFinding] = []
-        # An apply that adds to a window's state unconditionally (its
-        # accumulators, or its counter: a window whose first add assigns
-        # adds to its accumulators on a branch) and resets it only on a
-        # branch runs once per micro-batch (a fused step resets
-        # unconditionally: it runs once per window).
-        adds = [
-            op
-            for op in apply_set & set(self.accumulates)
-            if not self.conditional(op)
-            and self.accumulates[op] not in self.steps
-            and (
-                (op in self.fresh and self.accumulates[op] in self.accumulators)
-                or self.accumulates[op] in self.resets
-            )
-        ]
-        unconditional_resets = {
-            var
-            for var, ops in self.resets.items()
-            if any(o in apply_set and not self.conditional(o) for o in ops)
-        }
-        per_micro_batch_apply = any(self.accumulates[op] not in unconditional_resets for op in adds)
-        per_micro_batch = [(accum_set - apply_set, "a micro-batch's fetch (accum_ops)")]
-        if per_micro_batch_apply:
-            per_micro_batch.append((apply_set, f"{apply_name}, run once per micro-batch,"))
-        reported: set[tf.Operation] = set()
-        for ops, what in per_micro_batch:
-            for op in sorted(increments & ops, key=lambda o: o.name):
-                if self.conditional(op) or op in reported:
-                    continue
-                reported.add(op)
-                where = f"{what} runs {op.name}, which increments the global step "
-                where += f"{self.accumulates[op].name} with every micro-batch"
-                findings.append(_finding("step_not_per_update", op.name, where))
-        if not per_micro_batch_apply:
-            in_apply = sorted(increments & apply_set, key=lambda o: o.name)
-            if len(in_apply) >= 2 and any(not self.conditional(o) for o in in_apply):
-                names = ", ".join(o.name for o in in_apply)
-                where = f"Fetching {apply_name} runs {len(in_apply)} increments of the "
-                where += f"global step ({names}; an optimizer given global_step is one)"
-                findings.append(_finding("step_not_per_update", in_apply[-1].name, where))
-        return findings
 
     def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:
         """The summing accumulator whose value ``op`` outputs unchanged, or None."""
@@ -643,6 +477,171 @@ class _Checker:
         if op in self.summing and op not in self.owned:
             return op
         return None
+
+
+def _findings(
+    g: _Graph,
+    apply_fetches: list[tf.Operation],
+    accum_fetches: list[tf.Operation],
+    accum_given: bool,
+) -> list[GraphFinding]:
+    """The `GraphFinding` list of `check_graph`, ordered."""
+    accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
+    apply_set = g.run_set(apply_fetches)
+    accum_set = g.run_set(accum_fetches)
+    apply_name = _names(apply_fetches)
+    findings: list[GraphFinding] = []
+
+    reset_in_apply = {var for var, ops in g.resets.items() if any(o in apply_set for o in ops)}
+    # The variables the applied gradients come from: only their
+    # accumulate ops matter below, not, say, those of a batch-norm moving
+    # average that a fused step updates too.
+    updates = [op for op in apply_set if _gradient_index(op) is not None]
+    used: set[tf.Operation] = set()
+    for update in updates:
+        grad = update.inputs[_gradient_index(update)].op
+        for op in g.reaches([grad], lambda o: o in g.writes, control=False):
+            if op.type in _VARIABLE_OPS:
+                used.add(op)
+            elif op in g.accumulates:
+                used.add(g.accumulates[op])
+
+    # (ii) accumulate ops that the apply runs again.
+    again: set[tf.Operation] = set()
+    for op in apply_set:
+        var = g.accumulates.get(op)
+        if var is None or var not in g.accumulators or var not in used:
+            continue
+        if accum_given:
+            if op in accum_set:
+                again.add(op)
+        elif op in g.fed and var not in reset_in_apply:
+            again.add(op)
+    for op in again:
+        which = "the micro-batch fetches run too" if accum_given else "adds its feed"
+        where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
+        where += f"{g.accumulates[op].name}), which {which}"
+        findings.append(_finding("apply_accumulates", op.name, where))
+
+    # (i) and (iv): the gradients handed to the optimizer, and what the
+    # accumulate ops run again add.
+    starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
+    starts += [(op.inputs[_value_index(op)].op, op) for op in again]
+    # Variables carry what was accumulated; only the writes that run
+    # again carry this run's feed. A gradient may wait for the update of
+    # another variable (a window makes one mean at a time): an order, not
+    # something the gradient is computed from.
+    applying = set(updates)
+    stop = lambda o: (o in g.writes and o not in again) or o in applying  # noqa: E731
+    needs_feed: dict[tf.Operation, tf.Operation] = {}  # placeholder -> its first user
+    for start, user in starts:
+        reached = g.reaches([start], stop, control=True)
+        for op in reached:
+            if g.is_placeholder(op):
+                needs_feed.setdefault(op, user)
+        var = None if user in again else g.summed_accumulator(start)
+        if var is not None:
+            where = f"{user.name} ({user.type}) applies accumulator {var.name} as it is"
+            findings.append(_finding("sum_not_mean", user.name, where))
+    for placeholder, user in needs_feed.items():
+        what = "accumulate op" if user in again else "the gradient of update op"
+        where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
+        where += f"on which {what} {user.name} depends"
+        findings.append(_finding("apply_needs_feed", placeholder.name, where))
+
+    # (iii) accumulators that the applied gradients come from and
+    # nothing resets.
+    for var in sorted(used & g.accumulators, key=lambda v: v.name):
+        if var in g.resets:
+            continue
+        adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
+        where = f"Accumulator {var.name} is added to (by {', '.join(adders)}) but never reset"
+        findings.append(_finding("never_reset", var.name, where))
+    read = {
+        g.variable_of(op.inputs[0])
+        for op in apply_set
+        if op.type in _READ_OPS and op.inputs and op not in g.writes
+    }
+    for var in sorted(g.counters & read, key=lambda v: v.name):
+        if var in g.resets:
+            continue
+        adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
+        where = f"Counter {var.name} is incremented (by {', '.join(adders)}) and read "
+        where += "by the apply, but never reset (a mean divided by it shrinks)"
+        findings.append(_finding("never_reset", var.name, where))
+    findings += _one_run_findings(apply_set, apply_name)
+    findings += _step_findings(g, apply_set, accum_set, apply_name)
+    findings += _schedule_check.schedule_findings(g.graph, g.steps, apply_set, _finding)
+    findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
+    return findings
+
+
+def _one_run_findings(apply_set: set[tf.Operation], apply_name: str) -> list[GraphFinding]:
+    """Two ops of one `build_accumulation` window that fetching the apply runs."""
+    first: dict[object, tuple[tf.Operation, str]] = {}
+    findings = []
+    for op in sorted(apply_set, key=lambda o: o.name):
+        window, field = _accumulation.window_op_of(op) or (None, "")
+        if window is None:
+            continue
+        if window not in first:
+            first[window] = (op, field)
+            continue
+        other, other_field = first[window]
+        where = f"Fetching {apply_name} runs {other_field} ({other.name}) "
+        where += f"and {field} ({op.name}) of one accumulation in one session.run"
+        findings.append(_finding("ops_in_one_run", op.name, where))
+    return findings
+
+
+def _step_findings(
+    g: _Graph, apply_set: set[tf.Operation], accum_set: set[tf.Operation], apply_name: str
+) -> list[GraphFinding]:
+    """(v) increments of the global step that do not follow the updates."""
+    increments = {op for op, var in g.accumulates.items() if var in g.steps}
+    if not increments:
+        return []
+    findings: list[GraphFinding] = []
+    # An apply that adds to a window's state unconditionally (its
+    # accumulators, or its counter: a window whose first add assigns
+    # adds to its accumulators on a branch) and resets it only on a
+    # branch runs once per micro-batch (a fused step resets
+    # unconditionally: it runs once per window).
+    adds = [
+        op
+        for op in apply_set & set(g.accumulates)
+        if not g.conditional(op)
+        and g.accumulates[op] not in g.steps
+        and (
+            (op in g.fresh and g.accumulates[op] in g.accumulators) or g.accumulates[op] in g.resets
+        )
+    ]
+    unconditional_resets = {
+        var
+        for var, ops in g.resets.items()
+        if any(o in apply_set and not g.conditional(o) for o in ops)
+    }
+    per_micro_batch_apply = any(g.accumulates[op] not in unconditional_resets for op in adds)
+    per_micro_batch = [(accum_set - apply_set, "a micro-batch's fetch (accum_ops)")]
+    if per_micro_batch_apply:
+        per_micro_batch.append((apply_set, f"{apply_name}, run once per micro-batch,"))
+    reported: set[tf.Operation] = set()
+    for ops, what in per_micro_batch:
+        for op in sorted(increments & ops, key=lambda o: o.name):
+            if g.conditional(op) or op in reported:
+                continue
+            reported.add(op)
+            where = f"{what} runs {op.name}, which increments the global step "
+            where += f"{g.accumulates[op].name} with every micro-batch"
+            findings.append(_finding("step_not_per_update", op.name, where))
+    if not per_micro_batch_apply:
+        in_apply = sorted(increments & apply_set, key=lambda o: o.name)
+        if len(in_apply) >= 2 and any(not g.conditional(o) for o in in_apply):
+            names = ", ".join(o.name for o in in_apply)
+            where = f"Fetching {apply_name} runs {len(in_apply)} increments of the "
+            where += f"global step ({names}; an optimizer given global_step is one)"
+            findings.append(_finding("step_not_per_update", in_apply[-1].name, where))
+    return findings
 
 
 def _value_index(op: tf.Operation) -> int | None:
