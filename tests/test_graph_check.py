@@ -312,7 +312,7 @@ def test_window_ops_fetched_in_one_run(grouped):
             assert by_kind(findings) == {"ops_in_one_run": [max(op.name for op in fetches)]}
             assert re.search(
                 r"runs \w+ \(\S+\) and \w+ \(\S+\) of one accumulation in one session.run: "
-                r".*in no fixed order.*run_accumulation.*accum_apply_op",
+                r".*in no fixed order.*accum_apply_op.*run_accumulation",
                 findings[0].message,
             )
 
@@ -815,34 +815,57 @@ def _step_per_micro_batch():
     return tf.group(model.opt.apply_gradients(mean), model.zero_ops, count.assign(0.0)), accum
 
 
-GRAPHS = {
-    "sum_not_mean": _sums,
-    "apply_accumulates": _refed,
-    "apply_needs_feed": _refed,
-    "ops_in_one_run": _in_one_run,
-    "never_reset": _never_reset,
-    "step_not_per_update": _step_per_micro_batch,
+def _refused_in_one_run():
+    """The error of a session.run that fetches a window's add and apply together."""
+    acc = tf1_accum.build_accumulation(Model(tf.float32, sparse=False).loss, OPTIMIZERS["sgd"]())
+    with v1.Session() as sess, pytest.raises(ValueError) as refused:
+        sess.run([acc.accum_op, acc.apply_op])
+    return str(refused.value)
+
+
+# Each mistake by code: a corpus file the source checker finds it in, a graph
+# check_graph finds it in, an error refusing it at run time (None: not that detector's).
+MISTAKES = {
+    "TFA001": ("accumulate_function_value", _sums, None),
+    "TFA002": ("counter_mean_self", None, None),
+    "TFA003": ("refeed_whole_window", _refed, None),
+    "TFA004": ("placeholder_list_attribute", _refed, None),
+    "TFA005": ("running_average_global_step", None, None),
+    "TFA006": ("cond_methods", None, None),
+    "TFA007": ("byte_order_mark", None, None),
+    "TFA008": ("n_minus_one_loop", None, None),
+    "TFA009": ("refeed_helper_method", None, None),
+    "TFA010": ("accumulate_and_apply_in_one_run", _in_one_run, _refused_in_one_run),
+    "TFA011": (None, _never_reset, None),
+    "TFA012": (None, _step_per_micro_batch, None),
+    "TFA013": (None, lambda: None, None),  # built by _bert_findings
 }
-CORPUS = sorted((pathlib.Path(__file__).parent / "check_corpus").glob("*.py.txt"))
+CORPUS_DIR = pathlib.Path(__file__).parent / "check_corpus"
 
 
 @pytest.mark.parametrize("code", sorted(_catalogue.CATALOGUE))
 def test_each_mistake_is_reported_by_its_code_and_text(code):
     mistake = _catalogue.CATALOGUE[code]
-    assert mistake.source or mistake.kind, code
-    if mistake.source:
-        marked = [p for p in CORPUS if f"# expect: {code}" in p.read_text("latin-1")]
-        findings = [f for f in _lint.check_paths([str(marked[0])]) if f.rule == code]
-        assert [f.message for f in findings[:1]] == [f"{mistake.why}; {mistake.fix}"]
-    if mistake.kind == "schedule_in_micro_batches":
-        findings = _bert_findings(int(EXAMPLES / MICRO_BATCH * 3), 3)
-    elif mistake.kind:
+    source, graph, refusal = MISTAKES[code]
+    assert (source is not None, graph is not None) == (mistake.source, bool(mistake.kind))
+    if source is not None:
+        findings = _lint.check_paths([str(CORPUS_DIR / f"{source}.py.txt")])
+        texts = {f.message for f in findings if f.rule == code}
+        assert texts == {f"{mistake.why}; {mistake.fix}"}
+    if graph is not None:
         with tf.Graph().as_default():
-            findings = tf1_accum.check_graph(*GRAPHS[mistake.kind]())
-    if mistake.kind:
+            if mistake.kind == "schedule_in_micro_batches":
+                findings = _bert_findings(int(EXAMPLES / MICRO_BATCH * 3), 3)
+            else:
+                findings = tf1_accum.check_graph(*graph())
         [finding] = [f for f in findings if f.kind == mistake.kind][:1]
         assert finding.code == code
         assert finding.message.endswith(f": {mistake.why}; {mistake.fix}")
+    if refusal is not None:
+        with tf.Graph().as_default():
+            text = refusal()
+        assert f" ({code}, {mistake.title}): {mistake.why}. Nothing was run. " in text
+        assert text.endswith(f"Instead, {mistake.fix} (see {mistake.doc}).")
 
 
 def test_the_catalogue_names_each_mistake_once_in_the_docs():
@@ -850,7 +873,7 @@ def test_the_catalogue_names_each_mistake_once_in_the_docs():
     for field in ("code", "title", "why", "fix", "kind"):
         values = [getattr(m, field) for m in catalogue if getattr(m, field)]
         assert len(set(values)) == len(values), field
-    assert set(_catalogue.KINDS) == set(GRAPHS) | {"schedule_in_micro_batches"}
+    assert sorted(MISTAKES) == sorted(_catalogue.CATALOGUE)
     assert sorted(_graph_check._KINDS) == sorted(_catalogue.KINDS)
     docs = pathlib.Path(__file__).parent.parent / "docs"
     cli = (docs / "cli.rst").read_text(encoding="utf-8").replace("``", "")

@@ -19,6 +19,7 @@ from tf1_accum._window import gradients
 from tf1_accum._options import GradientTransform
 from tf1_accum import _options
 from tf1_accum._options import WindowOptions
+from tf1_accum.check._catalogue import refusal
 
 
 class Accumulation(typing.NamedTuple):
@@ -296,12 +297,5 @@ def _one_per_run(ops: dict[str, tf.Operation | None]) -> None:
 
 
 def _two_in_one_run(first: str, second: str) -> str:
-    return (
-        f"tf1_accum: {first} and {second} of one accumulation are fetched in one "
-        "session.run. TensorFlow runs the ops of one run in no fixed order: an apply_op "
-        "run before accum_op would apply the window without this micro-batch and leave "
-        "it to the next window. Nothing was run. Run each in a session.run of its own: "
-        "accum_op with each micro-batch's feed, then apply_op with no feed; or build "
-        "with fused=True and run accum_apply_op with the last micro-batch's feed (it "
-        "adds it, then applies). run_accumulation runs a window either way."
-    )
+    what = f"{first} and {second} of one accumulation are fetched in one session.run"
+    return refusal("TFA010", what)

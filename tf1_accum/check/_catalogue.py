@@ -81,9 +81,9 @@ CATALOGUE = {m.code: m for m in (
         "an accumulate op and an apply fetched in one session.run run in no fixed order: "
         "the apply may run first, apply the window without this micro-batch and leave it "
         "to the next window",
-        "run each in a session.run of its own (tf1_accum.run_accumulation does), or build "
-        "with tf1_accum.build_accumulation(..., fused=True) and run accum_apply_op with "
-        "the last micro-batch's feed",
+        "run each in a session.run of its own, the apply with no feed, or build with "
+        "tf1_accum.build_accumulation(..., fused=True) and run accum_apply_op with the last "
+        "micro-batch's feed; tf1_accum.run_accumulation runs a window either way",
         "migration.html#which-tool-finds-which-bug", True, "ops_in_one_run"),
     Mistake("TFA011", "accumulator or counter never reset",
         "nothing in the graph assigns it anything but its initializer, so after the first "
@@ -118,3 +118,12 @@ def message(code: str, where: str = "") -> str:
     """The text a finding of ``code`` reports (``where``: what the graph shows, first)."""
     mistake = CATALOGUE[code]
     return f"{where + ': ' if where else ''}{mistake.why}; {mistake.fix}"
+
+
+def refusal(code: str, what: str) -> str:
+    """The text of the error that refuses to run ``code``'s mistake (``what``: this case)."""
+    mistake = CATALOGUE[code]
+    return (
+        f"tf1_accum: {what} ({code}, {mistake.title}): {mistake.why}. Nothing was run. "
+        f"Instead, {mistake.fix} (see {mistake.doc})."
+    )
