@@ -27,8 +27,11 @@ def _codes(text: str) -> set[str]:
     codes = {code.strip().upper() for code in text.split(",") if code.strip()}
     unknown = sorted(codes - set(_catalogue.RULES) - {"TFA000"})
     if unknown:
+        graph = [code for code in unknown if code in _catalogue.CATALOGUE]
         raise argparse.ArgumentTypeError(
-            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to TFA010"
+            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to "
+            f"{_catalogue.RULES[-1]}"
+            + (f" ({', '.join(graph)}: found by tf1_accum.check_graph only)" if graph else "")
         )
     return codes
 

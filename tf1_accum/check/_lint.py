@@ -26,8 +26,8 @@ class Finding(typing.NamedTuple):
     Attributes:
         path: The file, as given (or found under a directory given).
         line: 1-based line number.
-        rule: The rule's code, ``"TFA001"`` to ``"TFA010"``, or ``"TFA000"``
-            for a file that cannot be read or parsed.
+        rule: The mistake's code in `tf1_accum.check._catalogue`, or
+            ``"TFA000"`` for a file that cannot be read or parsed.
         message: What is wrong, then ``"; "``, then the tf1_accum replacement.
         col: 1-based column.
     """
