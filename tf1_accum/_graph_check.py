@@ -24,64 +24,32 @@ _KINDS = """apply_needs_feed apply_accumulates ops_in_one_run never_reset sum_no
 step_not_per_update schedule_in_micro_batches""".split()
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
-# Ops that hand a ref or resource tensor on unchanged (input 0).
+# Ops that hand a ref or resource tensor on unchanged (input 0), and their Ref twins.
 _FORWARDING_OPS = frozenset(
-    {
-        "Identity",
-        "RefIdentity",
-        "Switch",
-        "RefSwitch",
-        "Merge",
-        "RefMerge",
-        "Enter",
-        "RefEnter",
-        "Exit",
-        "RefExit",
-        "NextIteration",
-        "RefNextIteration",
-    }
+    prefix + name
+    for name in ("Identity", "Switch", "Merge", "Enter", "Exit", "NextIteration")
+    for prefix in ("", "Ref")
 )
 # Ops whose output is a variable's value, unchanged (input 0 is the variable,
 # or a tensor holding it), or rows of it added together (the optimizers'
 # merge of duplicate sparse indices): a gradient that reaches an accumulator
 # through these alone is still a sum.
 _VALUE_OPS = _FORWARDING_OPS | frozenset(
-    {
-        "ReadVariableOp",
-        "Cast",
-        "Snapshot",
-        "StopGradient",
-        "Reshape",
-        "Gather",
-        "GatherV2",
-        "ResourceGather",
-        "UnsortedSegmentSum",
-        "AssignAdd",
-        "ScatterAdd",
-    }
+    "ReadVariableOp Cast Snapshot StopGradient Reshape Gather GatherV2 ResourceGather "
+    "UnsortedSegmentSum AssignAdd ScatterAdd".split()
 )
 # Ops that read a variable's value (input 0).
 _READ_OPS = frozenset(
     {"ReadVariableOp", "Identity", "RefIdentity", "ResourceGather", "Gather", "GatherV2"}
 )
-# Accumulate ops: input 0 is the variable, ``_ADDED[type]`` the added value.
-_ADDED = {
-    "AssignAdd": 1,
-    "AssignAddVariableOp": 1,
-    "ScatterAdd": 2,
-    "ResourceScatterAdd": 2,
-    "ScatterNdAdd": 2,
-    "ResourceScatterNdAdd": 2,
-}
-# Assigns: input 0 is the variable, ``_ASSIGNED[type]`` the value written.
-_ASSIGNED = {
-    "Assign": 1,
-    "AssignVariableOp": 1,
-    "ScatterUpdate": 2,
-    "ResourceScatterUpdate": 2,
-    "ScatterNdUpdate": 2,
-    "ResourceScatterNdUpdate": 2,
-}
+# Accumulate ops and assigns: input 0 is the variable, ``_ADDED[type]`` the
+# added value, ``_ASSIGNED[type]`` the value written (a scatter's input 2).
+_ADDED = {"AssignAdd": 1, "AssignAddVariableOp": 1} | dict.fromkeys(
+    ["ScatterAdd", "ResourceScatterAdd", "ScatterNdAdd", "ResourceScatterNdAdd"], 2
+)
+_ASSIGNED = {"Assign": 1, "AssignVariableOp": 1} | dict.fromkeys(
+    ["ScatterUpdate", "ResourceScatterUpdate", "ScatterNdUpdate", "ResourceScatterNdUpdate"], 2
+)
 # Other writes in place (input 0 is the variable): a sparse window's rows
 # touched are marked with a maximum. What they output is state, not data.
 _UPDATED = frozenset({"ScatterMax", "ResourceScatterMax", "ScatterMin", "ResourceScatterMin"})
@@ -177,14 +145,6 @@ def check_graph(
     [('never_reset', 'TFA011'), ('sum_not_mean', 'TFA001')]
     >>> findings[0].op_name
     'Variable'
-    >>> with tf.Graph().as_default():
-    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
-    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
-    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
-    ...     acc = tf1_accum.build_accumulation(
-    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1))
-    ...     tf1_accum.check_graph(acc.apply_op, acc.accum_op)
-    []
 
     Args:
         apply_op: What you fetch to apply an update: a ``tf.Operation``,
@@ -571,7 +531,8 @@ def _findings(
         findings.append(_finding("never_reset", var.name, where))
     findings += _one_run_findings(apply_set, apply_name)
     findings += _step_findings(g, apply_set, accum_set, apply_name)
-    findings += _schedule_check.schedule_findings(g.graph, g.steps, apply_set, _finding)
+    for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
+        findings.append(_finding("schedule_in_micro_batches", op_name, where))
     findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
     return findings
 

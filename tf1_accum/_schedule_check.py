@@ -15,53 +15,20 @@ import tensorflow as tf
 
 from tf1_accum._window import APPLY_DUE_COLLECTION
 
-# A finding, of the type the caller's ``finding`` makes (GraphFinding).
-_Finding = typing.TypeVar("_Finding")
-
 # Ops that hand the global step on as a number of steps.
 _STEP_OPS = frozenset(
-    {
-        "Identity",
-        "ReadVariableOp",
-        "Cast",
-        "Snapshot",
-        "Minimum",
-        "Maximum",
-        "Sub",
-        "Add",
-        "AddV2",
-        "Switch",
-        "Merge",
-    }
+    "Identity ReadVariableOp Cast Snapshot Minimum Maximum Sub Add AddV2 Switch Merge".split()
 )
 # Ops that compare the step with a count, on either side.
-_COMPARE_OPS = frozenset(
-    {"Minimum", "Maximum", "Less", "LessEqual", "Greater", "GreaterEqual", "Equal"}
-)
+_COMPARE_OPS = frozenset("Minimum Maximum Less LessEqual Greater GreaterEqual Equal".split())
 # Ops that divide the step by a count (input 1), or subtract it.
-_DIVIDE_OPS = frozenset(
-    {"RealDiv", "Div", "FloorDiv", "TruncateDiv", "DivNoNan", "FloorMod", "Sub"}
-)
+_DIVIDE_OPS = frozenset("RealDiv Div FloorDiv TruncateDiv DivNoNan FloorMod Sub".split())
 # Dataset ops that keep the number of elements.
 _SAME_SIZE = frozenset(
-    {
-        "ShuffleDataset",
-        "ShuffleDatasetV2",
-        "ShuffleDatasetV3",
-        "MapDataset",
-        "ParallelMapDataset",
-        "ParallelMapDatasetV2",
-        "PrefetchDataset",
-        "CacheDataset",
-        "CacheDatasetV2",
-        "ModelDataset",
-        "OptimizeDataset",
-        "OptimizeDatasetV2",
-        "MaxIntraOpParallelismDataset",
-        "PrivateThreadPoolDataset",
-        "OptionsDataset",
-        "AssertCardinalityDataset",
-    }
+    "ShuffleDataset ShuffleDatasetV2 ShuffleDatasetV3 MapDataset ParallelMapDataset "
+    "ParallelMapDatasetV2 PrefetchDataset CacheDataset CacheDatasetV2 ModelDataset "
+    "OptimizeDataset OptimizeDatasetV2 MaxIntraOpParallelismDataset PrivateThreadPoolDataset "
+    "OptionsDataset AssertCardinalityDataset".split()
 )
 _GET_NEXT = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
 
@@ -78,9 +45,8 @@ def schedule_findings(
     graph: tf.Graph,
     global_steps: set[tf.Operation],
     apply_set: set[tf.Operation],
-    finding: typing.Callable[[str, str, str], _Finding],
-) -> list[_Finding]:
-    """The step counts in micro-batches, as ``finding(kind, op_name, where)`` results."""
+) -> list[tuple[str, str]]:
+    """The step counts in micro-batches, as ``(op_name, where)`` of each finding."""
     steps = _window_steps(graph, apply_set)
     if steps is None or not global_steps:
         return []
@@ -93,7 +59,7 @@ def schedule_findings(
         return []
     updates = math.ceil(total.actual / steps)
     counts = _step_counts(global_steps, apply_set)
-    findings: list[_Finding] = []
+    findings: list[tuple[str, str]] = []
     reported: set[float] = set()
     for value, op, var in sorted(counts, key=lambda c: (c[1].name, c[0])):
         if value in reported or value <= updates:
@@ -103,18 +69,14 @@ def schedule_findings(
             continue
         reported.add(value)
         what = "all" if epochs == total.epochs else f"{epochs} of the {int(total.epochs)}"
-        findings.append(
-            finding(
-                "schedule_in_micro_batches",
-                op.name,
-                f"Schedule op {op.name} ({op.type}) sets the global step {var.name} "
-                f"against the step count {value:g}, the micro-batches of {what} "
-                "epoch(s) of the input pipeline "
-                f"({epoch.actual:g} per epoch, {total.actual:g} in all), where the global "
-                f"step counts updates, one per {steps} micro-batches: training ends at "
-                f"update {updates}, N = {steps}",
-            )
+        where = (
+            f"Schedule op {op.name} ({op.type}) sets the global step {var.name} against the "
+            f"step count {value:g}, the micro-batches of {what} epoch(s) of the input pipeline "
+            f"({epoch.actual:g} per epoch, {total.actual:g} in all), where the global step "
+            f"counts updates, one per {steps} micro-batches: training ends at update "
+            f"{updates}, N = {steps}"
         )
+        findings.append((op.name, where))
     return findings
 
 

@@ -36,7 +36,8 @@ Table = tuple[symtable.SymbolTable, int]
 _MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault"}
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 _UNSCOPED = (ast.expr_context, ast.operator, ast.cmpop, ast.unaryop, ast.boolop)
-_COMPREHENSIONS = {  # their symbol tables' names
+#: Comprehensions, by the name of their symbol tables.
+COMPREHENSIONS = {
     ast.ListComp: "listcomp", ast.SetComp: "setcomp", ast.GeneratorExp: "genexpr",
     ast.DictComp: "dictcomp",
 }  # fmt: skip
@@ -202,7 +203,7 @@ class Stores(ast.NodeVisitor):
         """The first iterable is read outside, the rest in the comprehension's own scope."""
         first = node.generators[0]
         self.visit(first.iter)
-        inner = self._enter(node, _COMPREHENSIONS[type(node)])
+        inner = self._enter(node, COMPREHENSIONS[type(node)])
         for generator in node.generators:
             if generator is not first:
                 self._visit_in([generator.iter], inner)

@@ -20,7 +20,9 @@ import typing
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
-from tf1_accum.check._flow import FUNCTIONS, Definition, Key, Table, argument_of, called_name
+from tf1_accum.check._flow import (
+    COMPREHENSIONS, FUNCTIONS, Definition, Key, Table, argument_of, called_name,
+)  # fmt: skip
 from tf1_accum.check._tags import (
     ADDS, AFTER, APPLIES, APPLY, ASSIGNS, CONSTANT, COUNTER_MEAN, DIVIDED, GRADIENT, GRADIENTS,
     MEAN_GRADIENT, PLACEHOLDER, RERUN, SCALED, STEP, STEP_MEAN, SUM, VAR, ZERO_OP, Module, Tag,
@@ -519,16 +521,7 @@ def _held(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
     return [leaf for value in held for leaf in _held(module, value, depth + 1)]
 
 
-_CONTAINERS = (
-    ast.List,
-    ast.Tuple,
-    ast.Set,
-    ast.Dict,
-    ast.ListComp,
-    ast.SetComp,
-    ast.GeneratorExp,
-    ast.DictComp,
-)
+_CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
 
 
 # -- TFA010: an add and an apply fetched side by side in one run ------------------
