@@ -1,14 +1,5 @@
-"""``python -m tf1_accum.check PATH...``: find forum-style accumulation bugs.
-
-Reads Python files (directories are walked for ``*.py``; Python 2 files too)
-without running them or importing TensorFlow, and prints one line per finding,
-as flake8 and ruff do::
-
-    path:line:col: CODE what is wrong; the tf1_accum replacement
-
-docs/cli.rst documents the options and the exit status: 0 when nothing is
-found, 1 when something is (a file that cannot be parsed included, whatever
-``--select`` names), 2 when a file cannot be read or for a usage error.
+"""The command line ``tf1-accum-check PATH...``: one line per finding, as flake8
+and ruff print them; options and exit status in docs/cli.rst.
 """
 
 from __future__ import annotations

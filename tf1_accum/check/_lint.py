@@ -1,10 +1,7 @@
-"""Finds the forum-style accumulation patterns in Python source, without running it.
+"""Checks files for the forum-style accumulation patterns, without running them.
 
-`_source` reads the file (Python 2 too), `_parents` copies in the parent
-classes it imports from the other files checked, `_flow` and `_tags` tag each
-value with what it is made from, `_rules` looks at what reaches ``apply_gradients``,
-``tf.cond`` and ``session.run``. A heuristic: it finds the patterns as they
-are usually written, and says nothing of code it cannot follow.
+A heuristic: it finds the patterns as they are usually written, and says
+nothing of code it cannot follow.
 """
 
 from __future__ import annotations
@@ -72,19 +69,10 @@ def check_source(
     ...     print(finding.path, finding.line, finding.rule)
     train.py 4 TFA001
 
-    Args:
-        source: Python source code, as text (Python 2 is accepted).
-        path: The name to report the findings under.
-        modules: The other files of the check by module name (from
-            `tf1_accum.check._parents.index`): a class whose parent is imported from
-            one of them (``from trainer_base import Trainer``) is read with
-            the parent's methods. None: this file alone.
-
-    Returns:
-        A list of `Finding`, sorted by line (a file that does not parse: one
-        ``TFA000`` at its error), without those a ``# tf1_accum.check: ignore``
-        comment on their line turns off (for code that builds a pattern on
-        purpose) and nothing for a file with a ``# tf1_accum.check: ignore-file`` line.
+    ``path`` names the findings; ``modules`` (`tf1_accum.check._parents.index`)
+    holds the other files of the check, whose classes a class here may extend.
+    A file that does not parse gives one ``TFA000``; the ignore comments of
+    docs/cli.rst leave findings out.
     """
     if _IGNORE_FILE.search(source):
         return []

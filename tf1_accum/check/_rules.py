@@ -1,15 +1,9 @@
 """The rules of the migration checker, read from what `tf1_accum.check._tags` tags.
 
-Each rule looks at one place: TFA001 to TFA005 at the gradients given to
-``apply_gradients`` (`_apply_findings`), TFA005 also at an accumulator's
-running-average ``assign``, TFA006 at a ``tf.cond`` (`_cond_findings`),
-TFA007 at ``initialized_value()``, TFA008 at the ``session.run`` calls after a
-short loop or in an ``if`` (`_loop_findings`), TFA009 at a ``session.run``
-after a loop that fetches what the loop's adds compute (`_refetch_findings`),
-TFA010 at a ``session.run`` that fetches an add and an apply side by side
-(`_one_run_findings`).
-Whether a variable is an accumulator or a counter depends on what the whole
-module does to it, so `_Facts` gathers that first.
+Each rule looks at one place (``apply_gradients``, ``tf.cond``,
+``initialized_value()``, ``session.run``: see each ``_*_findings``); whether a
+variable is an accumulator or a counter depends on what the whole module does
+to it, so `_Facts` gathers that first.
 """
 
 from __future__ import annotations
