@@ -64,6 +64,7 @@ class _Facts:
         # vid -> [tags of the value of an in-place division]
         self.divided: dict[Vid, list[frozenset[Tag]]] = {}
         self.calls = [call for call, _ in module.calls]
+        self.session_runs = [call for call in self.calls if _is_run(call)]
         self.computes_gradients = any(called_name(c) in GRADIENTS for c in self.calls)
         for call in self.calls:
             accumulation = module.accumulation(call)
@@ -188,10 +189,9 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
 def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
     """Every run of an apply that adds to these accumulators again follows
     ``range(n - 1)`` accumulating runs: it adds the window's last micro-batch."""
-    runs = [call for call in facts.calls if getattr(call.func, "attr", None) == "run"]
     applying = [
         run
-        for run in runs
+        for run in facts.session_runs
         if _applies(tags := _fetches(facts.module, run)) and kinds_of(tags, RERUN) & vids
     ]
     return bool(applying) and all(id(run) in completing for run in applying)
@@ -393,10 +393,15 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
         node = stack.pop()
         if isinstance(node, (*FUNCTIONS, ast.ClassDef)):
             continue
-        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run":
+        if isinstance(node, ast.Call) and _is_run(node):
             found.append((node, _fetches(module, node)))
         stack.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
+
+
+def _is_run(call: ast.Call) -> bool:
+    """``session.run(...)`` or ``op.run()``: a call of an attribute named ``run``."""
+    return getattr(call.func, "attr", None) == "run"
 
 
 def _fetched(run: ast.Call) -> ast.expr:
@@ -437,8 +442,7 @@ _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``: the
     fetch runs the add once more, with its own feed (the last micro-batch)."""
-    runs = [call for call, _ in module.calls if getattr(call.func, "attr", None) == "run"]
-    if not any(tag[0] == RERUN for run in runs for tag in _fetches(module, run)):
+    if not any(tag[0] == RERUN for run in facts.session_runs for tag in _fetches(module, run)):
         return set()  # no run fetches anything computed from an add
     found: Found = set()
     for block in blocks:
@@ -505,7 +509,7 @@ def _held(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
     returns, followed through names and such calls (a few levels)."""
     if isinstance(node, ast.Call):
         functions = [f for f, _ in module.callees(node)]
-        held = [value for f in functions for value, _ in module.values.get(("return", id(f)), ())]
+        held = [value for f in functions for value in module.returns(f)]
     elif isinstance(node, (ast.Name, ast.Attribute)):
         held = module.stored(node)
     else:
@@ -529,9 +533,7 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
     reads the accumulator (not computed from the add), which one run runs in no
     fixed order; or two ops of a tf1_accum window, ``[acc.accum_op, acc.apply_op]``."""
     found: Found = set()
-    for run in facts.calls:
-        if getattr(run.func, "attr", None) != "run":
-            continue
+    for run in facts.session_runs:
         items = _items(module, _fetched(run))
         tags = [module.tags(item) for item in items]
         added = [kinds_of(t, SUM) for t in tags if not _applies(t)]

@@ -103,13 +103,14 @@ class Module(Stores):
     ) -> list[tuple[ast.expr, ast.expr]]:
         """The (item, part) pairs of ``a, b = f()`` for a module function ``f``
         that returns tuples; else each item may hold any part."""
-        returned = [v for f, _ in self.callees(call, scope) for v in self._returns(f)]
+        returned = [v for f, _ in self.callees(call, scope) for v in self.returns(f)]
         tuples = [v for v in returned if isinstance(v, ast.Tuple) and len(v.elts) == len(elements)]
         if returned and len(tuples) == len(returned):
             return [(e, part) for v in tuples for e, part in zip(elements, v.elts)]
         return [(element, call) for element in elements]
 
-    def _returns(self, function: Definition) -> list[ast.expr]:
+    def returns(self, function: Definition) -> list[ast.expr]:
+        """The expressions a function of the module returns."""
         return [value for value, _ in self.values.get(("return", id(function)), ())]
 
     def callees(self, call: ast.Call, scope: Scope | None = None) -> list[tuple[Definition, int]]:
