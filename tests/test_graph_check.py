@@ -548,7 +548,7 @@ def run_example(name, monkeypatch):
     monkeypatch.undo()
     apply_ops, fed, accum_ops = [], [], []
     for ops, feeds in calls:
-        runs = _graph_check._Graph(ops[0].graph).run_set(ops)
+        runs = _graph_check._Graph(ops[0].graph).reaches(ops, None)
         if any(_graph_check._gradient_index(op) is not None for op in runs):
             apply_ops += [op for op in ops if op not in apply_ops]
             fed += [t.op.name for t in feeds if t.op.name not in fed]

@@ -1,10 +1,7 @@
-"""A graph-level check for hand-written gradient accumulation.
+"""`check_graph`: the bugs of hand-written accumulation, found in the graph.
 
-`check_graph` walks the ops that fetching an apply runs (and those that each
-micro-batch's fetch runs) and reports the known bugs of hand-written
-accumulation as `GraphFinding` tuples. The terms used here (variable,
-accumulate op, accumulator, reset, update op) are defined in the concepts
-page, "Design notes".
+Its terms (variable, accumulate op, accumulator, reset, update op) are
+defined in the concepts page, "Design notes".
 """
 
 from __future__ import annotations
@@ -30,10 +27,7 @@ _FORWARDING_OPS = frozenset(
     for name in ("Identity", "Switch", "Merge", "Enter", "Exit", "NextIteration")
     for prefix in ("", "Ref")
 )
-# Ops whose output is a variable's value, unchanged (input 0 is the variable,
-# or a tensor holding it), or rows of it added together (the optimizers'
-# merge of duplicate sparse indices): a gradient that reaches an accumulator
-# through these alone is still a sum.
+# Ops that output a variable's value (input 0) unchanged, or rows of it added: a sum stays one.
 _VALUE_OPS = _FORWARDING_OPS | frozenset(
     "ReadVariableOp Cast Snapshot StopGradient Reshape Gather GatherV2 ResourceGather "
     "UnsortedSegmentSum AssignAdd ScatterAdd".split()
@@ -42,17 +36,17 @@ _VALUE_OPS = _FORWARDING_OPS | frozenset(
 _READ_OPS = frozenset(
     {"ReadVariableOp", "Identity", "RefIdentity", "ResourceGather", "Gather", "GatherV2"}
 )
-# Accumulate ops and assigns: input 0 is the variable, ``_ADDED[type]`` the
-# added value, ``_ASSIGNED[type]`` the value written (a scatter's input 2).
+# Accumulate ops and assigns (input 0 the variable) to the index of the value.
 _ADDED = {"AssignAdd": 1, "AssignAddVariableOp": 1} | dict.fromkeys(
     ["ScatterAdd", "ResourceScatterAdd", "ScatterNdAdd", "ResourceScatterNdAdd"], 2
 )
 _ASSIGNED = {"Assign": 1, "AssignVariableOp": 1} | dict.fromkeys(
     ["ScatterUpdate", "ResourceScatterUpdate", "ScatterNdUpdate", "ResourceScatterNdUpdate"], 2
 )
-# Other writes in place (input 0 is the variable): a sparse window's rows
-# touched are marked with a maximum. What they output is state, not data.
+# Other writes in place (a sparse window marks its rows touched): state, not data.
 _UPDATED = frozenset({"ScatterMax", "ResourceScatterMax", "ScatterMin", "ResourceScatterMin"})
+_BODY_GRAPHS = dict.fromkeys(["If", "StatelessIf"], ["_true_graph", "_false_graph"])
+_BODY_GRAPHS |= dict.fromkeys(["While", "StatelessWhile"], ["_cond_graph", "_body_graph"])
 # Ops that read a tensor's shape, not its values.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
 
@@ -79,7 +73,6 @@ class GraphFinding(typing.NamedTuple):
 
 
 def _finding(kind: str, op_name: str, where: str) -> GraphFinding:
-    """The `GraphFinding` of ``kind`` at ``op_name``, its message from the catalogue."""
     return GraphFinding(kind, op_name, message(KINDS[kind].code, where))
 
 
@@ -93,41 +86,28 @@ def check_graph(
 
     Give it what your loop fetches to apply an update and, if you have them,
     what it fetches for each micro-batch. It walks the ops those fetches run,
-    into ``tf.cond`` and ``tf.while_loop`` (version 1 control flow, and the
-    function bodies of version 2 ``If`` and ``While`` ops built in this
-    process), and reports each kind of `GraphFinding`, by its code:
+    into ``tf.cond``, ``tf.while_loop`` and the bodies of version 2 ``If`` and
+    ``While`` ops built in this process, and reports, by kind (code):
 
     * ``"apply_needs_feed"`` (TFA004): a gradient handed to an optimizer
-      depends on a placeholder (a learning rate's is fine).
-    * ``"apply_accumulates"`` (TFA003): fetching the apply runs an accumulate
-      op that the micro-batch fetches run too; without ``accum_ops``, one of
-      fed data that the apply runs without resetting its accumulator.
-    * ``"ops_in_one_run"`` (TFA010): fetching the apply runs two ops of one
-      `build_accumulation` window.
-    * ``"never_reset"`` (TFA011): an accumulator the applied gradients come
-      from, or a floating-point counter the apply divides by, is assigned
-      nothing but its initializer.
-    * ``"sum_not_mean"`` (TFA001): an optimizer's update op takes an
-      accumulator's value unchanged (read, cast or gathered); tf1_accum's own
-      accumulators are not reported (``average=False`` is a choice).
-    * ``"step_not_per_update"`` (TFA012): the global step is incremented
-      outside any conditional by a fetch that runs with every micro-batch,
-      or twice by one apply.
-    * ``"schedule_in_micro_batches"`` (TFA013): for `AccumulationOptimizer`'s
-      train op reading a ``tf.data`` pipeline of known, finite size, a
-      schedule's step count equals the micro-batches of a whole number of
-      epochs and lies past the last update (see :ref:`real-programs-schedules`).
+      depends on a placeholder (a learning rate may).
+    * ``"apply_accumulates"`` (TFA003): the apply runs an accumulate op that
+      the micro-batch fetches run too (without ``accum_ops``: one of fed data
+      whose accumulator the apply does not reset).
+    * ``"ops_in_one_run"`` (TFA010): the apply runs two ops of one tf1_accum window.
+    * ``"never_reset"`` (TFA011): an applied accumulator, or a floating-point
+      counter the apply reads, is assigned nothing but its initializer.
+    * ``"sum_not_mean"`` (TFA001): an update op takes an accumulator's value
+      unchanged (tf1_accum's own, ``average=False``, are not reported).
+    * ``"step_not_per_update"`` (TFA012): the global step is incremented with
+      every micro-batch, or twice by one apply.
+    * ``"schedule_in_micro_batches"`` (TFA013): see
+      :ref:`real-programs-schedules`.
 
-    tf1_accum's ``apply_op``, ``accum_apply_op``, ``AccumulationOptimizer``'s
-    train op and ``build_dataset_accumulation``'s train op give no findings.
-    Not checked: functions called through ``tf.function``
-    (``PartitionedCall``) and the function bodies of a graph imported from a
-    ``GraphDef``; sums in sparse updates made without an ``Apply`` op
-    (``GradientDescentOptimizer``'s); and what depends on the data or the
-    loop: micro-batches of different sizes averaged equally, a ``tf.cond``
-    whose applying run skips its own micro-batch (``tf1-accum-check`` finds
-    those in the source), or other schedules whose step counts were worked
-    out in micro-batches.
+    tf1_accum's own train ops give no findings. Not checked: ``tf.function``
+    calls, function bodies of an imported ``GraphDef``, sparse sums without
+    an ``Apply`` op, and what depends on the data or the loop (the
+    source checker's part, docs/migration.rst, "Which tool finds which bug").
 
     Example:
 
@@ -184,13 +164,12 @@ def check_graph(
         lines = "\n".join(f"  {f.kind} at {f.op_name}: {f.message}" for f in findings)
         raise ValueError(
             f"check_graph found {len(findings)} problem(s) in the accumulation "
-            f"applied by {_names(apply_fetches)}:\n{lines}"
+            f"applied by {', '.join(op.name for op in apply_fetches)}:\n{lines}"
         )
     return findings
 
 
 def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
-    """Returns the ops of ``fetches`` (an op, a tensor, or a list of them)."""
     items = list(fetches) if isinstance(fetches, (list, tuple)) else [fetches]
     ops: list[tf.Operation] = []
     for item in items:
@@ -199,8 +178,6 @@ def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
         elif isinstance(item, (tf.Tensor, tf.Variable)) and isinstance(
             getattr(item, "op", None), tf.Operation
         ):
-            # A variable's op is its variable op, or (for what assign_add
-            # returns) the assign op that a fetch runs before reading.
             ops.append(item.op)
         else:
             raise TypeError(
@@ -210,52 +187,34 @@ def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
     return ops
 
 
-def _names(ops: typing.Iterable[tf.Operation]) -> str:
-    return ", ".join(op.name for op in ops)
-
-
 def _bodies(op: tf.Operation) -> list[tuple[tf.Graph, list[tf.Tensor]]]:
-    """The function graphs of a version 2 ``If`` or ``While`` op, with their inputs.
-
-    Returns ``(graph, [outer tensor for each of the graph's inputs])`` pairs.
-    """
-    if op.type in ("If", "StatelessIf"):
-        branches = [getattr(op, "_true_graph", None), getattr(op, "_false_graph", None)]
-        outer = list(op.inputs)[1:]
-    elif op.type in ("While", "StatelessWhile"):
-        branches = [getattr(op, "_cond_graph", None), getattr(op, "_body_graph", None)]
-        outer = list(op.inputs)
-    else:
+    """(function graph, outer tensor of each of its inputs) of a version 2 ``If`` or ``While``."""
+    if op.type not in _BODY_GRAPHS:
         return []
-    return [(g, outer) for g in branches if g is not None]
+    graphs = [getattr(op, name, None) for name in _BODY_GRAPHS[op.type]]
+    outer = list(op.inputs)[1:] if op.type in ("If", "StatelessIf") else list(op.inputs)
+    return [(g, outer) for g in graphs if g is not None]
 
 
 class _Graph:
-    """What the checks read of one graph: its ops (version 2 bodies included),
-    its variables by role, and what each write does (`classify`)."""
+    """One graph's ops (version 2 bodies included), variables by role, and writes."""
 
     def __init__(self, graph: tf.Graph) -> None:
         self.graph = graph
-        # Function-graph input placeholder -> outer tensor.
-        self.outer: dict[tf.Operation, tf.Tensor] = {}
-        # Version 2 control-flow op -> its graphs' outputs.
-        self.body_outputs: dict[tf.Operation, list[list[tf.Tensor]]] = {}
+        self.outer: dict[tf.Operation, tf.Tensor] = {}  # a function's input -> outer tensor
+        self.body_outputs: dict[tf.Operation, list[list[tf.Tensor]]] = {}  # If/While -> outputs
         self.all_ops: list[tf.Operation] = []
         self._scan(graph.get_operations())
         self.trainable = _variable_ops(graph, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
         self.owned = _variable_ops(graph, STATE_COLLECTION)
         self.metrics = _variable_ops(graph, tf.compat.v1.GraphKeys.METRIC_VARIABLES)
         self.steps = _variable_ops(graph, tf.compat.v1.GraphKeys.GLOBAL_STEP)
-        self.initializers: set[tf.Operation] = set()
-        for key in graph.get_all_collection_keys():
-            for item in graph.get_collection(key):
-                initializer = getattr(item, "initializer", None)
-                if isinstance(initializer, tf.Operation):
-                    self.initializers.add(initializer)
+        items = [i for key in graph.get_all_collection_keys() for i in graph.get_collection(key)]
+        initializers = [getattr(item, "initializer", None) for item in items]
+        self.initializers = {op for op in initializers if isinstance(op, tf.Operation)}
         self.classify()
 
     def _scan(self, ops: typing.Iterable[tf.Operation]) -> None:
-        """Lists every op, entering version 2 control-flow bodies."""
         for op in ops:
             self.all_ops.append(op)
             bodies = _bodies(op)
@@ -266,49 +225,24 @@ class _Graph:
                     self.outer[inner.op] = tensor
                 self._scan(body.get_operations())
 
-    # -- walking -----------------------------------------------------------
-
     def inputs(self, op: tf.Operation, control: bool = True) -> list[tf.Operation]:
-        """The ops ``op`` reads from, across function-graph boundaries.
-
-        Without ``control``, only the ops its value is computed from: no
-        control inputs, and not the predicate of a ``Switch``.
-        """
-        if op.type == "MutexLock":
-            # A window's lock waits for every input of its section (see
-            # Window.exclusive): an order, not something the section reads.
-            found = [t.op for t in op.inputs]
-        elif control:
-            found = [t.op for t in op.inputs] + list(op.control_inputs)
-        elif op.type in ("Switch", "RefSwitch"):
-            found = [op.inputs[0].op]
-        else:
-            found = [t.op for t in op.inputs]
+        """The ops ``op`` reads (``control=False``: only those its value is computed from)."""
+        found = [t.op for t in op.inputs]
+        if control and op.type != "MutexLock":  # a window's lock waits: an order, not a read
+            found += op.control_inputs
+        elif not control and op.type in ("Switch", "RefSwitch"):
+            found = found[:1]
         if op in self.outer:
             found.append(self.outer[op].op)
         if op in self.body_outputs:
             found += [t.op for outputs in self.body_outputs[op] for t in outputs]
         return found
 
-    def run_set(self, fetches: typing.Iterable[tf.Operation]) -> set[tf.Operation]:
-        """Every op that fetching ``fetches`` may run, bodies included."""
-        seen: set[tf.Operation] = set()
-        stack = list(fetches)
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            stack += self.inputs(op)
-            for body, _ in _bodies(op):
-                stack += body.get_operations()
-        return seen
-
     def reaches(
         self,
         start_ops: typing.Iterable[tf.Operation],
-        stop: typing.Callable[..., bool],  # called with an op (classify's binds one more)
-        control: bool,
+        stop: typing.Callable[..., bool] | None,  # None: every op a fetch may run, bodies too
+        control: bool = True,
     ) -> set[tf.Operation]:
         """Ops reached backwards from ``start_ops``, not walking past ``stop(op)``."""
         seen: set[tf.Operation] = set()
@@ -318,20 +252,23 @@ class _Graph:
             if op in seen:
                 continue
             seen.add(op)
-            if stop(op) or op.type in _SHAPE_OPS:
+            if stop is None:
+                stack += [o for body, _ in _bodies(op) for o in body.get_operations()]
+            elif stop(op) or op.type in _SHAPE_OPS:
                 continue
             stack += self.inputs(op, control)
         return seen
 
-    def variable_of(self, tensor: tf.Tensor) -> tf.Operation | None:
-        """The variable op that a ref or resource ``tensor`` stands for, or None."""
-        op = tensor.op
+    def variable_of(
+        self, op: tf.Operation, through: frozenset[str] = _FORWARDING_OPS
+    ) -> tf.Operation | None:
+        """The variable op whose value ``op`` hands on through ``through`` ops, or None."""
         for _ in range(10000):
             if op.type in _VARIABLE_OPS:
                 return op
             if op in self.outer:
                 op = self.outer[op].op
-            elif op.type in _FORWARDING_OPS and op.inputs:
+            elif op.type in through and op.inputs:
                 op = op.inputs[0].op
             else:
                 return None
@@ -339,17 +276,12 @@ class _Graph:
 
     @staticmethod
     def is_data(op: tf.Operation) -> bool:
-        if op.type == "Placeholder":
-            return True
-        return "IteratorGetNext" in op.type or op.type == "OptionalGetValue"
+        return op.type in ("Placeholder", "OptionalGetValue") or "IteratorGetNext" in op.type
 
     def is_placeholder(self, op: tf.Operation) -> bool:
         return op.type == "Placeholder" and op not in self.outer
 
-    # -- what the ops do ---------------------------------------------------
-
     def classify(self) -> None:
-        """Finds accumulate ops, accumulators and resets in the whole graph."""
         self.accumulates: dict[tf.Operation, tf.Operation] = {}  # accumulate op -> variable op
         self.fresh: set[tf.Operation] = set()  # accumulate ops that add fresh data
         self.resets: dict[tf.Operation, list[tf.Operation]] = {}  # variable op -> reset ops
@@ -358,11 +290,11 @@ class _Graph:
             if op.type in _UPDATED:
                 self.writes.add(op)
             elif op.type in _ADDED:
-                var = self.variable_of(op.inputs[0])
+                var = self.variable_of(op.inputs[0].op)
                 if var is not None:
                     self.accumulates[op] = var
             elif op.type in _ASSIGNED and op not in self.initializers:
-                var = self.variable_of(op.inputs[0])
+                var = self.variable_of(op.inputs[0].op)
                 if var is None:
                     continue
                 value = op.inputs[_ASSIGNED[op.type]].op
@@ -372,9 +304,7 @@ class _Graph:
                     self.resets.setdefault(var, []).append(op)
         self.writes.update(self.accumulates)
         self.writes.update(op for ops in self.resets.values() for op in ops)
-        # A version 2 conditional that writes a variable in a branch (a
-        # window's first add assigns, the others add) is a write too: what
-        # it outputs is the variable's new value, not what was fed.
+        # A version 2 conditional that writes a variable in a branch outputs state too.
         for op in self.all_ops:
             if op.type in ("If", "StatelessIf") and any(
                 o in self.writes for graph, _ in _bodies(op) for o in graph.get_operations()
@@ -395,7 +325,6 @@ class _Graph:
             ):
                 self.constant_adds.add(op)
         self.accumulators: set[tf.Operation] = set()
-        # Accumulators that fresh data is added to: sums.
         self.summing: set[tf.Operation] = set()
         for op in self.fresh:
             var = self.accumulates[op]
@@ -406,8 +335,7 @@ class _Graph:
             self.accumulators.add(var)
             if op.type in _ADDED:
                 self.summing.add(var)
-        # Floating-point counters of micro-batches (an int global_step is not one).
-        self.counters: set[tf.Operation] = set()
+        self.counters: set[tf.Operation] = set()  # floating-point: not an int global_step
         for op in self.constant_adds:
             var = self.accumulates[op]
             if (
@@ -423,20 +351,8 @@ class _Graph:
 
     def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:
         """The summing accumulator whose value ``op`` outputs unchanged, or None."""
-        for _ in range(10000):
-            if op.type in _VARIABLE_OPS:
-                break
-            if op in self.outer:
-                op = self.outer[op].op
-            elif op.type in _VALUE_OPS and op.inputs:
-                op = op.inputs[0].op
-            else:
-                return None
-        else:
-            return None
-        if op in self.summing and op not in self.owned:
-            return op
-        return None
+        var = self.variable_of(op, _VALUE_OPS)
+        return var if var in self.summing and var not in self.owned else None
 
 
 def _findings(
@@ -445,17 +361,13 @@ def _findings(
     accum_fetches: list[tf.Operation],
     accum_given: bool,
 ) -> list[GraphFinding]:
-    """The `GraphFinding` list of `check_graph`, ordered."""
     accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
-    apply_set = g.run_set(apply_fetches)
-    accum_set = g.run_set(accum_fetches)
-    apply_name = _names(apply_fetches)
+    apply_set, accum_set = g.reaches(apply_fetches, None), g.reaches(accum_fetches, None)
+    apply_name = ", ".join(op.name for op in apply_fetches)
     findings: list[GraphFinding] = []
 
     reset_in_apply = {var for var, ops in g.resets.items() if any(o in apply_set for o in ops)}
-    # The variables the applied gradients come from: only their
-    # accumulate ops matter below, not, say, those of a batch-norm moving
-    # average that a fused step updates too.
+    # The variables the applied gradients come from (not a batch-norm moving average).
     updates = [op for op in apply_set if _gradient_index(op) is not None]
     used: set[tf.Operation] = set()
     for update in updates:
@@ -467,36 +379,28 @@ def _findings(
                 used.add(g.accumulates[op])
 
     # (ii) accumulate ops that the apply runs again.
-    again: set[tf.Operation] = set()
-    for op in apply_set:
-        var = g.accumulates.get(op)
-        if var is None or var not in g.accumulators or var not in used:
-            continue
-        if accum_given:
-            if op in accum_set:
-                again.add(op)
-        elif op in g.fed and var not in reset_in_apply:
-            again.add(op)
+    again = {
+        op
+        for op in apply_set
+        if g.accumulates.get(op) in g.accumulators & used
+        and (op in accum_set if accum_given else op in g.fed)
+        and (accum_given or g.accumulates[op] not in reset_in_apply)
+    }
     for op in again:
         which = "the micro-batch fetches run too" if accum_given else "adds its feed"
         where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
         where += f"{g.accumulates[op].name}), which {which}"
         findings.append(_finding("apply_accumulates", op.name, where))
 
-    # (i) and (iv): the gradients handed to the optimizer, and what the
-    # accumulate ops run again add.
+    # (i) and (iv): the applied gradients, and what the accumulate ops run again add.
     starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
     starts += [(op.inputs[_value_index(op)].op, op) for op in again]
-    # Variables carry what was accumulated; only the writes that run
-    # again carry this run's feed. A gradient may wait for the update of
-    # another variable (a window makes one mean at a time): an order, not
-    # something the gradient is computed from.
+    # Only writes run again carry this run's feed; a wait for another update is an order.
     applying = set(updates)
     stop = lambda o: (o in g.writes and o not in again) or o in applying  # noqa: E731
     needs_feed: dict[tf.Operation, tf.Operation] = {}  # placeholder -> its first user
     for start, user in starts:
-        reached = g.reaches([start], stop, control=True)
-        for op in reached:
+        for op in g.reaches([start], stop, control=True):
             if g.is_placeholder(op):
                 needs_feed.setdefault(op, user)
         var = None if user in again else g.summed_accumulator(start)
@@ -509,26 +413,21 @@ def _findings(
         where += f"on which {what} {user.name} depends"
         findings.append(_finding("apply_needs_feed", placeholder.name, where))
 
-    # (iii) accumulators that the applied gradients come from and
-    # nothing resets.
-    for var in sorted(used & g.accumulators, key=lambda v: v.name):
-        if var in g.resets:
-            continue
-        adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
-        where = f"Accumulator {var.name} is added to (by {', '.join(adders)}) but never reset"
-        findings.append(_finding("never_reset", var.name, where))
+    # (iii) applied accumulators and read counters that nothing resets.
     read = {
-        g.variable_of(op.inputs[0])
+        g.variable_of(op.inputs[0].op)
         for op in apply_set
         if op.type in _READ_OPS and op.inputs and op not in g.writes
     }
-    for var in sorted(g.counters & read, key=lambda v: v.name):
-        if var in g.resets:
-            continue
-        adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
-        where = f"Counter {var.name} is incremented (by {', '.join(adders)}) and read "
-        where += "by the apply, but never reset (a mean divided by it shrinks)"
-        findings.append(_finding("never_reset", var.name, where))
+    for variables, text in (
+        (used & g.accumulators, "Accumulator {} is added to (by {}) but never reset"),
+        (g.counters & read, "Counter {} is incremented (by {}) and read by the apply, "
+         "but never reset (a mean divided by it shrinks)"),
+    ):  # fmt: skip
+        for var in sorted(variables - set(g.resets), key=lambda v: v.name):
+            adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
+            where = text.format(var.name, ", ".join(adders))
+            findings.append(_finding("never_reset", var.name, where))
     findings += _one_run_findings(apply_set, apply_name)
     findings += _step_findings(g, apply_set, accum_set, apply_name)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
@@ -538,17 +437,15 @@ def _findings(
 
 
 def _one_run_findings(apply_set: set[tf.Operation], apply_name: str) -> list[GraphFinding]:
-    """Two ops of one `build_accumulation` window that fetching the apply runs."""
     first: dict[object, tuple[tf.Operation, str]] = {}
     findings = []
     for op in sorted(apply_set, key=lambda o: o.name):
         window, field = _accumulation.window_op_of(op) or (None, "")
         if window is None:
             continue
-        if window not in first:
-            first[window] = (op, field)
+        other, other_field = first.setdefault(window, (op, field))
+        if other is op:
             continue
-        other, other_field = first[window]
         where = f"Fetching {apply_name} runs {other_field} ({other.name}) "
         where += f"and {field} ({op.name}) of one accumulation in one session.run"
         findings.append(_finding("ops_in_one_run", op.name, where))
@@ -560,14 +457,8 @@ def _step_findings(
 ) -> list[GraphFinding]:
     """(v) increments of the global step that do not follow the updates."""
     increments = {op for op, var in g.accumulates.items() if var in g.steps}
-    if not increments:
-        return []
     findings: list[GraphFinding] = []
-    # An apply that adds to a window's state unconditionally (its
-    # accumulators, or its counter: a window whose first add assigns
-    # adds to its accumulators on a branch) and resets it only on a
-    # branch runs once per micro-batch (a fused step resets
-    # unconditionally: it runs once per window).
+    # An apply that adds to a window's state always but resets it on a branch runs per micro-batch.
     adds = [
         op
         for op in apply_set & set(g.accumulates)
@@ -606,21 +497,15 @@ def _step_findings(
 
 
 def _value_index(op: tf.Operation) -> int | None:
-    """The index of the value an accumulate op adds or assigns."""
     return _ADDED.get(op.type, _ASSIGNED.get(op.type))
 
 
 def _gradient_index(op: tf.Operation) -> int | None:
-    """The index of an optimizer update op's gradient input, or None."""
     if not op.type.startswith(("Apply", "SparseApply", "ResourceApply", "ResourceSparseApply")):
         return None
     names = [arg.name for arg in op.op_def.input_arg]
-    for name in ("grad", "delta"):
-        if name in names:
-            return names.index(name)
-    return None
+    return next((names.index(name) for name in ("grad", "delta") if name in names), None)
 
 
 def _variable_ops(graph: tf.Graph, key: str) -> set[tf.Operation]:
-    """The variable ops of the variables in collection ``key``."""
     return {v.op for v in graph.get_collection(key) if hasattr(v, "op")}

@@ -1,9 +1,4 @@
-"""`check_graph`'s schedule check: step counts worked out in micro-batches.
-
-A learning-rate schedule's step counts are in micro-batches when the program
-worked them out from its batch size, while ``global_step`` counts updates.
-What is reported, and why so little, is in the concepts page, "Design notes".
-"""
+"""`check_graph`'s schedule check (why it reports so little: concepts page, "Design notes")."""
 
 from __future__ import annotations
 
@@ -34,7 +29,7 @@ _GET_NEXT = frozenset({"IteratorGetNext", "IteratorGetNextSync"})
 
 
 class _Size(typing.NamedTuple):
-    """Elements a dataset yields: as a program's arithmetic counts them, and in fact."""
+    """Elements a dataset yields: as a program counts them, and in fact."""
 
     exact: float  # examples / batch_size, unrounded
     actual: float  # batches, rounded as ``batch`` rounds (math.inf: repeated forever)
@@ -82,20 +77,16 @@ def schedule_findings(
 
 def _window_steps(graph: tf.Graph, apply_set: set[tf.Operation]) -> int | None:
     """The N of the windows the apply runs, if they all have one and the same."""
-    found: set[int] = set()
-    for due in graph.get_collection(APPLY_DUE_COLLECTION):
-        if due.op in apply_set:
-            value = tf.get_static_value(due.op.inputs[1])
-            if value is None:
-                return None
-            found.add(int(value))
-    return found.pop() if len(found) == 1 and min(found) > 1 else None
+    dues = graph.get_collection(APPLY_DUE_COLLECTION)
+    found = {_static(due.op.inputs[1]) for due in dues if due.op in apply_set}
+    steps = found.pop() if len(found) == 1 else None
+    return int(steps) if steps is not None and steps > 1 else None
 
 
 def _step_counts(
     global_steps: set[tf.Operation], apply_set: set[tf.Operation]
 ) -> list[tuple[float, tf.Operation, tf.Operation]]:
-    """``(value, op, global step)`` of each constant an op of the apply compares the step with."""
+    """``(value, op, global step)`` of each constant the apply compares the step with."""
     derived: dict[tf.Operation, tf.Operation] = {}  # op -> the global step its output counts
     stack = [(var, var) for var in global_steps]
     while stack:
@@ -133,8 +124,7 @@ def _whole_epochs(value: float, epoch: _Size, epochs: int) -> int | None:
 
 def _pipeline(graph: tf.Graph, iterator: tf.Operation) -> tuple[_Size, _Size] | None:
     """``(total, one epoch)`` `_Size` of the dataset of ``iterator``, or None."""
-    if iterator.type == "OneShotIterator":
-        # Its dataset is copied into a function; the original is left unused.
+    if iterator.type == "OneShotIterator":  # its dataset is copied into a function, unused
         used = {t.op for op in graph.get_operations() for t in op.inputs}
         datasets = [
             op
@@ -149,11 +139,8 @@ def _pipeline(graph: tf.Graph, iterator: tf.Operation) -> tuple[_Size, _Size] | 
         ]
     if len(datasets) != 1:
         return None
-    total = _size(datasets[0], repeats=True)
-    epoch = _size(datasets[0], repeats=False)
-    if total is None or epoch is None:
-        return None
-    return total, epoch
+    total, epoch = _size(datasets[0], repeats=True), _size(datasets[0], repeats=False)
+    return None if total is None or epoch is None else (total, epoch)
 
 
 def _static(tensor: tf.Tensor) -> typing.Any:  # a Python scalar, or None
@@ -189,18 +176,12 @@ def _size(op: tf.Operation, repeats: bool) -> _Size | None:
         return _Size(inner.exact / size, actual, inner.epochs)
     if op.type == "RepeatDataset":
         count = _static(op.inputs[1])
-        if count is None:
-            return None
-        if not repeats:
-            return inner
+        if count is None or not repeats:
+            return None if count is None else inner
         if count < 0:
             return _Size(math.inf, math.inf, math.inf)
         return _Size(inner.exact * count, inner.actual * count, inner.epochs * count)
-    if op.type == "TakeDataset":
-        count = _static(op.inputs[1])
-        if count is None:
-            return None
-        if count < 0:
-            return inner
-        return _Size(min(inner.exact, count), min(inner.actual, count), inner.epochs)
-    return None
+    count = _static(op.inputs[1]) if op.type == "TakeDataset" else None
+    if count is None or count < 0:
+        return None if count is None else inner
+    return _Size(min(inner.exact, count), min(inner.actual, count), inner.epochs)
