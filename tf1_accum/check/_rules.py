@@ -1,10 +1,4 @@
-"""The rules of the migration checker, read from what `tf1_accum.check._tags` tags.
-
-Each rule looks at one place (``apply_gradients``, ``tf.cond``,
-``initialized_value()``, ``session.run``: see each ``_*_findings``); whether a
-variable is an accumulator or a counter depends on what the whole module does
-to it, so `_Facts` gathers that first.
-"""
+"""The migration checker's rules (one ``_*_findings`` each), read from the tags of `_tags`."""
 
 from __future__ import annotations
 
@@ -28,10 +22,16 @@ Found = set[tuple[int, int, str]]
 #: A ``.run(...)`` call and the tags of what it fetches.
 Run = tuple[ast.Call, frozenset[Tag]]
 
+_GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
+_CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
+_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
+_LOOPS = (ast.For, ast.AsyncFor, ast.While)
+#: The ops of a ``tf1_accum.build_accumulation`` result.
+_WINDOW_OPS = frozenset({"zero_op", "accum_op", "apply_op", "accum_apply_op"})
+
 
 def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()) -> Found:
-    """The (line, column, rule) triples found in a parsed module (``tables``:
-    the symbol tables of parent classes copied in from other files)."""
+    """The (line, column, rule) triples found in a parsed module."""
     module = Module(tree, source, path, tables)
     facts = _Facts(module)
     blocks = _blocks(module.tree)
@@ -53,16 +53,13 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
 
 
 class _Facts:
-    """What is done to each variable over the whole module."""
+    """What the whole module does to each variable (an accumulator or a counter?)."""
 
     def __init__(self, module: Module) -> None:
         self.module = module
-        # id(tf.cond branch) -> the functions it builds
-        self.branch_functions: dict[int, list[Definition | ast.Lambda]] = {}
-        # vid -> [(tags of what is added, tags of control dependencies)]
-        self.adds: dict[Vid, list[tuple[frozenset[Tag], frozenset[Tag]]]] = {}
-        # vid -> [tags of the value of an in-place division]
-        self.divided: dict[Vid, list[frozenset[Tag]]] = {}
+        self.branch_functions: dict[int, list[Definition | ast.Lambda]] = {}  # by id(branch)
+        self.adds: dict[Vid, list[tuple[frozenset[Tag], frozenset[Tag]]]] = {}  # value, control
+        self.divided: dict[Vid, list[frozenset[Tag]]] = {}  # values of in-place divisions
         self.calls = [call for call, _ in module.calls]
         self.session_runs = [call for call in self.calls if _is_run(call)]
         self.computes_gradients = any(called_name(c) in GRADIENTS for c in self.calls)
@@ -85,7 +82,6 @@ class _Facts:
 
     @functools.cached_property
     def runs(self) -> list[Run]:
-        """Every ``.run(...)`` in the module, with its fetches' tags."""
         return _runs(self.module, [self.module.tree])
 
     def is_counter(self, vid: Vid) -> bool:
@@ -100,29 +96,22 @@ class _Facts:
         return zero and bool(self.adds.get(vid)) and not self.is_counter(vid)
 
     def adds_again(self, vid: Vid) -> bool:
-        """Running an add to vid once more changes it: an accumulator's, or any
-        add of a tensor (not only constants) to a variable, made here or elsewhere."""
+        """Running an add to vid once more changes it (not only constants are added)."""
         adds = self.adds.get(vid, ())
         return self.is_accumulator(vid) or any(value != {CONSTANT} for value, _ in adds)
 
     def sums_raw(self, vid: Vid) -> bool:
-        """Adds gradients as they are (not already divided by the number of micro-batches)."""
+        """Adds gradients not already divided by the number of micro-batches."""
         return any(
             not ({SCALED, MEAN_GRADIENT} & value) and not (kinds_of(control, ZERO_OP) & {vid})
             for value, control in self.adds.get(vid, ())
         )
 
 
-# -- TFA001 to TFA005: what apply_gradients is given --------------------
-
-
 def _apply_findings(
     module: Module, facts: _Facts, call: ast.Call, completing: typing.Container[int]
 ) -> Found:
-    """TFA001 to TFA005, at the gradients given to ``apply_gradients``: what they hold.
-
-    ``completing``: the ids of the runs that follow ``range(n - 1)`` accumulating runs.
-    """
+    """TFA001 to TFA005, at the gradients given to ``apply_gradients``."""
     gradients = argument_of(call, 0, "grads_and_vars")
     if gradients is None:
         return set()
@@ -139,8 +128,7 @@ def _apply_findings(
         "TFA002": any(
             facts.is_counter(v) for t in [tags, *divided] for v in kinds_of(t, COUNTER_MEAN)
         ),
-        # computed from the adds themselves, outside a tf.cond, and run apart from
-        # them, not only as the last micro-batch of a window (after n - 1 adds)
+        # computed from the adds, outside a tf.cond, run apart, not as a window's last add
         "TFA003": bool(reruns)
         and not in_branch
         and not _fused(facts, reruns)
@@ -174,12 +162,8 @@ def _gradient_parts(module: Module, node: ast.expr, depth: int = 0) -> list[ast.
     return [node]
 
 
-_GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
-
-
 def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
-    """Every session run that adds to these accumulators applies them too: each
-    apply holds the one micro-batch of its own run."""
+    """Every session run that adds to these accumulators applies them too."""
     adding = [
         tags for _, tags in facts.runs if (kinds_of(tags, SUM) | kinds_of(tags, AFTER)) & vids
     ]
@@ -187,8 +171,7 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
 
 
 def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
-    """Every run of an apply that adds to these accumulators again follows
-    ``range(n - 1)`` accumulating runs: it adds the window's last micro-batch."""
+    """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
     applying = [
         run
         for run in facts.session_runs
@@ -212,8 +195,7 @@ def _in_test(module: Module, node: ast.AST) -> bool:
 
 
 def _running_average_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
-    """TFA005 at ``avg.assign((avg * step + g) / (step + 1))``: a zero variable
-    given a gradient divided by the global step."""
+    """TFA005 at ``avg.assign((avg * step + g) / (step + 1))``."""
     vids, value = module.assigned(call) or (set(), frozenset())
     if STEP_MEAN in value and any(
         facts.is_accumulator(v) or (GRADIENT in value and module.variable(v)[0]) for v in vids
@@ -222,12 +204,8 @@ def _running_average_findings(module: Module, facts: _Facts, call: ast.Call) -> 
     return set()
 
 
-# -- TFA006: a tf.cond that applies in one branch and accumulates in the other ---
-
-
 def _cond_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
-    """TFA006 at ``tf.cond(pred, apply_fn, accumulate_fn)``: the run that applies
-    does not accumulate its own micro-batch (neither adds it nor applies it)."""
+    """TFA006 at ``tf.cond(pred, apply_fn, accumulate_fn)``."""
     branches = cond_branches(call)
     if None in branches:
         return set()
@@ -241,12 +219,12 @@ def _cond_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
         adding = [c for c in calls if _accumulates_in_branch(module, facts, c)]
         accumulates.append(bool(adding))
         added.append({k for c in adding for k in _names(module, operands(c)[1], depth=2)})
-    for mine, other in ((0, 1), (1, 0)):
-        if any(_applies_current(module, c, added[other]) for c in applies[mine]):
-            accumulates[mine] = True
-    for mine, other in ((0, 1), (1, 0)):
-        if applies[mine] and not accumulates[mine] and accumulates[other]:
-            return {(call.lineno, call.col_offset + 1, "TFA006")}
+    accumulates = [  # an apply that holds its own micro-batch accumulates it too
+        accumulates[i] or any(_applies_current(module, c, added[1 - i]) for c in applies[i])
+        for i in (0, 1)
+    ]
+    if any(applies[i] and not accumulates[i] and accumulates[1 - i] for i in (0, 1)):
+        return {(call.lineno, call.col_offset + 1, "TFA006")}
     return set()
 
 
@@ -256,8 +234,7 @@ def cond_branches(call: ast.Call) -> list[ast.expr | None]:
 
 
 def _branch_functions(module: Module, branch: ast.expr) -> list[Definition | ast.Lambda]:
-    """The lambda, function or method a ``tf.cond`` branch is, and the
-    module's functions it calls (a few dozen at most)."""
+    """The function a ``tf.cond`` branch is, and the module's functions it calls."""
     functions: list[Definition | ast.Lambda] = [branch] if isinstance(branch, ast.Lambda) else []
     if isinstance(branch, (ast.Name, ast.Attribute)):
         fake = ast.Call(func=branch, args=[], keywords=[])
@@ -271,8 +248,7 @@ def _branch_functions(module: Module, branch: ast.expr) -> list[Definition | ast
 
 
 def _accumulates_in_branch(module: Module, facts: _Facts, call: ast.Call) -> bool:
-    """An add to an accumulator, or of a tensor to a variable the module does
-    not make (a parameter's, say); not a counter's or the global step's."""
+    """An add to an accumulator, or of a tensor to a variable made elsewhere."""
     accumulation = module.accumulation(call)
     if accumulation is None:
         return False
@@ -284,8 +260,7 @@ def _accumulates_in_branch(module: Module, facts: _Facts, call: ast.Call) -> boo
 
 
 def _applies_current(module: Module, call: ast.Call, added: AbstractSet[Key]) -> bool:
-    """``apply_gradients([((acc + g) / n, v)])``: the applying run's own
-    micro-batch (a gradient, or what the other branch adds) is in what it applies."""
+    """``apply_gradients([((acc + g) / n, v)])``: the run's own micro-batch is applied."""
     if called_name(call) == "minimize":
         return True
     gradients = argument_of(call, 0, "grads_and_vars")
@@ -294,7 +269,7 @@ def _applies_current(module: Module, call: ast.Call, added: AbstractSet[Key]) ->
 
 
 def _names(module: Module, node: ast.AST | None, depth: int = 0) -> set[Key]:
-    """Where the names in an expression, and in what they hold, are kept (their keys)."""
+    """The keys of the names in an expression, and in what they hold."""
     if node is None:
         return set()
     keys: set[Key] = set()
@@ -308,12 +283,8 @@ def _names(module: Module, node: ast.AST | None, depth: int = 0) -> set[Key]:
     return keys
 
 
-# -- TFA008: a session run that applies without accumulating its micro-batch ----
-
-
 def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> dict[int, Run]:
-    """The first run that applies after each ``for _ in range(n - 1)`` loop of
-    accumulating runs (with no add between), by id of its call."""
+    """The first run that applies after each ``range(n - 1)`` loop of adds, by id."""
     found: dict[int, Run] = {}
     short_loops = [
         (block, i, statement) for block in blocks for i, statement in enumerate(block)
@@ -337,15 +308,12 @@ def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]])
 def _loop_findings(
     module: Module, facts: _Facts, blocks: list[list[ast.AST]], completing: dict[int, Run]
 ) -> Found:
-    """TFA008: ``for _ in range(n - 1): run(accumulate)`` then a run that only
-    applies, or an ``if`` that applies in one branch and accumulates in the other."""
+    """TFA008: ``range(n - 1)`` adds then an apply alone, or an ``if`` that splits them."""
     found: Found = set()
     for run, tags in completing.values():
         if not _accumulates(facts, tags):
             found.add((run.lineno, run.col_offset + 1, "TFA008"))
-    # if the window is full: run(apply) else: run(accumulate), the applying
-    # micro-batch not accumulated either. A branch that applies too (a whole
-    # window, against a plain step when accum_steps == 1) is a choice of loop.
+    # if full: run(apply) else: run(accumulate); a branch that applies too is a choice.
     for branch in (s for block in blocks for s in block if isinstance(s, ast.If) and s.orelse):
         sides = [_runs(module, branch.body), _runs(module, branch.orelse)]
         for mine, other in ((0, 1), (1, 0)):
@@ -358,7 +326,7 @@ def _loop_findings(
 
 
 def _blocks(tree: ast.Module) -> list[list[ast.AST]]:
-    """Every list of statements in the module (bodies, else and finally blocks), nested ones too."""
+    """Every list of statements in the module, nested ones too."""
     blocks: list[list[ast.AST]] = []
     statements: list[ast.AST] = [tree]
     while statements:
@@ -374,19 +342,13 @@ def _short_range(node: ast.expr) -> bool:
     """``range(n - 1)`` or ``range(1, n)``: one micro-batch short of a window."""
     if not (isinstance(node, ast.Call) and called_name(node) in ("range", "xrange")):
         return False
-    if len(node.args) == 1:
-        bound = node.args[0]
-        return binary(bound, ast.Sub) and _one(bound.right)
-    return len(node.args) == 2 and _one(node.args[0])
-
-
-def _one(node: ast.expr) -> bool:
-    """The literal ``1``."""
-    return isinstance(node, ast.Constant) and node.value == 1
+    one = node.args[0].right if len(node.args) == 1 and binary(node.args[0], ast.Sub) else None
+    one = node.args[0] if len(node.args) == 2 else one
+    return isinstance(one, ast.Constant) and one.value == 1
 
 
 def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
-    """The ``.run(...)`` calls in ``nodes``, outside nested functions, with their fetches' tags."""
+    """The ``.run(...)`` calls in ``nodes`` (not in nested functions), with their tags."""
     found: list[Run] = []
     stack = list(nodes)
     while stack:
@@ -400,28 +362,21 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
 
 
 def _is_run(call: ast.Call) -> bool:
-    """``session.run(...)`` or ``op.run()``: a call of an attribute named ``run``."""
     return getattr(call.func, "attr", None) == "run"
 
 
 def _fetched(run: ast.Call) -> ast.expr:
     """What ``session.run(fetches)`` (or ``op.run()``) fetches."""
     fetched = argument_of(run, 0, "fetches")
-    return _receiver(run) if fetched is None else fetched
+    return typing.cast(ast.Attribute, run.func).value if fetched is None else fetched
 
 
 def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
-    """The tags of what ``session.run(fetches)`` (or ``op.run()``) runs."""
     return module.tags(_fetched(run))
 
 
-def _receiver(run: ast.Call) -> ast.expr:
-    """``op`` of ``op.run()`` (every run found calls an attribute named ``run``)."""
-    return typing.cast(ast.Attribute, run.func).value
-
-
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
-    """What a run fetches adds to an accumulator (an apply computed from the adds too)."""
+    """What a run fetches adds to an accumulator."""
     added = kinds_of(tags, SUM) | kinds_of(tags, AFTER)
     if _applies(tags):
         added |= kinds_of(tags, RERUN)
@@ -429,19 +384,11 @@ def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
 
 
 def _applies(tags: AbstractSet[Tag]) -> bool:
-    """What a run fetches applies gradients."""
     return any(t[0] == APPLY for t in tags)
 
 
-_BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
-
-
-# -- TFA009: a value computed from the adds, fetched after the loop that ran them --
-
-
 def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
-    """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``: the
-    fetch runs the add once more, with its own feed (the last micro-batch)."""
+    """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``."""
     if not any(tag[0] == RERUN for run in facts.session_runs for tag in _fetches(module, run)):
         return set()  # no run fetches anything computed from an add
     found: Found = set()
@@ -455,7 +402,7 @@ def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]
                 if facts.adds_again(vid)
             }  # fmt: skip
             for run, _ in _runs(module, block[index + 1 :]) if added else ():
-                parts = [module.tags(part) for part in _fetched_parts(module, run)]
+                parts = [module.tags(part) for part in _parts(module, _fetched(run))]
                 if any(_rereads(tags, added) for tags in parts):
                     found.add((run.lineno, run.col_offset + 1, "TFA009"))
                 for tags in parts:  # a new window: the next add is its first
@@ -463,30 +410,25 @@ def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]
     return found
 
 
-_LOOPS = (ast.For, ast.AsyncFor, ast.While)
-
-
 def _rereads(tags: AbstractSet[Tag], added: AbstractSet[Vid]) -> bool:
-    """A fetch computed from an add to ``added`` (``acum / n``), not the add itself
-    (fetched again, that is one more micro-batch) nor an apply (TFA003's)."""
+    """A fetch computed from an add to ``added``, not the add itself nor an apply."""
     return bool((kinds_of(tags, RERUN) - kinds_of(tags, SUM)) & added) and not _applies(tags)
 
 
-def _fetched_parts(
-    module: Module, run: ast.Call, node: ast.expr | None = None, depth: int = 0
-) -> list[ast.expr]:
-    """The expressions a ``session.run`` fetches, one by one: the items of a
-    list, tuple or dict of fetches, through the names, items and module
-    functions that hold or return them."""
-    if node is None:
-        node = _fetched(run)
+def _parts(module: Module, node: ast.expr, once: bool = False, depth: int = 0) -> list[ast.expr]:
+    """The expressions ``node`` fetches, one by one, through what holds them
+    (``once``: only through names stored once, not a loop's variable)."""
     if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return [p for e in node.elts for p in _fetched_parts(module, run, e, depth)]
+        return [p for e in node.elts for p in _parts(module, e, once, depth)]
     if isinstance(node, ast.Dict):
-        return [p for v in node.values for p in _fetched_parts(module, run, v, depth)]
+        return [p for v in node.values for p in _parts(module, v, once, depth)]
+    if once:
+        stored = module.stored(node) if isinstance(node, ast.Name) and depth < 3 else []
+        one = len(stored) == 1 and isinstance(stored[0], (ast.List, ast.Tuple, ast.Set, ast.Dict))
+        return _parts(module, stored[0], once, depth + 1) if one else [node]
     if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
         element = node.value if isinstance(node, ast.DictComp) else node.elt
-        return _fetched_parts(module, run, element, depth)
+        return _parts(module, element, once, depth)
     if depth >= 3:
         return [node]
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
@@ -497,16 +439,15 @@ def _fetched_parts(
             for name, value in zip(held.keys, held.values)
             if isinstance(name, ast.Constant) and name.value == key
         ]  # fmt: skip
-        return [p for i in items for p in _fetched_parts(module, run, i, depth + 1)] or [node]
+        return [p for i in items for p in _parts(module, i, once, depth + 1)] or [node]
     held = _held(module, node)
     if any(isinstance(value, _CONTAINERS) for value in held):  # items appended count alone
-        return [p for value in held for p in _fetched_parts(module, run, value, depth + 1)]
+        return [p for value in held for p in _parts(module, value, once, depth + 1)]
     return [node]
 
 
 def _held(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
-    """What a name or attribute holds, or a call to the module's own function
-    returns, followed through names and such calls (a few levels)."""
+    """What a name or attribute holds, or a module function returns (a few levels)."""
     if isinstance(node, ast.Call):
         functions = [f for f, _ in module.callees(node)]
         held = [value for f in functions for value in module.returns(f)]
@@ -519,22 +460,11 @@ def _held(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
     return [leaf for value in held for leaf in _held(module, value, depth + 1)]
 
 
-_CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
-
-
-# -- TFA010: an add and an apply fetched side by side in one run ------------------
-
-#: The ops of a ``tf1_accum.build_accumulation`` result, each run in a run of its own.
-_WINDOW_OPS = frozenset({"zero_op", "accum_op", "apply_op", "accum_apply_op"})
-
-
 def _one_run_findings(module: Module, facts: _Facts) -> Found:
-    """TFA010 at ``session.run([accum_ops, train_op])``: an add and an apply that
-    reads the accumulator (not computed from the add), which one run runs in no
-    fixed order; or two ops of a tf1_accum window, ``[acc.accum_op, acc.apply_op]``."""
+    """TFA010 at ``session.run([accum_ops, train_op])`` or ``[acc.accum_op, acc.apply_op]``."""
     found: Found = set()
     for run in facts.session_runs:
-        items = _items(module, _fetched(run))
+        items = _parts(module, _fetched(run), once=True)
         tags = [module.tags(item) for item in items]
         added = [kinds_of(t, SUM) for t in tags if not _applies(t)]
         applied = [
@@ -544,7 +474,6 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
             if tag[0] == APPLY
         ]
         raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
-        # The ops of a build_accumulation result: fields never assigned here.
         fields = [
             (ast.unparse(item.value), item.attr)
             for item in items
@@ -558,16 +487,3 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
         if raced or two:
             found.add((run.lineno, run.col_offset + 1, "TFA010"))
     return found
-
-
-def _items(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
-    """The items of a list, tuple or dict of fetches, through names stored once
-    (not a loop's variable, which holds one item or another)."""
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return [i for e in node.elts for i in _items(module, e, depth)]
-    if isinstance(node, ast.Dict):
-        return [i for v in node.values for i in _items(module, v, depth)]
-    stored = module.stored(node) if isinstance(node, ast.Name) and depth < 3 else []
-    if len(stored) == 1 and isinstance(stored[0], (ast.List, ast.Tuple, ast.Set, ast.Dict)):
-        return _items(module, stored[0], depth + 1)
-    return [node]
