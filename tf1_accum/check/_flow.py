@@ -1,9 +1,7 @@
-"""Where each value of a module is kept (`tf1_accum.check._tags` says what it is made from).
+"""Where each value of a module is kept, with the control dependencies in force.
 
-One pass records the expressions stored at each place a value is kept: a
-name's key is its scope's (found with the compiler's symbol table, as Python
-resolves it), an attribute of ``self`` is keyed by class, a function's return
-value is kept under the function, each with the control dependencies in force.
+A name is keyed by its scope (as the compiler's symbol table resolves it), an
+attribute of ``self`` by class, a return value by its function.
 """
 
 from __future__ import annotations
@@ -20,16 +18,6 @@ Key = tuple[Any, ...]
 Control = tuple[ast.expr, ...]
 #: A function or method definition.
 Definition = ast.FunctionDef | ast.AsyncFunctionDef
-#: A node that opens a scope.
-Scoped = (
-    Definition
-    | ast.Lambda
-    | ast.ClassDef
-    | ast.ListComp
-    | ast.SetComp
-    | ast.GeneratorExp
-    | ast.DictComp
-)
 #: A parent class's symbol table, copied from another file, and its line offset.
 Table = tuple[symtable.SymbolTable, int]
 
@@ -60,9 +48,8 @@ def argument_of(call: ast.Call, index: int, *keywords: str) -> ast.expr | None:
 
 
 class Scope:
-    """A module, class, function, lambda or comprehension: its symbol table
-    (None where the compiler rejects the module), the functions and classes
-    it defines by name, and, for a method, its class."""
+    """A scope: its symbol table (None: rejected by the compiler), the functions
+    and classes it defines, and for a method its class."""
 
     def __init__(
         self,
@@ -76,20 +63,9 @@ class Scope:
         self.classes: dict[str, ast.ClassDef] = {}
 
 
-def _symbol(table: symtable.SymbolTable | None, name: str) -> symtable.Symbol | None:
-    """The symbol table's entry for ``name`` (None: the name is not used there)."""
-    if table is None:  # the compiler rejected the module
-        return None
-    try:
-        return table.lookup(name)
-    except KeyError:  # not used there
-        return None
-
-
 class Stores(ast.NodeVisitor):
-    """The values kept in one module, by key: ``values[key]`` lists the
-    (expression, control dependencies) stored there. ``tables``: the (symbol
-    table, line offset) of each parent class copied in (`tf1_accum.check._parents`)."""
+    """``values[key]``: the (expression, control dependencies) stored at ``key``.
+    ``tables``: the symbol tables of parent classes copied in (`_parents`)."""
 
     def __init__(
         self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
@@ -98,8 +74,7 @@ class Stores(ast.NodeVisitor):
         self.values: dict[Key, list[tuple[ast.expr, Control]]] = {}
         self.scope_of: dict[int, Scope] = {}  # id(node) -> Scope the node is evaluated in
         self.classes: dict[str, list[ast.ClassDef]] = {}
-        # attribute name -> {class name or None}
-        self.stored_attributes: dict[str, set[str | None]] = {}
+        self.stored_attributes: dict[str, set[str | None]] = {}  # attribute -> {class or None}
         self.calls: list[tuple[ast.Call, Scope]] = []
         # tuple targets given a call: split once every function is known
         self.unpacked: list[tuple[ast.Tuple | ast.List, ast.Call, Scope, Control]] = []
@@ -116,21 +91,21 @@ class Stores(ast.NodeVisitor):
         self.visit(tree)
 
     def _index_tables(self, table: symtable.SymbolTable, offset: int = 0) -> None:
-        """Files every symbol table under ``table`` by its (name, line + offset)."""
         for child in table.get_children():
             key = (child.get_name(), child.get_lineno() + offset)
             self._tables.setdefault(key, []).append(child)
             self._index_tables(child, offset)
 
-    def _enter(self, node: Scoped, name: str, cls: ast.ClassDef | None = None) -> Scope:
-        """The scope that ``node`` opens (its symbol table is the next one made for its line)."""
+    def _enter(
+        self, node: ast.stmt | ast.expr, name: str, cls: ast.ClassDef | None = None
+    ) -> Scope:
+        """The scope ``node`` opens (its table: the next one made for its line)."""
         tables = self._tables.get((name, node.lineno))
         scope = Scope(self._scope, tables.pop(0) if tables else None, node, cls)
         self.scope_of[id(node)] = scope
         return scope
 
     def _store(self, key: Key, value: ast.expr, control: Control = ()) -> None:
-        """Records that ``value`` is kept at ``key``, built under ``control``."""
         self.values.setdefault(key, []).append((value, control))
 
     def _visit_in(
@@ -139,7 +114,6 @@ class Stores(ast.NodeVisitor):
         scope: Scope | None = None,
         control: Control | None = None,
     ) -> None:
-        """Visits ``nodes`` in ``scope`` under ``control`` (default: the current ones)."""
         outer = self._scope, self._control
         self._scope = outer[0] if scope is None else scope
         self._control = outer[1] if control is None else control
@@ -147,8 +121,6 @@ class Stores(ast.NodeVisitor):
             if node is not None:
                 self.visit(node)
         self._scope, self._control = outer
-
-    # -- visiting: what each kind of node stores --------------------------------
 
     def generic_visit(self, node: ast.AST) -> None:
         self.scope_of[id(node)] = self._scope
@@ -180,14 +152,9 @@ class Stores(ast.NodeVisitor):
             outer += node.decorator_list
         self._visit_in(outer, control=())
         cls = self._scope.node if isinstance(self._scope.node, ast.ClassDef) else None
-        if isinstance(node, ast.Lambda):
-            inner = self._enter(node, "lambda")
-        else:
-            inner = self._enter(node, node.name, cls)
+        inner = self._enter(node, getattr(node, "name", "lambda"), cls)  # a lambda's cls: unused
         positional = arguments.posonlyargs + arguments.args
-        defaults = list(
-            zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults)
-        )
+        defaults = [*zip(reversed(positional), reversed(arguments.defaults))]
         defaults += [(p, d) for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
         for parameter, default in defaults:
             self._store(("name", id(inner), parameter.arg), default)
@@ -261,11 +228,8 @@ class Stores(ast.NodeVisitor):
                     self._store(key, argument, self._control)
         self.generic_visit(call)
 
-    # -- where a store goes, and what a name reads ------------------------------
-
     def _bind(self, target: ast.expr, value: ast.expr, scope: Scope, control: Control) -> None:
-        """Stores ``value`` where ``target`` keeps it; each item of a tuple target
-        gets its own part of the value where that part is known."""
+        """Stores ``value`` where ``target`` keeps it (each item its part, where known)."""
         if isinstance(target, ast.Starred):
             target = target.value
         if not isinstance(target, (ast.Tuple, ast.List)):
@@ -282,7 +246,7 @@ class Stores(ast.NodeVisitor):
                 self._bind(element, part, scope, control)
 
     def _target_key(self, target: ast.expr, scope: Scope) -> Key | None:
-        """Where a store to ``target`` goes: a name, an attribute, or what an item is set in."""
+        """Where a store to ``target`` (a name, attribute or item) goes."""
         while isinstance(target, ast.Subscript):
             target = target.value
         if isinstance(target, ast.Name):
@@ -298,8 +262,14 @@ class Stores(ast.NodeVisitor):
         """The scope whose variable ``name`` is, read in ``scope``, as Python resolves it."""
         start = scope
         while scope.parent is not None:
-            seen = scope is start or not isinstance(scope.node, ast.ClassDef)
-            symbol = _symbol(scope.table, name) if seen else None
+            symbol = None  # a class's names are not seen from its methods
+            if scope.table is not None and (
+                scope is start or not isinstance(scope.node, ast.ClassDef)
+            ):
+                try:
+                    symbol = scope.table.lookup(name)
+                except KeyError:  # not used there
+                    pass
             if symbol is not None and symbol.is_global():
                 return self.root
             if symbol is not None and symbol.is_local() and not symbol.is_free():
@@ -318,7 +288,7 @@ class Stores(ast.NodeVisitor):
         return home.cls if first and first[0].arg == node.id else None
 
     def keys(self, node: ast.expr, scope: Scope | None = None) -> list[Key]:
-        """Where what a name or an attribute reads is kept (none for other expressions)."""
+        """Where what a name or an attribute reads is kept."""
         scope = self.scope_of.get(id(node), self.root) if scope is None else scope
         if isinstance(node, ast.Name):
             return [("name", id(self._resolve(scope, node.id)), node.id)]
@@ -336,12 +306,10 @@ class Stores(ast.NodeVisitor):
 
 
 def _parts(elements: list[ast.expr], value: ast.expr) -> list[tuple[ast.expr, ast.expr]]:
-    """The (item, part) pairs of ``a, b = zip(x, y)`` or ``i, x = enumerate(xs)``;
-    else each item may hold any part."""
-    if isinstance(value, ast.Call) and called_name(value) == "zip":
-        if len(value.args) == len(elements):
-            return list(zip(elements, value.args))
-    if isinstance(value, ast.Call) and called_name(value) == "enumerate":
-        if value.args and len(elements) == 2:
-            return [(elements[1], value.args[0])]
+    """The (item, part) pairs of ``a, b = zip(x, y)`` or ``i, x = enumerate(xs)``."""
+    name, args = (called_name(value), value.args) if isinstance(value, ast.Call) else (None, [])
+    if name == "zip" and len(args) == len(elements):
+        return list(zip(elements, args))
+    if name == "enumerate" and args and len(elements) == 2:
+        return [(elements[1], args[0])]
     return [(element, value) for element in elements]

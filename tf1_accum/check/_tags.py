@@ -1,10 +1,7 @@
-"""What each value of a module is made from: its tags (`tf1_accum.check._rules` reads them).
+"""What each value of a module is made from: its tags, computed on demand from `_flow`.
 
-Tags ("made from zero variable ``v``", "an ``assign_add`` on ``v``", "a
-placeholder", ...) are computed on demand from what `tf1_accum.check._flow`
-records. Accumulators are known by what is done to them (zero-initialised,
-then added to), not by how they were made, so ``tf.Variable``,
-``get_variable``, slots and Keras variables all count.
+Accumulators are known by what is done to them (zero-initialised, then added
+to), not by how they were made.
 """
 
 from __future__ import annotations
@@ -21,11 +18,9 @@ from tf1_accum.check._flow import (
 
 #: A tag: a tuple whose first item is its kind (below).
 Tag = tuple[Any, ...]
-#: A variable's id: where it was made, (line, col) or ("slot", ...), or an
-#: (ADDED_AT, line, col) for one made in another module.
+#: A variable's id: where it was made, (line, col), ("slot", ...) or (ADDED_AT, line, col).
 Vid = tuple[Any, ...]
 
-# Tag kinds. A tag is a tuple whose first item is its kind.
 VAR = "var"  # (VAR, vid): a variable made at vid
 SUM = "sum"  # (SUM, vid): what an accumulating add to vid returns
 RERUN = "rerun"  # (RERUN, vid): computed from an add: running it adds again
@@ -60,8 +55,7 @@ _FRESH = {
     "zeros_like", "ones_like", "ones", "shape", "size", "rank", "int_shape", "get_shape",
     "len", "range", "xrange", "no_op", "initialized_value", "Session", "InteractiveSession",
 }  # fmt: skip
-# Calls whose result is still the placeholder given to them: a fed gradient
-# stays one through these, and through names, containers and arithmetic.
+# Calls whose result is still the placeholder given to them (a fed gradient stays fed).
 _PASS_FEED = {
     "zip", "list", "tuple", "enumerate", "identity", "reshape", "cast", "convert_to_tensor",
     "clip_by_value", "clip_by_norm", "clip_by_global_norm", "IndexedSlices", "stop_gradient",
@@ -76,13 +70,12 @@ _PARTS = {
 
 
 def kinds_of(tags: Iterable[Tag], kind: str) -> set[Any]:
-    """The second items of the tags of one kind: ``kinds_of(tags, VAR)``, the variables."""
+    """The second items of the tags of one kind: ``kinds_of(tags, VAR)``."""
     return {t[1] for t in tags if t[0] == kind}
 
 
 class Module(Stores):
-    """The values kept in one module, with the module's own functions each
-    call runs (a parameter also receives each argument passed to it), and their tags."""
+    """The values kept in one module (a parameter holds each argument), and their tags."""
 
     def __init__(
         self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
@@ -101,8 +94,7 @@ class Module(Stores):
     def _returned_parts(
         self, elements: list[ast.expr], call: ast.Call, scope: Scope
     ) -> list[tuple[ast.expr, ast.expr]]:
-        """The (item, part) pairs of ``a, b = f()`` for a module function ``f``
-        that returns tuples; else each item may hold any part."""
+        """The (item, part) pairs of ``a, b = f()`` for a module function returning tuples."""
         returned = [v for f, _ in self.callees(call, scope) for v in self.returns(f)]
         tuples = [v for v in returned if isinstance(v, ast.Tuple) and len(v.elts) == len(elements)]
         if returned and len(tuples) == len(returned):
@@ -110,12 +102,10 @@ class Module(Stores):
         return [(element, call) for element in elements]
 
     def returns(self, function: Definition) -> list[ast.expr]:
-        """The expressions a function of the module returns."""
         return [value for value, _ in self.values.get(("return", id(function)), ())]
 
     def callees(self, call: ast.Call, scope: Scope | None = None) -> list[tuple[Definition, int]]:
-        """The module's function definitions a call runs, with the number of
-        implicit leading arguments (1 for a method's ``self``)."""
+        """The module's functions a call runs, each with 1 for a method's ``self`` (else 0)."""
         scope = scope or self.scope_of.get(id(call), self.root)
         func = call.func
         if isinstance(func, ast.Name):
@@ -132,8 +122,7 @@ class Module(Stores):
         return []
 
     def _methods(self, cls: ast.ClassDef, name: str) -> list[Definition]:
-        """The definitions of method ``name`` in ``cls``, or else in the nearest
-        of its bases defined in the module (by name)."""
+        """Method ``name`` of ``cls``, or of its nearest base defined in the module."""
         queue = [cls]
         for current in queue:  # breadth first: the queue grows as it is read
             found = [n for n in current.body if isinstance(n, FUNCTIONS[:2]) and n.name == name]
@@ -153,7 +142,7 @@ class Module(Stores):
         ]  # fmt: skip
 
     def _bind_call(self, call: ast.Call, scope: Scope) -> None:
-        """Stores each argument of ``call`` in the parameter of the module's function it is for."""
+        """Stores each argument of ``call`` in its parameter."""
         for function, skip in self.callees(call, scope):
             inner = self.scope_of[id(function)]
             arguments = function.args
@@ -167,10 +156,8 @@ class Module(Stores):
                 if keyword.arg in named:
                     self._store(("name", id(inner), keyword.arg), keyword.value)
 
-    # -- tags -------------------------------------------------------------------
-
     def tags(self, node: ast.expr) -> frozenset[Tag]:
-        """The tags of an expression: what it is made from."""
+        """What an expression is made from."""
         if isinstance(node, ast.Name):
             extra = {STEP} if "global_step" in node.id else set()
             return frozenset(self._union_keys(self.keys(node))) | extra
@@ -196,30 +183,26 @@ class Module(Stores):
         return frozenset()
 
     def _union(self, nodes: Iterable[ast.expr | None]) -> frozenset[Tag]:
-        """The tags of any of ``nodes``."""
         return frozenset().union(*(self.tags(node) for node in nodes if node is not None))
 
     def _union_keys(self, keys: Iterable[Key]) -> set[Tag]:
-        """The tags of what is stored at any of ``keys``."""
         return set().union(*map(self.lookup, keys))
 
     def lookup(self, key: Key) -> frozenset[Tag]:
         """The tags of what is stored at ``key``.
 
-        Stores can form cycles (``x = f(x)``, methods that call each other).
-        A result computed while an outer lookup of its cycle was unfinished
-        is kept as provisional (so the cycle is walked once, not once per
-        path into it) and dropped when that outer lookup finishes, to be
-        computed again, complete, if it is asked for later.
+        In a cycle (``x = f(x)``), a result computed while an outer lookup was
+        unfinished is provisional: reused until that lookup ends, then dropped.
         """
         if key in self._cache:
             return self._cache[key]
         if key in self._stack:
-            self._lower(self._stack[key])
+            low = self._stack[key]
+            self._low = low if self._low is None else min(self._low, low)
             return frozenset()
         if key in self._provisional:
             result, low = self._provisional[key]
-            self._lower(low)
+            self._low = low if self._low is None else min(self._low, low)
             return result
         depth = self._stack[key] = len(self._stack)
         outer_low, self._low = self._low, depth
@@ -246,12 +229,8 @@ class Module(Stores):
             self._low = min(outer_low, low)
         return result
 
-    def _lower(self, low: int) -> None:
-        """Marks the lookup under way as unfinished down to depth ``low``."""
-        self._low = low if self._low is None else min(self._low, low)
-
     def _call_tags(self, call: ast.Call) -> AbstractSet[Tag]:
-        """The tags of a call's result, by what it calls (the first match wins)."""
+        """The tags of a call's result (the first match wins)."""
         name = called_name(call)
         if name in _ARITHMETIC and len(call.args) == 2:  # tf.div(a, n), tf.multiply(s, a)
             left, right = self.tags(call.args[0]), self.tags(call.args[1])
@@ -322,7 +301,7 @@ class Module(Stores):
         return {(VAR, ("slot", *where))}
 
     def variable(self, vid: Vid) -> tuple[bool, bool]:
-        """(zero-initialised, scalar) for the variable made at vid."""
+        """(zero-initialised, scalar) of the variable made at vid."""
         call = self._made.get(vid)
         if vid[0] == "slot" or call is not None and called_name(call) in ("zeros", "zeros_like"):
             return True, False
@@ -345,13 +324,11 @@ class Module(Stores):
 
     @functools.cached_property
     def _made(self) -> dict[Vid, ast.Call]:
-        """The calls by position: a variable id is where it was made."""
         return {(c.lineno, c.col_offset): c for c, _ in self.calls}
 
     def accumulation(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
-        """(variables added to, tags of what is added) for an accumulating call:
-        ``v.assign_add(g)``, ``tf.assign_add(v, g)``, ``add_fn(v, g)``,
-        ``v.assign(v + g)``; None for any other call."""
+        """(variables added to, tags of what is added) of ``v.assign_add(g)``,
+        ``add_fn(v, g)`` or ``v.assign(v + g)``; None for any other call."""
         name = called_name(call)
         func = call.func
         target, value = operands(call)
@@ -420,9 +397,7 @@ def operands(call: ast.Call) -> tuple[ast.expr | None, ast.expr | None]:
 
 
 def added_to(call: ast.Call, vids: AbstractSet[Vid]) -> AbstractSet[Vid]:
-    """The variables an accumulating call adds to: ``vids``, or when the module
-    does not make the variable (an attribute set by a class of another module,
-    a parameter), one known only as "what the add at this call adds to"."""
+    """``vids``, or for a variable made elsewhere, "what the add at this call adds to"."""
     return vids or {(ADDED_AT, call.lineno, call.col_offset)}
 
 
@@ -432,7 +407,6 @@ def _is_zero(node: ast.expr | None) -> bool:
 
 
 def binary(node: ast.expr | None, op: type[ast.operator]) -> TypeGuard[ast.BinOp]:
-    """True for ``a <op> b``: ``binary(node, ast.Div)``."""
     return isinstance(node, ast.BinOp) and isinstance(node.op, op)
 
 
@@ -445,8 +419,7 @@ def _quotient(node: ast.expr) -> bool:
 
 
 def _addition(node: ast.expr) -> bool:
-    """``v + g`` or ``tf.add(v, g)``: what ``v.assign(...)`` accumulates with; a
-    tensor merely computed from ``v`` (a model's new state) is not an add to it."""
+    """``v + g`` or ``tf.add(v, g)``: what ``v.assign(...)`` accumulates with."""
     if isinstance(node, ast.Call):
         return called_name(node) in ("add", "add_n", "accumulate_n", "scatter_nd_add")
     return binary(node, ast.Add)
