@@ -1,19 +1,10 @@
 """The migration checker: ``tf1-accum-check PATH...`` (or ``python -m tf1_accum.check``).
 
-Reads Python source, without running it or importing TensorFlow (or anything
-else of tf1_accum), and reports the forum-style accumulation bugs in it; see
-docs/cli.rst. Its one public function is `main`, the command itself; the
-modules beside it are its parts:
-
-- ``_cli``: the command line (`main`);
-- ``_catalogue``: the mistakes, one code, title, why and fix each (which
-  ``tf1_accum.check_graph`` reports by too);
-- ``_lint``: one file or many checked, the findings;
-- ``_source``: reading a file (Python 2 and encoded source too);
-- ``_parents``: parent classes copied in from the other files checked;
-- ``_flow``: where each value of a module is kept;
-- ``_tags``: what each value is made from;
-- ``_rules``: the rules, read from the tags.
+Reads Python source without running it or importing TensorFlow; see
+docs/cli.rst. Parts: ``_cli`` (`main`), ``_catalogue`` (the mistakes, shared
+with ``check_graph``), ``_lint`` (files checked), ``_source`` (reading them),
+``_parents`` (parent classes from other files), ``_flow`` (where values are
+kept), ``_tags`` (what they are made from), ``_rules`` (the rules).
 """
 
 import typing

@@ -1,8 +1,5 @@
-"""The mistakes of hand-written accumulation, one entry each, for both detectors.
-
-The source checker reports an entry with ``source=True`` by its code;
-``tf1_accum.check_graph`` reports one with a ``kind`` by that kind, with the
-same code and text. Plain Python: the checker imports no TensorFlow.
+"""The mistakes of hand-written accumulation, one entry each, for both detectors
+(plain Python: the source checker imports no TensorFlow).
 """
 
 from __future__ import annotations
@@ -108,7 +105,7 @@ CATALOGUE = {m.code: m for m in (
         "real_programs.html#real-programs-schedules", False, "schedule_in_micro_batches"),
 )}  # fmt: skip
 
-#: check_graph's kinds, in the order it reports them, to their entries.
+#: check_graph's kinds to their entries.
 KINDS = {m.kind: m for m in CATALOGUE.values() if m.kind}
 #: The source checker's rule codes.
 RULES = tuple(code for code, m in CATALOGUE.items() if m.source)

@@ -72,8 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except FileNotFoundError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
-    # A file that was not parsed was not checked for the selected rules either:
-    # its TFA000 stays unless --ignore names it.
+    # An unparsed file was not checked for the selected rules: its TFA000 stays.
     selected = None if args.select is None else args.select | {"TFA000"}
     findings = [
         f for f in findings
@@ -86,14 +85,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(*findings, sep="\n")
         sys.stdout.flush()
     except BrokenPipeError:
-        # The reader stopped early (``| head``): nothing more to write, and
-        # Python's flush at exit must not fail again on the closed pipe.
+        # The reader stopped early (``| head``): the flush at exit must not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 2 if unreadable else 1 if findings else 0
 
 
 def _version() -> str:
-    """The installed package's version, read without importing it (nor TensorFlow)."""
+    """The installed version, read without importing the package (nor TensorFlow)."""
     try:
         return importlib.metadata.version("tf1_accum")
     except importlib.metadata.PackageNotFoundError:

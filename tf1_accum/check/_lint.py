@@ -1,8 +1,4 @@
-"""Checks files for the forum-style accumulation patterns, without running them.
-
-A heuristic: it finds the patterns as they are usually written, and says
-nothing of code it cannot follow.
-"""
+"""Checks files for the forum-style accumulation patterns, without running them."""
 
 from __future__ import annotations
 
@@ -18,16 +14,7 @@ from tf1_accum.check import _catalogue, _parents, _rules, _source
 
 
 class Finding(typing.NamedTuple):
-    """One problem found in a file.
-
-    Attributes:
-        path: The file, as given (or found under a directory given).
-        line: 1-based line number.
-        rule: The mistake's code in `tf1_accum.check._catalogue`, or
-            ``"TFA000"`` for a file that cannot be read or parsed.
-        message: What is wrong, then ``"; "``, then the tf1_accum replacement.
-        col: 1-based column.
-    """
+    """One problem found in a file (``rule`` ``"TFA000"``: it cannot be read or parsed)."""
 
     path: str
     line: int
@@ -47,7 +34,7 @@ _IGNORE_FILE = re.compile(r"^#\s*tf1_accum\.check:\s*ignore-file\b", re.M)
 
 
 def _keep(finding: Finding, lines: list[str]) -> bool:
-    """False when the finding's line says ``# tf1_accum.check: ignore`` (bare or with its code)."""
+    """False when the finding's line says ``# tf1_accum.check: ignore`` (bare or its code)."""
     match = _IGNORE.search(lines[finding.line - 1] if 0 < finding.line <= len(lines) else "")
     if not match:
         return True
@@ -69,10 +56,8 @@ def check_source(
     ...     print(finding.path, finding.line, finding.rule)
     train.py 4 TFA001
 
-    ``path`` names the findings; ``modules`` (`tf1_accum.check._parents.index`)
-    holds the other files of the check, whose classes a class here may extend.
-    A file that does not parse gives one ``TFA000``; the ignore comments of
-    docs/cli.rst leave findings out.
+    ``modules`` (`_parents.index`): the other files of the check, whose classes
+    a class here may extend.
     """
     if _IGNORE_FILE.search(source):
         return []
@@ -80,7 +65,13 @@ def check_source(
     try:
         tree, parsed = _source.parse(source, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
-        message = _parse_error_message(error)
+        reason = getattr(error, "msg", None) or str(error) or type(error).__name__
+        message = f"cannot parse this file ({reason}); fix the syntax, then check it again"
+        if isinstance(error, (RecursionError, MemoryError)):  # CPython's parser, nested deep
+            message = (
+                "cannot parse this file (its expressions are nested too deeply for Python's "
+                f"parser: {type(error).__name__}); check it by hand"
+            )
         line, col = getattr(error, "lineno", None) or 1, getattr(error, "offset", None) or 1
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
@@ -98,35 +89,14 @@ def check_source(
             for node in ast.walk(tree)
             if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "initialized_value"
         }
-    kept = [(line, col, rule) for line, col, rule in sorted(found) if line < _parents.OFFSET]
-    findings = (
-        Finding(path, line, rule, _catalogue.message(rule), col) for line, col, rule in kept
-    )
-    return [f for f in findings if _keep(f, lines)]
-
-
-def _parse_error_message(error: BaseException) -> str:
-    """The TFA000 message for a file Python's parser refuses, never with an empty reason."""
-    if isinstance(error, (RecursionError, MemoryError)):
-        # CPython's parser gives up on deep nesting (``not not ... x``, nested
-        # lambdas) with a bare MemoryError: valid syntax, too deep to read.
-        return (
-            "cannot parse this file (its expressions are nested too deeply for Python's "
-            f"parser: {type(error).__name__}); check it by hand"
-        )
-    reason = getattr(error, "msg", None) or str(error) or type(error).__name__
-    return f"cannot parse this file ({reason}); fix the syntax, then check it again"
+    found = {f for f in found if f[0] < _parents.OFFSET}  # not in a parent copied in
+    findings = [Finding(path, ln, rule, _catalogue.message(rule), col) for ln, col, rule in found]
+    return sorted((f for f in findings if _keep(f, lines)), key=lambda f: (f.line, f.col, f.rule))
 
 
 def python_files(paths: Iterable[str]) -> Iterator[str]:
-    """Yields the files to check: each file given, and the *.py under each directory.
-
-    A directory of the walk that cannot be listed is yielded too, so that
-    `check_file` reports it rather than the walk skipping it in silence.
-
-    Raises:
-        FileNotFoundError: If a path does not exist.
-    """
+    """Yields each file given, and the *.py under each directory (and any it cannot
+    list); FileNotFoundError for a path that does not exist."""
     for path in paths:
         if os.path.isdir(path):
             unlisted: list[OSError] = []
@@ -152,9 +122,7 @@ class FileResult(typing.NamedTuple):
 
 
 def check_file(path: str, modules: _parents.Modules | None = None) -> FileResult:
-    """The `FileResult` of one file; one that cannot be read (binary data, a FIFO, a
-    directory that cannot be listed, no permission) gives a TFA000 and is not waited on.
-    ``modules``: as for `check_source`."""
+    """The `FileResult` of one file; one that cannot be read gives a TFA000."""
     try:
         source = _source.decode(_source.read(path))
     except (OSError, _source.Unreadable) as error:
@@ -165,19 +133,13 @@ def check_file(path: str, modules: _parents.Modules | None = None) -> FileResult
 
 
 def check_paths(paths: Iterable[str], jobs: int = 1) -> list[Finding]:
-    """The `Finding` list of files (whatever their name) and directories (their ``*.py``,
-    hidden directories and ``__pycache__`` left out), checked by ``jobs`` processes.
-
-    Raises:
-        FileNotFoundError: If a path does not exist.
-    """
+    """The `Finding` list of files and directories, checked by ``jobs`` processes."""
     results = check_files(python_files(paths), jobs)
     return [finding for result in results for finding in result.findings]
 
 
 def check_files(files: Iterable[str], jobs: int = 1) -> Iterator[FileResult]:
-    """Yields the `FileResult` of each file in order, from ``jobs`` processes; a
-    class whose parent class is defined in another of the files is read with it."""
+    """Yields the `FileResult` of each file in order, from ``jobs`` processes."""
     listed = list(files)
     modules = _parents.index(listed) if len(listed) > 1 else None
     if jobs <= 1 or len(listed) < 2 * jobs:

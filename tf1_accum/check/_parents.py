@@ -1,12 +1,6 @@
-"""Parent classes defined in another file of the same check, for the migration checker.
-
-A trainer often computes its gradients in a base class and applies them in
-a subclass kept in another module (``from ppo_base import Trainer``). When
-that module is among the files being checked, the parent's definition is
-copied into the child's tree, its lines moved past `OFFSET`, so that
-`tf1_accum.check._flow` follows ``self`` through the parent's methods as it does
-for a parent in the same file. Findings on the moved lines belong to the
-other file (which is checked on its own) and are dropped.
+"""Parent classes from another file of the same check (``from ppo_base import Trainer``),
+copied into the child's tree with their lines moved past `OFFSET` (findings
+there belong to the other file, checked on its own, and are dropped).
 """
 
 from __future__ import annotations
@@ -43,9 +37,8 @@ def index(paths: Iterable[str]) -> Modules:
 
 
 def graft(tree: ast.Module, path: str, modules: Modules) -> list[Grafted]:
-    """Appends to ``tree`` each parent class it imports from a module in
-    ``modules`` (and their parents, a few levels); returns the (source,
-    path, line offset) of each copy, for their symbol tables."""
+    """Appends to ``tree`` each parent class it imports from ``modules`` (a few
+    levels); returns the (source, path, line offset) of each copy."""
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     grafted: list[Grafted] = []
     defined = {node.name for node in classes}
@@ -69,8 +62,7 @@ def graft(tree: ast.Module, path: str, modules: Modules) -> list[Grafted]:
 def _imported_bases(
     tree: ast.Module, classes: list[ast.ClassDef], defined: set[str]
 ) -> list[tuple[str, str]]:
-    """(module, class) of each base of ``classes`` imported in ``tree`` with
-    ``from module import Class`` (``module``'s last part), and not defined here."""
+    """(module, class) of each base of ``classes`` imported by ``from module import Class``."""
     bases = [
         base.id for node in classes for base in node.bases
         if isinstance(base, ast.Name) and base.id not in defined
@@ -93,8 +85,7 @@ def _imported_bases(
 def _class_in(
     module: str, name: str, modules: Modules, importer: str
 ) -> tuple[ast.ClassDef, ast.Module, str, str] | None:
-    """(ClassDef, its module's tree, source, path) of class ``name`` at the top
-    of the file of ``module`` (None: not among the files, or not defined there)."""
+    """(ClassDef, its module's tree, source, path) of class ``name`` of ``module``, or None."""
     for where in modules.get(module, ()):
         if os.path.abspath(where) == os.path.abspath(importer):
             continue
@@ -109,7 +100,6 @@ def _class_in(
 
 
 def _parsed(path: str) -> tuple[ast.Module, str] | None:
-    """(tree, source that parsed) of a file (None: it cannot be read or parsed)."""
     try:
         status = os.stat(path)
     except OSError:
@@ -119,7 +109,7 @@ def _parsed(path: str) -> tuple[ast.Module, str] | None:
 
 @functools.lru_cache(maxsize=64)
 def _parsed_version(path: str, mtime: int, size: int) -> tuple[ast.Module, str] | None:
-    """Parsed once per process and version of the file (a parent serves many children)."""
+    """Parsed once per version of the file (a parent serves many children)."""
     try:
         return _source.parse(_source.decode(_source.read(path)), path)
     except (OSError, _source.Unreadable, SyntaxError, ValueError, RecursionError, MemoryError):
@@ -127,7 +117,6 @@ def _parsed_version(path: str, mtime: int, size: int) -> tuple[ast.Module, str] 
 
 
 def tables(grafted: list[Grafted]) -> list[tuple[symtable.SymbolTable, int]]:
-    """The symbol tables of each copied parent's file, with their line offset."""
     found = []
     for source, path, offset in grafted:
         try:

@@ -1,14 +1,5 @@
-"""Reads a Python file for the migration checker as Python reads it, Python 2 included.
-
-Only regular files are read, and none is waited on (`read`).
-
-Bytes are decoded as the interpreter decodes them (a UTF-8 byte-order mark,
-a PEP 263 ``coding`` cookie). Legacy training scripts are often Python 2: a
-module that does not parse is fixed up token by token (``print`` and ``exec``
-statements, ``except E, e``, ``raise E, msg``, backticks, ``0777`` and ``10L``
-literals, ``ur''`` strings, ``<>``, tabs, ``[x for x in a, b]``, ``async`` and
-``await`` used as names) and parsed again. Every fix keeps
-each statement on its line, so findings point at the original source.
+"""Reads a Python file as Python reads it; Python 2 source is fixed up token by
+token (`_FIXES`), each statement kept on its line, and parsed again.
 """
 
 from __future__ import annotations
@@ -37,13 +28,8 @@ _NOT_REGULAR = (
 
 
 def read(path: str) -> bytes:
-    """The bytes of a regular file. Opened without blocking and checked before
-    reading: a FIFO named ``*.py`` would otherwise wait forever for a writer.
-
-    Raises:
-        OSError: If the file cannot be opened or read, or the directory listed.
-        Unreadable: If it is not a regular file (skipped unread).
-    """
+    """The bytes of a regular file, opened without blocking (a FIFO would wait for a
+    writer); `Unreadable` for anything else, OSError where it cannot be read."""
     if os.path.isdir(path):  # one the walk could not list: say why
         with os.scandir(path):
             raise Unreadable("it is a directory, to be walked, not read")
@@ -57,29 +43,20 @@ def read(path: str) -> bytes:
 
 
 def decode(data: bytes) -> str:
-    """Returns the text of a Python file's bytes, decoded as Python decodes them.
-
-    Raises:
-        Unreadable: If the bytes hold a null byte (a binary file).
-    """
+    """The text of a Python file's bytes, as Python decodes them (`Unreadable`: binary)."""
     if b"\0" in data:
         raise Unreadable("it holds null bytes: not a Python source file")
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
         return data.decode(encoding)
     except (SyntaxError, LookupError, UnicodeDecodeError):
-        # Python 2 accepted undeclared Latin-1 in comments and strings; the
-        # statements around it can still be checked.
+        # Python 2 accepted undeclared Latin-1 in comments and strings.
         return data.decode("latin-1")
 
 
 def parse(source: str, path: str = "<string>") -> tuple[ast.Module, str]:
-    """Returns the module tree of ``source`` and the source that parsed (Python 2: converted).
-
-    Raises:
-        SyntaxError: If neither the source nor its conversion parses; the
-            error is the original source's.
-    """
+    """The module tree of ``source`` and the source that parsed (Python 2: converted);
+    when neither parses, the original source's SyntaxError."""
     try:
         return ast.parse(source, filename=path), source
     except SyntaxError as error:
@@ -102,14 +79,14 @@ _COMPOUND = set("if elif else for while try except finally with def class".split
 
 
 def _python2_to_3(source: str) -> str:
-    """``source`` with each Python 2 form of `_FIXES` rewritten, every statement on its lines."""
+    """``source`` with each Python 2 form of `_FIXES` rewritten."""
     lines = [line.expandtabs(8) if line[:1] in " \t" else line for line in source.split("\n")]
     edits: set[Edit] = set()
     for tokens in _statements("\n".join(lines)):
         depths = _depths(tokens)
         for fix in _FIXES:
             edits.update(fix(tokens, depths))
-    # The start of the last edit made: edits run from the end, never overlapping.
+    # Edits run from the end, never overlapping the last one made (it started at done).
     done: tuple[int, int] | None = None
     for (row, col), (end_row, end_col), text in sorted(edits, reverse=True):
         if row == end_row and (done is None or (end_row, end_col) <= done):
@@ -120,7 +97,7 @@ def _python2_to_3(source: str) -> str:
 
 
 def _statements(source: str) -> Iterator[list[TokenInfo]]:
-    """Yields each simple statement (and compound statement's header) as its significant tokens."""
+    """Yields each simple statement (or compound statement's header) as its tokens."""
     current: list[TokenInfo] = []
     depth = 0
     try:
@@ -218,8 +195,7 @@ def _literals(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
 
 
 def _tuple_parameters(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
-    """``def f(a, (b, c)):`` and ``lambda (k, v): v``: each unpacked
-    parameter becomes one name (when it is on one line)."""
+    """``def f(a, (b, c)):`` and ``lambda (k, v): v``: a one-line unpacked parameter, a name."""
     edits = []
     for index, token in enumerate(tokens):
         if token.string not in ("def", "lambda"):
@@ -244,7 +220,7 @@ def _tuple_parameters(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
 
 
 def _comprehension_tuples(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
-    """``[x for x in a, b]``: Python 2 loops over the tuple ``a, b``; it gets its parentheses."""
+    """``[x for x in a, b]``: the tuple ``a, b`` gets its parentheses."""
     edits = []
     for index, token in enumerate(tokens):
         depth = depths[index]
@@ -270,8 +246,7 @@ _OPERAND_SIGNS = {"[", "{", "-", "+", "~"}
 
 
 def _async_names(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
-    """``FLAGS.async``, ``async = True``, ``def await(...)``: names before Python 3.7,
-    keywords since. Each becomes ``ASYNC`` or ``AWAIT`` (same length: columns stay)."""
+    """``FLAGS.async``, ``async = True``, ``def await(...)``: ``ASYNC``, ``AWAIT``."""
     edits = []
     for index, token in enumerate(tokens):
         if token.type != tokenize.NAME or token.string not in ("async", "await"):
