@@ -9,8 +9,9 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
-from tf1_accum import _migration
 from tf1_accum import _stats
+from tf1_accum._accumulation import make_window
+from tf1_accum._accumulation import prepare
 from tf1_accum._window import Window
 from tf1_accum._options import GradientTransform
 from tf1_accum._options import WindowOptions
@@ -169,18 +170,12 @@ def build_dataset_accumulation(
         )
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_validate.describe(dataset)}.")
-    optimizer = _validate.check_optimizer(optimizer)
-    _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
-    _validate.check_steps(steps)
-    _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
-    if weight is not None and not callable(weight):
-        raise TypeError(
-            "weight must be a callable taking one dataset element and returning its "
-            f"scalar weight, got {_validate.describe(weight)}."
-        )
-    options = WindowOptions(
-        average=average,
+    optimizer, options = prepare(
+        "build_dataset_accumulation",
+        optimizer,
+        cross_replica,
         weighted=weight is not None,
+        average=average,
         clip_norm=clip_norm,
         transform=transform,
         skip_nonfinite=skip_nonfinite,
@@ -188,7 +183,13 @@ def build_dataset_accumulation(
         statistics=statistics,
         micro_batch_size=micro_batch_size,
     )
-    _distributed.check_cross_replica(cross_replica)
+    _validate.check_steps(steps)
+    _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
+    if weight is not None and not callable(weight):
+        raise TypeError(
+            "weight must be a callable taking one dataset element and returning its "
+            f"scalar weight, got {_validate.describe(weight)}."
+        )
     if options.update_ops:
         raise ValueError(
             "build_dataset_accumulation takes update_ops=None (the UPDATE_OPS that "
@@ -268,14 +269,7 @@ def _build(
         _validate.check_trainable(loss, trainable)
         pairs = optimizer.compute_gradients(loss, var_list=trainable)
         pairs = _validate.usable_gradients(pairs, loss)
-        with tf.compat.v1.name_scope(scope):
-            window = Window(
-                pairs,
-                options,
-                scope,
-                cross_replica=None if cross_replica is None else cross_replica._reducer(),
-                mutex=mutex,
-            )
+        window = make_window(pairs, options, scope, cross_replica, mutex)
         made.append(_MadeInLoop(window, loss.dtype.base_dtype))
         grads = [g for g, _ in pairs]
         with tf.control_dependencies(added):
