@@ -144,15 +144,11 @@ def build_accumulation(
             (use ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
             or accumulates by itself (`AccumulationOptimizer`,
             `KerasAccumulationOptimizer`: give the optimizer they wrap).
-        TypeError: If a tf_keras optimizer is to train a reference variable,
-            or ``loss``, ``var_list``, ``global_step``, ``weight``, ``fused``
-            or ``cross_replica`` has the wrong type.
-        ValueError / TypeError: an option that `WindowOptions` refuses; see
-            `WindowOptions`.
-        ValueError: If ``loss`` or ``weight`` is not a scalar; a variable of
-            ``var_list``, ``global_step``, ``weight`` or an op of
-            ``update_ops`` is not in the loss's graph; or ``fused=True`` with
-            a ``SyncReplicasOptimizer``.
+        TypeError, ValueError: If an argument has the wrong type, is not a
+            scalar (``loss``, ``weight``) or is not of the loss's graph; an
+            option `WindowOptions` refuses; ``fused=True`` with a
+            ``SyncReplicasOptimizer``; a tf_keras optimizer given a reference
+            variable.
         ValueError: If there is nothing to train (no trainable variable, an
             empty ``var_list``, no gradient), or a variable the loss reads has
             a shape that is not fully defined.

@@ -140,27 +140,14 @@ def build_dataset_accumulation(
 
     Raises:
         RuntimeError: If eager execution is active.
-        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer, or is tf_keras's
-            ``LossScaleOptimizer``, an `AccumulationOptimizer` or a
-            `KerasAccumulationOptimizer`; a tf_keras optimizer is to train a
-            reference variable; ``loss_fn``, ``weight`` (callables),
-            ``dataset``, ``steps``, ``var_list``, ``global_step`` or
-            ``cross_replica`` has the wrong type; or ``loss_fn`` returns
-            something other than a floating-point tensor, ``weight`` other
-            than a real tensor.
-        ValueError: If ``steps`` is less than 1; ``update_ops`` is a non-empty
-            list; a variable of ``var_list``, or ``global_step``, is not in
-            the default graph; what ``loss_fn`` or ``weight`` returns is not a
-            scalar; there is nothing to train (no trainable variable, an empty
-            ``var_list``, or no variable with a gradient); a trained
-            variable's shape is not fully defined; ``loss_fn`` creates a
-            variable from a tensor that reads a value of the loop; the
-            optimizer creates a variable inside ``apply_gradients`` from a
-            tensor computed there; or ``dataset`` captures a placeholder.
-        TypeError, ValueError: If a transform returns something other than a
-            gradient of the gradient's shape and dtype.
-        TypeError, ValueError: An option that `WindowOptions` refuses.
+        TypeError, ValueError: What `build_accumulation` refuses (of
+            ``optimizer``, ``var_list``, ``global_step``, ``cross_replica``, the
+            options, the loss and weight ``loss_fn`` and ``weight`` return, the
+            optimizer's apply and the transforms); ``loss_fn``, ``weight`` or
+            ``dataset`` of the wrong type; ``steps`` not an int of at least 1;
+            ``update_ops`` a non-empty list; ``loss_fn`` creating a variable
+            from a tensor that reads a value of the loop; or ``dataset``
+            capturing a placeholder.
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):

@@ -25,8 +25,9 @@ from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 
 if typing.TYPE_CHECKING:
+    from tf1_accum._options import Gradient
+    from tf1_accum._options import Pairs
     from tf1_accum._window import Applied
-    from tf1_accum._window import Pairs
 
 
 def _check_weight(weight: object) -> None:
@@ -216,6 +217,40 @@ class _Build(typing.NamedTuple):
     start: typing.Optional[_migration.WindowStart]  # with global_step: its check
 
 
+class _Builds:
+    """The train ops one `AccumulationOptimizer` built, in order, in every graph."""
+
+    def __init__(self) -> None:
+        self.all: list[_Build] = []
+
+    def of(self, graph: tf.Graph | None = None) -> list[_Build]:
+        """The train ops built in ``graph`` (the default graph, if None)."""
+        graph = graph or tf.compat.v1.get_default_graph()
+        return [b for b in self.all if b.window.counter.graph is graph]
+
+    def one(self, what: str) -> _Build:
+        """The one train op built in the default graph (or the only one); ValueError if not one."""
+        builds = self.of()
+        if not builds and len({id(b.window.counter.graph) for b in self.all}) == 1:
+            builds = self.all  # read outside the one graph it was built in
+        if not builds:
+            elsewhere = ", in this graph (it was built in other graphs: enter the one you mean "
+            raise ValueError(
+                f"{what} exists once the train op is built: call minimize() or "
+                "apply_gradients() first"
+                + (elsewhere + "with graph.as_default())." if self.all else ".")
+            )
+        if len(builds) > 1:
+            raise ValueError(
+                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
+                "ops in this graph (minimize() or apply_gradients() called "
+                f"{len(builds)} times), each accumulating its own window. Build one "
+                "AccumulationOptimizer per train op (they may wrap one optimizer); "
+                "flush_op flushes every window of this one."
+            )
+        return builds[0]
+
+
 class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps an optimizer so that its train op accumulates ``steps`` micro-batches.
 
@@ -263,16 +298,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: Name scope of the accumulation ops.
 
     Raises:
-        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is an `AccumulationOptimizer` or tf_keras's
-            ``LossScaleOptimizer``, ``steps`` is not an int, ``weight`` has the
-            wrong type, or ``cross_replica`` is not a `CollectiveAllReduce` or
-            a `HorovodAllReduce`.
-        ValueError: If ``optimizer`` is a ``SyncReplicasOptimizer`` that
-            aggregates more windows per update than there are workers,
-            ``steps`` is less than 1, or ``weight`` (a tensor) is not a scalar.
-        TypeError, ValueError: An option that `WindowOptions` refuses.
+        TypeError, ValueError: What `build_accumulation` refuses of
+            ``optimizer``, ``weight``, ``cross_replica`` and the options;
+            ``steps`` that is not an int of at least 1; a ``SyncReplicasOptimizer``
+            that aggregates more windows per update than there are workers.
     """
 
     def __init__(
@@ -292,13 +321,11 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str = "Accumulation",
     ) -> None:
         _check_weight(weight)
-        self._start(
+        self._weight, self._cross_replica = weight, cross_replica
+        prepared = _accumulation.prepare(
+            "AccumulationOptimizer",
             optimizer,
-            steps,
-            None,
             cross_replica,
-            name,
-            weight,
             weighted=weight is not None,
             average=average,
             clip_norm=clip_norm,
@@ -308,6 +335,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             statistics=statistics,
             micro_batch_size=micro_batch_size,
         )
+        self._start(steps, name, *prepared)
 
     @classmethod
     def _of_options(
@@ -315,32 +343,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> AccumulationOptimizer:
         """One with ``options`` made (the Keras wrapper's); no weight, no cross_replica."""
         wrapper = cls.__new__(cls)
-        wrapper._start(optimizer, steps, options, None, name)
+        wrapper._weight = wrapper._cross_replica = None
+        prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, options=options)
+        wrapper._start(steps, name, *prepared)
         return wrapper
 
     def _start(
-        self,
-        optimizer: typing.Any,
-        steps: int,
-        options: WindowOptions | None,
-        cross_replica: _distributed.Engine | None,
-        name: str,
-        weight: tf.Tensor | typing.Callable[[], tf.Tensor] | None = None,
-        **keywords: typing.Any,
+        self, steps: int, name: str, optimizer: tf.compat.v1.train.Optimizer, options: WindowOptions
     ) -> None:
-        optimizer, self._options = _accumulation.prepare(
-            "AccumulationOptimizer", optimizer, cross_replica, options, **keywords
-        )
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             _sync_replicas.check(optimizer)
         _validate.check_steps(steps)
         super().__init__(use_locking=False, name=name)
-        self._weight = weight
-        self._cross_replica = cross_replica
-        self._optimizer = optimizer
-        self._steps = int(steps)
-        # One entry per train op built, in order: what each build returned.
-        self._builds: list[_Build] = []
+        self._optimizer, self._options, self._steps = optimizer, options, int(steps)
+        self._builds = _Builds()
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -352,33 +368,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """Micro-batches per update."""
         return self._steps
 
-    def _built(self, graph: tf.Graph | None = None) -> list[_Build]:
-        """The train ops built in ``graph`` (the default graph, if None)."""
-        graph = graph or tf.compat.v1.get_default_graph()
-        return [b for b in self._builds if b.window.counter.graph is graph]
-
-    def _one_build(self, what: str) -> _Build:
-        """The one train op built in the default graph (or the only one); ValueError if not one."""
-        builds = self._built()
-        if not builds and len({id(b.window.counter.graph) for b in self._builds}) == 1:
-            builds = self._builds  # read outside the one graph it was built in
-        if not builds:
-            elsewhere = ", in this graph (it was built in other graphs: enter the one you mean "
-            raise ValueError(
-                f"{what} exists once the train op is built: call minimize() or "
-                "apply_gradients() first"
-                + (elsewhere + "with graph.as_default())." if self._builds else ".")
-            )
-        if len(builds) > 1:
-            raise ValueError(
-                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
-                "ops in this graph (minimize() or apply_gradients() called "
-                f"{len(builds)} times), each accumulating its own window. Build one "
-                "AccumulationOptimizer per train op (they may wrap one optimizer); "
-                "flush_op flushes every window of this one."
-            )
-        return builds[0]
-
     @property
     def window(self) -> TrainOpWindow:
         """The `TrainOpWindow` of the one train op built in the default graph.
@@ -387,22 +376,22 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ValueError: If no train op was built yet, or several (build one
                 AccumulationOptimizer per train op).
         """
-        return self._one_build("window").record
+        return self._builds.one("window").record
 
     @property
     def flush_op(self) -> tf.Operation:
-        """Applies a window shorter than ``steps`` with its true count, and resets.
+        """Applies a partial window with its true count, and resets (else a no-op).
 
-        Run it once at the end of training, with no feed (with nothing accumulated, a
-        no-op). It never runs ``update_ops``; it flushes every train op built in the graph.
+        Run it at the end of training, with no feed; it flushes every train op
+        built in the graph, and runs no ``update_ops``.
 
         Raises:
             ValueError: If no train op was built yet.
         """
         # Each train op's flush runs the flushes built before it in its graph.
-        builds = self._built() or self._builds[-1:]
+        builds = self._builds.of() or self._builds.all[-1:]
         if not builds:
-            self._one_build("flush_op")
+            self._builds.one("flush_op")
         return builds[-1].record.flush_op
 
     def compute_gradients(
@@ -419,8 +408,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
 
-        Every argument is checked before anything is built; a later failure
-        (a refused ``weight`` callable's result) puts the graph's collections back.
+        Arguments are checked as in `minimize`.
 
         Args:
             grads_and_vars: ``(gradient, variable)`` pairs, as from
@@ -436,33 +424,12 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
         Raises:
             RuntimeError: If eager execution is active.
-            TypeError: If ``global_step`` is not an integer variable,
-                ``weight`` (or what its callable returns) is not a real tensor,
-                or a Keras optimizer is given a reference variable.
-            ValueError: If no gradient is given for any variable, the
-                gradients come from a ``SyncReplicasOptimizer`` wrapping this
-                one (which would hang), a variable's shape is not fully
-                defined, ``global_step``, ``weight`` or an op of ``update_ops``
-                is not in the graph of the loss, or the wrapped optimizer
-                creates a variable in ``apply_gradients`` from a tensor
-                computed there, or different state each time it is built.
+            TypeError, ValueError: As `minimize`; or if the gradients come from
+                a ``SyncReplicasOptimizer`` wrapping this one (which would hang).
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
+        pairs = _checked_pairs(self, grads_and_vars, global_step)
         graph = tf.compat.v1.get_default_graph()
-        # Inside a loss-scale optimizer's conditional, the default graph is the
-        # branch's function graph, and global_step a variable of the graph outside.
-        with tf.init_scope():
-            outer = tf.compat.v1.get_default_graph()
-        _validate.check_global_step(global_step, outer)
-        grads_and_vars = list(grads_and_vars)
-        _validate.check_not_under_sync_replicas(grads_and_vars)
-        pairs = _validate.usable_gradients(grads_and_vars)
-        _migration.warn_if_clipped(pairs, self._options.clip_norm)
-        _validate.check_shapes([v for _, v in pairs])
-        _keras.check_variables(self._optimizer, [v for _, v in pairs])
-        if not callable(self._weight):
-            _validate.check_weight(self._weight, outer)
-        _options.update_ops_in(self._options, outer)
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
             return _build(self, pairs, global_step, name, _gradient_tensors(pairs))
 
@@ -485,16 +452,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
         Raises:
             RuntimeError: If eager execution is active.
-            TypeError: If ``loss`` is not a floating-point tensor or
-                ``global_step`` is not an integer variable, ``weight`` (a
-                tensor) or ``var_list`` has the wrong type, or a Keras
-                optimizer is given a reference variable.
-            ValueError: If ``loss`` is not a scalar, the loss depends on no
-                variable of ``var_list``, one it depends on has a shape that
-                is not fully defined, ``global_step``, ``weight`` or an op of
-                ``update_ops`` is not in the graph of the loss, no variable
-                has a gradient, or a wrapped ``SyncReplicasOptimizer`` is given
-                no ``global_step``.
+            TypeError, ValueError: What `build_accumulation` refuses of
+                ``loss``, ``var_list``, ``global_step``, ``weight``, the
+                gradients and the optimizer's apply; a wrapped
+                ``SyncReplicasOptimizer`` given no ``global_step``.
         """
         given = dict(
             gate_gradients=gate_gradients,
@@ -531,8 +492,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         tf1_accum's are the accumulators and counters of each train op built (also
         in `STATE_COLLECTION`); `plain_variables` leaves them out.
         """
-        state = [v for b in self._built() for v in b.window._state()]
-        state += [b.start.variable for b in self._built() if b.start is not None]
+        state = [v for b in self._builds.of() for v in b.window._state()]
+        state += [b.start.variable for b in self._builds.of() if b.start is not None]
         return list(self._optimizer.variables()) + state
 
     def make_session_run_hook(
@@ -540,12 +501,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.compat.v1.train.SessionRunHook:
         """A hook that keeps a partial window in the final checkpoint, or flushes it.
 
-        For ``MonitoredTrainingSession`` and ``tf.estimator`` (see
-        :doc:`real_programs`): at ``end()``, a partial window is saved with the
-        graph's saver (in ``SAVERS``) to the last checkpoint's path, or, with
-        ``flush_at_end=True``, applied by `flush_op` and then saved. Pass it in
-        ``hooks`` (``training_hooks``), on the chief. It also silences
-        ``StepCounterHook``'s "global step ... has not been increased" warning.
+        For ``MonitoredTrainingSession`` and ``tf.estimator``, on the chief
+        (:doc:`real_programs`): at ``end()``, a partial window is saved with the
+        graph's saver to the last checkpoint's path, or, with
+        ``flush_at_end=True``, applied by `flush_op` and then saved.
 
         Args:
             flush_at_end: False (the default) keeps the partial window for a
@@ -575,21 +534,41 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
                 argument (``init_op``, ``local_init_op``...), except ``saver``.
 
-        Returns:
-            A ``tf.compat.v1.train.Scaffold``.
-
         Raises:
             TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.
             ValueError: If no train op was built yet, or the graph already has
                 a saver in ``SAVERS``.
         """
-        self._one_build("make_scaffold")
+        self._builds.one("make_scaffold")
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
         """(counter, flush op) of each train op in ``graph``; refuses a hand-written increment."""
-        _migration.refuse_hand_written([b.start for b in self._built(graph)])
-        return [(b.window.counter, b.record.flush_op) for b in self._built(graph)]
+        _migration.refuse_hand_written([b.start for b in self._builds.of(graph)])
+        return [(b.window.counter, b.record.flush_op) for b in self._builds.of(graph)]
+
+
+def _checked_pairs(
+    wrapper: AccumulationOptimizer,
+    grads_and_vars: typing.Iterable[tuple[Gradient | None, tf.Variable]],
+    global_step: tf.Variable | None,
+) -> Pairs:
+    """The pairs given to `AccumulationOptimizer.apply_gradients` with a gradient, checked."""
+    # Inside a loss-scale optimizer's conditional, the default graph is the
+    # branch's function graph, and global_step a variable of the graph outside.
+    with tf.init_scope():
+        outer = tf.compat.v1.get_default_graph()
+    _validate.check_global_step(global_step, outer)
+    grads_and_vars = list(grads_and_vars)
+    _validate.check_not_under_sync_replicas(grads_and_vars)
+    pairs = _validate.usable_gradients(grads_and_vars)
+    _migration.warn_if_clipped(pairs, wrapper._options.clip_norm)
+    _validate.check_shapes([v for _, v in pairs])
+    _keras.check_variables(wrapper._optimizer, [v for _, v in pairs])
+    if not callable(wrapper._weight):
+        _validate.check_weight(wrapper._weight, outer)
+    _options.update_ops_in(wrapper._options, outer)
+    return pairs
 
 
 def _build(
@@ -641,7 +620,7 @@ def _build(
         train, _ = window.exclusive(accumulate_and_apply)
         # Built now (a MonitoredSession finalizes the graph), outside any
         # conditional, after the earlier train ops' flushes: it flushes every window.
-        earlier = [b.record.flush_op for b in wrapper._built(outer)]
+        earlier = [b.record.flush_op for b in wrapper._builds.of(outer)]
         with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
 
             def flush() -> tuple[Applied, None]:
@@ -662,7 +641,7 @@ def _build(
         var_list=window.var_list,
         options=options,
     )
-    wrapper._builds.append(_Build(window, record, start))
+    wrapper._builds.all.append(_Build(window, record, start))
     _reaches(outer).append(reach)
     # Without make_session_run_hook's hook, a window may miss every checkpoint: warn.
     outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
