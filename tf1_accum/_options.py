@@ -79,7 +79,7 @@ class WindowOptions:
     """The window options, the same in every way in, checked when made.
 
     Every way in takes them as keywords and makes one `WindowOptions`
-    (`Accumulation.options`); :ref:`window-options` explains them and
+    (`Accumulation.options`, `TrainOpWindow.options`); :ref:`window-options` explains them and
     :ref:`api-options` says which way in takes which. Options of the ways in
     that are not kept here:
 
