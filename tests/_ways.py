@@ -344,10 +344,10 @@ class Optimizer(WayIn):
             wrapper,
             train_op,
             steps,
-            wrapper.micro_step,
-            wrapper.skipped_windows,
-            wrapper.global_norm,
-            wrapper.statistics,
+            wrapper.window.counter,
+            wrapper.window.skipped_windows,
+            wrapper.window.global_norm,
+            wrapper.window.statistics,
             None,
         )
 

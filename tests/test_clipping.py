@@ -107,13 +107,14 @@ def test_global_norm_without_clipping_and_zero_in_accumulating_runs():
         model = Model(tf.float64, False)
         wrapper = tf1_accum.AccumulationOptimizer(OPTIMIZERS["sgd"](tf.float64), 3)
         train_op = wrapper.minimize(model.loss)
-        with pytest.raises(ValueError, match="global_norm exists once the train op is built"):
-            _ = tf1_accum.AccumulationOptimizer(OPTIMIZERS["sgd"](tf.float64), 3).global_norm
+        with pytest.raises(ValueError, match="window exists once the train op is built"):
+            _ = tf1_accum.AccumulationOptimizer(OPTIMIZERS["sgd"](tf.float64), 3).window
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             grads = tf.gradients(model.loss, v1.trainable_variables())
             want = np.sqrt(sum(np.sum(g**2) for g in sess.run(grads, model.feed(concat(batches)))))
-            norms = [sess.run([train_op, wrapper.global_norm], model.feed(b))[1] for b in batches]
+            norm = wrapper.window.global_norm
+            norms = [sess.run([train_op, norm], model.feed(b))[1] for b in batches]
     assert norms[:2] == [0.0, 0.0]
     np.testing.assert_allclose(norms[2], want, rtol=1e-12)
 

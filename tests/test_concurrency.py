@@ -294,11 +294,11 @@ def test_threads_running_the_wrappers_train_op_count_every_micro_batch_once(aver
 
             def work(t):
                 for feed in feeds[t::THREADS]:
-                    norms[t].append(sess.run([train_op, opt.global_norm], feed)[1])
+                    norms[t].append(sess.run([train_op, opt.window.global_norm], feed)[1])
 
             errors = _threads(work)
             assert not any(errors), errors
-            assert sess.run([step, opt.micro_step]) == [updates, left]
+            assert sess.run([step, opt.window.counter]) == [updates, left]
             assert sum(n > 0 for ns in norms for n in ns) == updates
             scale = STEPS if average else 1
             applied = [a * scale for a in model.applied(sess, start)]
@@ -310,7 +310,7 @@ def test_threads_running_the_wrappers_train_op_count_every_micro_batch_once(aver
 
             before = sess.run(model.variables)
             sess.run(opt.flush_op)
-            assert sess.run([step, opt.micro_step]) == [updates + 1, 0]
+            assert sess.run([step, opt.window.counter]) == [updates + 1, 0]
             flushed = [b - v for b, v in zip(before, sess.run(model.variables))]
             _assert_exact([f * (left if average else 1) for f in flushed], held, "the flush")
 

@@ -637,7 +637,7 @@ def test_a_hand_written_increment_beside_the_wrappers_counts_micro_batches():
     assert [(f.kind, f.op_name) for f in findings] == [("step_not_per_update", increment.op.name)]
     assert "run once per micro-batch" in findings[0].message
     assert "increments the global step global_step with every micro-batch" in findings[0].message
-    assert "tf.cond(opt.applied, ...)" in findings[0].message
+    assert "tf.cond(opt.window.applied, ...)" in findings[0].message
 
 
 def test_the_increment_hung_on_applied_is_clean():
@@ -646,7 +646,7 @@ def test_the_increment_hung_on_applied_is_clean():
         step = v1.train.get_or_create_global_step()
         opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 4)
         train_op = opt.minimize(loss)
-        increment = tf.cond(opt.applied, lambda: step.assign(step + 1), step.read_value)
+        increment = tf.cond(opt.window.applied, lambda: step.assign(step + 1), step.read_value)
         assert tf1_accum.check_graph(tf.group(train_op, increment)) == []
 
 

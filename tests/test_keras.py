@@ -377,7 +377,7 @@ def _fit_saved(x, y, epochs, save_to=None, restore_from=None):
         return (
             model.get_weights(),
             int(sess.run(model.optimizer.iterations)),
-            int(sess.run(optimizer.micro_step)),
+            int(sess.run(optimizer.window.counter)),
         )
 
 

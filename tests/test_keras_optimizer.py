@@ -88,7 +88,7 @@ def _fit(model, x, y, epochs, batch_size=B, callbacks=()):
 def _state(model):
     """(iterations, micro_step) of the model's KerasAccumulationOptimizer."""
     get = tf_keras.backend.get_value
-    return int(get(model.optimizer.iterations)), int(get(model.optimizer.micro_step))
+    return int(get(model.optimizer.iterations)), int(get(model.optimizer.window.counter))
 
 
 def _uninterrupted(name, x, y, epochs):
@@ -328,8 +328,8 @@ def test_window_properties_exist_once_fit_built_the_train_op():
     with tf.Graph().as_default():
         with pytest.raises(ValueError, match=r"flush_op exists once .* model.fit\(\) builds it"):
             _ = optimizer.flush_op
-        with pytest.raises(ValueError, match=r"micro_step exists once the train op is built"):
-            _ = optimizer.micro_step
+        with pytest.raises(ValueError, match=r"window exists once the train op is built"):
+            _ = optimizer.window
 
 
 def test_eager_execution_is_refused():

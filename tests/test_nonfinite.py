@@ -92,7 +92,7 @@ def test_dynamic_loss_scale_lowers_on_an_overflowing_window_and_training_goes_on
                 sess.run(train_op, model.feed(batch))
             after_bad = values_by_name(sess, v1.trainable_variables())
             assert sess.run(scale) == start_scale / 2
-            assert sess.run(wrapper.skipped_windows) == 1
+            assert sess.run(wrapper.window.skipped_windows) == 1
             for batch in batches[3:]:
                 sess.run(train_op, model.feed(batch))
             after_good = values_by_name(sess, v1.trainable_variables())

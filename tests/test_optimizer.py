@@ -48,14 +48,14 @@ def test_micro_step_counts_within_the_window_and_global_step_counts_updates():
         step = v1.train.get_or_create_global_step()
         opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), steps=3)
         with pytest.raises(ValueError, match="call minimize"):
-            _ = opt.micro_step
+            _ = opt.window
         train_op = opt.minimize(model.loss, global_step=step)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             seen = []
             for batch in batches:
                 sess.run(train_op, model.feed(batch))
-                seen.append(tuple(int(x) for x in sess.run([step, opt.micro_step])))
+                seen.append(tuple(int(x) for x in sess.run([step, opt.window.counter])))
     assert seen == [(0, 1), (0, 2), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1)]
 
 
@@ -200,7 +200,7 @@ def test_a_sync_replicas_optimizer_wrapping_the_wrapper_is_refused_at_build(spar
             sync.minimize(model.loss, global_step=step)
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
         with pytest.raises(ValueError, match="call minimize"):
-            _ = wrapper.micro_step
+            _ = wrapper.window
 
 
 def test_flush_with_nothing_accumulated_changes_nothing():
@@ -225,7 +225,7 @@ def test_flush_with_nothing_accumulated_changes_nothing():
     assert trained["global_step"] == 2
 
 
-@pytest.mark.parametrize("name", ["flush_op", "micro_step", "skipped_windows", "applied"])
+@pytest.mark.parametrize("name", ["flush_op", "window"])
 def test_state_properties_exist_once_the_train_op_is_built(name):
     wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
     with pytest.raises(ValueError, match=f"{name} exists once the train op is built"):
@@ -253,7 +253,8 @@ def test_applied_is_true_exactly_in_the_runs_that_apply_an_update(kind, skipped_
             sess.run(v1.global_variables_initializer())
             applied, steps = [], []
             for batch in batches:
-                applied.append(bool(sess.run([train_op, wrapper.applied], model.feed(batch))[1]))
+                fetched = sess.run([train_op, wrapper.window.applied], model.feed(batch))
+                applied.append(bool(fetched[1]))
                 steps.append(int(sess.run(step)))
     assert applied == [False, False, True, False, False, skipped_window_applies] + [
         False,
@@ -275,7 +276,7 @@ def test_applied_drives_per_update_work_after_the_train_op():
         with tf.control_dependencies([train_op]):
             # No conditional of the program's own: it builds in every graph
             # mode, reference variables under control flow v2 included.
-            count = updates.assign_add(tf.cast(wrapper.applied, tf.int64))
+            count = updates.assign_add(tf.cast(wrapper.window.applied, tf.int64))
         train_op = tf.group(train_op, count)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
@@ -310,7 +311,7 @@ def test_variables_are_the_wrapped_optimizers_then_tf1_accums_state():
             assert sess.run(v1.report_uninitialized_variables()).size == 0
             for batch in batches:
                 sess.run(train_op, model.feed(batch))
-            assert sess.run(wrapper.micro_step) == 0
+            assert sess.run(wrapper.window.counter) == 0
     with tf.Graph().as_default():
         assert wrapper.variables() == []  # only the default graph's
 
@@ -349,9 +350,8 @@ def test_two_minimize_calls_flush_op_flushes_both_windows():
         opt = tf1_accum.AccumulationOptimizer(v1.train.MomentumOptimizer(0.1, 0.9), steps=4)
         train_a = opt.minimize(a.loss, var_list=of("a"))
         train_b = opt.minimize(b.loss, var_list=of("b"))
-        for name in ("micro_step", "applied", "global_norm", "skipped_windows", "statistics"):
-            with pytest.raises(ValueError, match=f"{name} is ambiguous: this Accumulation"):
-                getattr(opt, name)
+        with pytest.raises(ValueError, match="window is ambiguous: this Accumulation"):
+            _ = opt.window
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             for batch in first:
@@ -375,8 +375,8 @@ def test_micro_step_of_one_train_op_per_graph_is_that_train_ops():
     for _ in range(2):
         with tf.Graph().as_default() as graph:
             opt.minimize(Model(tf.float32, False).loss)
-            assert opt.micro_step.graph is graph
-            assert opt.applied.graph is graph
+            assert opt.window.counter.graph is graph
+            assert opt.window.applied.graph is graph
 
 
 def test_the_properties_read_the_build_of_the_graph_they_are_read_in():
@@ -387,16 +387,16 @@ def test_the_properties_read_the_build_of_the_graph_they_are_read_in():
         with graph.as_default():
             opt.minimize(Model(tf.float32, False).loss)
     with graphs[0].as_default():  # the first graph, though the second was built last
-        for name in ("micro_step", "applied", "global_norm", "skipped_windows"):
-            assert getattr(opt, name).graph is graphs[0], name
+        for name in ("counter", "applied", "global_norm", "skipped_windows"):
+            assert getattr(opt.window, name).graph is graphs[0], name
         assert opt.flush_op.graph is graphs[0]
         assert {v.graph for v in opt.variables()} == {graphs[0]}
     with pytest.raises(
         ValueError,
-        match=r"micro_step exists once the train op is built: .* in "
+        match=r"window exists once the train op is built: .* in "
         r"this graph \(it was built in other graphs: enter the one you mean",
     ):
-        _ = opt.micro_step
+        _ = opt.window
 
 
 _ANOTHER_GRAPHS_STEP = (

@@ -238,7 +238,7 @@ def test_a_hand_written_increment_of_a_shared_step_is_refused_when_the_session_s
         message,
     )
     assert "global_step.assign(global_step + 1)" in message
-    assert "tf.cond(opt.applied, ...)" in message
+    assert "tf.cond(opt.window.applied, ...)" in message
 
 
 def test_a_shared_step_alone_is_not_refused_nor_read_with_every_micro_batch():

@@ -83,12 +83,12 @@ def test_a_hand_written_increment_beside_the_wrappers_is_stopped_in_the_first_wi
             # The increment of run 1 runs before or after the record, unordered:
             # by run 3 of the window the step has moved for sure.
             assert 1 <= ran <= 2
-            assert sess.run(wrapper.micro_step) == ran
+            assert sess.run(wrapper.window.counter) == ran
             for got, expected in zip(sess.run(trained), before):
                 np.testing.assert_array_equal(got, expected)
     assert "global_step moved in the middle of an accumulation window" in message
     assert "global_step.assign(global_step + 1)" in message
-    assert "opt.applied" in message
+    assert "opt.window.applied" in message
     assert "This micro-batch was not accumulated" in message
 
 
@@ -133,7 +133,7 @@ def test_a_step_moved_by_hand_between_windows_is_not_a_mistake():
             with pytest.raises(tf.errors.InvalidArgumentError, match="global_step moved"):
                 step.load(8, sess)
                 sess.run(train_op, model.feed(batches[1]))
-            assert sess.run(opt.micro_step) == 1
+            assert sess.run(opt.window.counter) == 1
 
 
 def _clipped_per_micro_batch(clip_norm):

@@ -324,7 +324,7 @@ def test_applied_plus_accumulated_equals_fed_whatever_the_interleaving(case):
             v1.train.GradientDescentOptimizer(1.0), steps=LEDGER_STEPS, average=False
         )
         train_op = wrapper.minimize(b.loss, var_list=b.variables, global_step=b.step)
-        a.counter, b.counter = acc.counter, wrapper.micro_step
+        a.counter, b.counter = acc.counter, wrapper.window.counter
         saver = v1.train.Saver()
         with v1.Session() as sess, tempfile.TemporaryDirectory() as directory:
             sess.run(v1.global_variables_initializer())
@@ -352,7 +352,7 @@ def test_applied_plus_accumulated_equals_fed_whatever_the_interleaving(case):
                             a.updates += 1
                 elif action == "train":
                     feed = b.feed(rng)
-                    _, norm = sess.run([train_op, wrapper.global_norm], feed)
+                    _, norm = sess.run([train_op, wrapper.window.global_norm], feed)
                     b.enter(feed, update=norm > 0)  # applied in this run
 
             for p, (action, arg) in enumerate(case["program"]):
@@ -384,7 +384,7 @@ def test_applied_plus_accumulated_equals_fed_whatever_the_interleaving(case):
                     a.books = [k - h for k, h in zip(a.books, held)]
                     sess.run(acc.zero_op)
                 elif action == "flush":
-                    if sess.run(wrapper.micro_step) > 0:
+                    if sess.run(wrapper.window.counter) > 0:
                         b.updates += 1
                     sess.run(wrapper.flush_op)
                 elif action == "save":

@@ -134,7 +134,7 @@ def test_a_gan_loop_left_as_it_was_stops_before_mixing_a_window():
             ):
                 gan.run_unchanged(sess, built, real, noises, steps)
             # The generator's micro-batch was not added; nothing was applied.
-            assert sess.run([built.d_opt.micro_step, built.g_opt.micro_step]) == [1, 0]
+            assert sess.run([built.d_opt.window.counter, built.g_opt.window.counter]) == [1, 0]
             after = values_by_name(sess, v1.trainable_variables())
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value, err_msg=name)

@@ -550,7 +550,7 @@ def test_optimizer_statistics_in_accumulating_runs_are_empty(weighted):
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             for k, batch in enumerate(batches):
-                _, value = sess.run([train_op, wrapper.statistics], model.feed(batch))
+                _, value = sess.run([train_op, wrapper.window.statistics], model.feed(batch))
                 if (k + 1) % STATS_STEPS:  # an accumulating run: no statistics
                     assert value.micro_batches == 0 and value.summary_op == b""
                     assert np.isnan(value.noise_scale) and np.isnan(value.global_norm)
@@ -567,12 +567,10 @@ def test_optimizer_statistics_options():
     with tf.Graph().as_default():
         model = Model(tf.float32, False)
         wrapper = tf1_accum.AccumulationOptimizer(OPTIMIZERS["sgd"](tf.float32), 2)
-        with pytest.raises(ValueError, match="statistics exists once the train op is built"):
-            _ = wrapper.statistics
-        with pytest.raises(ValueError, match="flush_statistics exists once the train op is bu"):
-            _ = wrapper.flush_statistics
+        with pytest.raises(ValueError, match="window exists once the train op is built"):
+            _ = wrapper.window
         wrapper.minimize(model.loss)
-        assert wrapper.statistics is None and wrapper.flush_statistics is None
+        assert wrapper.window.statistics is None and wrapper.window.flush_statistics is None
 
 
 @pytest.mark.parametrize("how", ["build_accumulation", "optimizer"])
@@ -663,18 +661,18 @@ def test_flushed_window_statistics_equal_numpy(weighted):
         )
         train_op = wrapper.minimize(model.loss)
         grads = tf.gradients(model.loss, v1.trainable_variables())
-        flush = [wrapper.flush_op, wrapper.flush_statistics]
+        flush = [wrapper.flush_op, wrapper.window.flush_statistics]
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             idle = sess.run(flush)[1]  # nothing accumulated: nothing flushed
             micro = []
             for k, batch in enumerate(batches):
                 micro.append([dense(g) for g in sess.run(grads, model.feed(batch))])
-                _, full = sess.run([train_op, wrapper.statistics], model.feed(batch))
+                _, full = sess.run([train_op, wrapper.window.statistics], model.feed(batch))
                 if k == steps - 1:
                     first = full
             flushed = sess.run(flush)[1]
-            assert sess.run(wrapper.micro_step) == 0
+            assert sess.run(wrapper.window.counter) == 0
     assert idle.micro_batches == 0 and idle.summary_op == b""
     assert np.isnan(idle.global_norm) and np.isnan(idle.noise_scale)
     weights = sizes if weighted else None

@@ -25,6 +25,7 @@ __all__ = (
     "STATE_COLLECTION",
     "Saver",
     "SizeChange",
+    "TrainOpWindow",
     "WindowMean",
     "WindowOptions",
     "broadcast_variables",
@@ -53,6 +54,7 @@ _MODULES = {
     "STATE_COLLECTION": "_state",
     "Saver": "_saver",
     "SizeChange": "_split",
+    "TrainOpWindow": "_optimizer",
     "WindowMean": "_options",
     "WindowOptions": "_options",
     "broadcast_variables": "_distributed",
@@ -82,6 +84,7 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._horovod import HorovodAllReduce as HorovodAllReduce
     from tf1_accum._keras_optimizer import KerasAccumulationOptimizer as KerasAccumulationOptimizer
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
+    from tf1_accum._optimizer import TrainOpWindow as TrainOpWindow
     from tf1_accum._options import WindowMean as WindowMean
     from tf1_accum._options import WindowOptions as WindowOptions
     from tf1_accum._options import clip_by_global_norm as clip_by_global_norm

@@ -17,6 +17,7 @@ from tf1_accum._window import Applied
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
 from tf1_accum._options import GradientTransform
+from tf1_accum._options import Pairs
 from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 from tf1_accum.check._catalogue import refusal
@@ -144,15 +145,11 @@ def build_accumulation(
             (use ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
             or accumulates by itself (`AccumulationOptimizer`,
             `KerasAccumulationOptimizer`: give the optimizer they wrap).
-        TypeError: If a tf_keras optimizer is to train a reference variable,
-            or ``loss``, ``var_list``, ``global_step``, ``weight``, ``fused``
-            or ``cross_replica`` has the wrong type.
-        ValueError / TypeError: an option that `WindowOptions` refuses; see
-            `WindowOptions`.
-        ValueError: If ``loss`` or ``weight`` is not a scalar; a variable of
-            ``var_list``, ``global_step``, ``weight`` or an op of
-            ``update_ops`` is not in the loss's graph; or ``fused=True`` with
-            a ``SyncReplicasOptimizer``.
+        TypeError, ValueError: If an argument has the wrong type, is not a
+            scalar (``loss``, ``weight``) or is not of the loss's graph; an
+            option `WindowOptions` refuses; ``fused=True`` with a
+            ``SyncReplicasOptimizer``; a tf_keras optimizer given a reference
+            variable.
         ValueError: If there is nothing to train (no trainable variable, an
             empty ``var_list``, no gradient), or a variable the loss reads has
             a shape that is not fully defined.
@@ -164,14 +161,12 @@ def build_accumulation(
     """
     _validate.check_graph_mode("build_accumulation")
     _validate.check_loss(loss)
-    optimizer = _validate.check_optimizer(optimizer)
-    _migration.refuse_accumulating_optimizer(optimizer, "build_accumulation")
-    graph = loss.graph
-    _validate.check_global_step(global_step, graph)
-    _validate.check_weight(weight, graph)
-    options = WindowOptions(
-        average=average,
+    optimizer, options = prepare(
+        "build_accumulation",
+        optimizer,
+        cross_replica,
         weighted=weight is not None,
+        average=average,
         clip_norm=clip_norm,
         transform=transform,
         skip_nonfinite=skip_nonfinite,
@@ -185,11 +180,8 @@ def build_accumulation(
             "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
             "allows one apply_gradients call: build with fused=False (the default)."
         )
-    _distributed.check_cross_replica(cross_replica)
-    update_ops = _options.update_ops_in(options, graph)
-    var_list = _validate.check_var_list(var_list, graph)
-    _validate.check_trainable(loss, var_list)
-    _keras.check_variables(optimizer, var_list)
+    graph = loss.graph
+    var_list, update_ops = check_in_graph(optimizer, options, loss, var_list, global_step, weight)
     # Checked: from here on the graph grows, and a failure puts its collections back.
     with graph.as_default(), _validate.restored_on_failure(graph, "build_accumulation"):
         if loss.shape.ndims is None:
@@ -197,12 +189,7 @@ def build_accumulation(
             loss = tf.reshape(loss, [], name="scalar_loss")
         pairs = gradients(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
-            window = Window(
-                pairs,
-                options,
-                scope,
-                cross_replica=None if cross_replica is None else cross_replica._reducer(),
-            )
+            window = make_window(pairs, options, scope, cross_replica)
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         grads = [g for g, _ in pairs]
@@ -249,6 +236,56 @@ def build_accumulation(
         options=options,
         weight=weight,
     )
+
+
+def prepare(
+    what: str,
+    optimizer: object,
+    cross_replica: object = None,
+    options: WindowOptions | None = None,
+    **keywords: typing.Any,
+) -> tuple[tf.compat.v1.train.Optimizer, WindowOptions]:
+    """The checks every way in runs first; the optimizer checked and the `WindowOptions`.
+
+    ``keywords`` are the options, unless ``options`` gives them whole.
+    """
+    optimizer = _validate.check_optimizer(optimizer)
+    _migration.refuse_accumulating_optimizer(optimizer, what)
+    options = WindowOptions(**keywords) if options is None else options
+    _distributed.check_cross_replica(cross_replica)
+    return optimizer, options
+
+
+def check_in_graph(
+    optimizer: tf.compat.v1.train.Optimizer,
+    options: WindowOptions,
+    loss: tf.Tensor,
+    var_list: typing.Sequence[tf.Variable] | None,
+    global_step: tf.Variable | None,
+    weight: tf.Tensor | None,
+) -> tuple[list[tf.Variable], list[tf.Operation]]:
+    """Checks the arguments against the (checked) loss's graph; the variables and update ops."""
+    graph = loss.graph
+    _validate.check_global_step(global_step, graph)
+    _validate.check_weight(weight, graph)
+    update_ops = _options.update_ops_in(options, graph)
+    var_list = _validate.check_var_list(var_list, graph)
+    _validate.check_trainable(loss, var_list)
+    _keras.check_variables(optimizer, var_list)
+    return var_list, update_ops
+
+
+def make_window(
+    pairs: Pairs,
+    options: WindowOptions,
+    scope: str,
+    cross_replica: _distributed.Engine | None,
+    mutex: tf.Tensor | None = None,
+) -> Window:
+    """The `Window` of ``pairs`` in the name scope ``scope``."""
+    reducer = None if cross_replica is None else cross_replica._reducer()
+    with tf.compat.v1.name_scope(scope):
+        return Window(pairs, options, scope, cross_replica=reducer, mutex=mutex)
 
 
 def _op_first(applied: Applied) -> tuple[tf.Operation, Applied]:

@@ -9,11 +9,11 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
-from tf1_accum import _migration
 from tf1_accum import _stats
+from tf1_accum._accumulation import make_window
+from tf1_accum._accumulation import prepare
 from tf1_accum._window import Window
 from tf1_accum._options import GradientTransform
-from tf1_accum._options import WindowOptions
 from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
 from tf1_accum._window import reference_control_flow
@@ -139,27 +139,14 @@ def build_dataset_accumulation(
 
     Raises:
         RuntimeError: If eager execution is active.
-        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer, or is tf_keras's
-            ``LossScaleOptimizer``, an `AccumulationOptimizer` or a
-            `KerasAccumulationOptimizer`; a tf_keras optimizer is to train a
-            reference variable; ``loss_fn``, ``weight`` (callables),
-            ``dataset``, ``steps``, ``var_list``, ``global_step`` or
-            ``cross_replica`` has the wrong type; or ``loss_fn`` returns
-            something other than a floating-point tensor, ``weight`` other
-            than a real tensor.
-        ValueError: If ``steps`` is less than 1; ``update_ops`` is a non-empty
-            list; a variable of ``var_list``, or ``global_step``, is not in
-            the default graph; what ``loss_fn`` or ``weight`` returns is not a
-            scalar; there is nothing to train (no trainable variable, an empty
-            ``var_list``, or no variable with a gradient); a trained
-            variable's shape is not fully defined; ``loss_fn`` creates a
-            variable from a tensor that reads a value of the loop; the
-            optimizer creates a variable inside ``apply_gradients`` from a
-            tensor computed there; or ``dataset`` captures a placeholder.
-        TypeError, ValueError: If a transform returns something other than a
-            gradient of the gradient's shape and dtype.
-        TypeError, ValueError: An option that `WindowOptions` refuses.
+        TypeError, ValueError: What `build_accumulation` refuses (of
+            ``optimizer``, ``var_list``, ``global_step``, ``cross_replica``, the
+            options, the loss and weight ``loss_fn`` and ``weight`` return, the
+            optimizer's apply and the transforms); ``loss_fn``, ``weight`` or
+            ``dataset`` of the wrong type; ``steps`` not an int of at least 1;
+            ``update_ops`` a non-empty list; ``loss_fn`` creating a variable
+            from a tensor that reads a value of the loop; or ``dataset``
+            capturing a placeholder.
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
@@ -169,18 +156,12 @@ def build_dataset_accumulation(
         )
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_validate.describe(dataset)}.")
-    optimizer = _validate.check_optimizer(optimizer)
-    _migration.refuse_accumulating_optimizer(optimizer, "build_dataset_accumulation")
-    _validate.check_steps(steps)
-    _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
-    if weight is not None and not callable(weight):
-        raise TypeError(
-            "weight must be a callable taking one dataset element and returning its "
-            f"scalar weight, got {_validate.describe(weight)}."
-        )
-    options = WindowOptions(
-        average=average,
+    optimizer, options = prepare(
+        "build_dataset_accumulation",
+        optimizer,
+        cross_replica,
         weighted=weight is not None,
+        average=average,
         clip_norm=clip_norm,
         transform=transform,
         skip_nonfinite=skip_nonfinite,
@@ -188,7 +169,13 @@ def build_dataset_accumulation(
         statistics=statistics,
         micro_batch_size=micro_batch_size,
     )
-    _distributed.check_cross_replica(cross_replica)
+    _validate.check_steps(steps)
+    _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
+    if weight is not None and not callable(weight):
+        raise TypeError(
+            "weight must be a callable taking one dataset element and returning its "
+            f"scalar weight, got {_validate.describe(weight)}."
+        )
     if options.update_ops:
         raise ValueError(
             "build_dataset_accumulation takes update_ops=None (the UPDATE_OPS that "
@@ -202,194 +189,153 @@ def build_dataset_accumulation(
         var_list = _validate.check_var_list(var_list, graph)
     # A failure from here on (in loss_fn, say) puts the graph's collections back.
     with _validate.restored_on_failure(graph, "build_dataset_accumulation"):
-        return _build(
-            loss_fn,
-            optimizer,
-            dataset,
-            steps,
-            var_list,
-            global_step,
-            options,
-            weight,
-            name,
-            cross_replica,
-        )
+        run_updates = options.update_ops is None
+        caller_scope = graph.get_name_scope()
+        variable_scope = tf.compat.v1.get_variable_scope()
+        with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
+            iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
+            # The window is built inside the loop, where loss_fn shows the
+            # gradients' types; its mutex now: the lock on it is taken before.
+            mutex = new_mutex()
+        kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
+        # The body is traced once and returns only tensors: the window leaves it through this list.
+        made: list[_MadeInLoop] = []
 
+        def build_window(batch: typing.Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
+            """Calls loss_fn (and weight) on a micro-batch, builds the window; (count, loss, w)."""
+            branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
+            # In the caller's name scope: variables get the names they have without accumulation.
+            with (
+                branch_graph.name_scope(caller_scope + "/" if caller_scope else ""),
+                tf.compat.v1.variable_creator_scope(
+                    functools.partial(_initialized_outside_the_loop, graph)
+                ),
+            ):
+                loss = loss_fn(batch)
+                w = None if weight is None else weight(batch)
+            before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
+            added = [
+                op
+                for op in branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+                if id(op) not in before and run_updates
+            ]
+            for g in {graph, branch_graph}:
+                for key, items in kept.items():
+                    g.get_collection_ref(key)[:] = items
+            _validate.check_loss(loss)
+            _validate.check_weight(w, loss.graph)
+            trainable = _validate.check_var_list(var_list, graph)
+            _validate.check_trainable(loss, trainable)
+            pairs = optimizer.compute_gradients(loss, var_list=trainable)
+            pairs = _validate.usable_gradients(pairs, loss)
+            window = make_window(pairs, options, scope, cross_replica, mutex)
+            made.append(_MadeInLoop(window, loss.dtype.base_dtype))
+            grads = [g for g, _ in pairs]
+            with tf.control_dependencies(added):
+                count = window.add(grads, w).count
+            return count, loss, w
 
-def _build(
-    loss_fn: typing.Callable[[typing.Any], tf.Tensor],
-    optimizer: tf.compat.v1.train.Optimizer,
-    dataset: tf.data.Dataset,
-    steps: int,
-    var_list: typing.Sequence[tf.Variable] | None,
-    global_step: tf.Variable | None,
-    options: WindowOptions,
-    weight: typing.Callable[[typing.Any], tf.Tensor] | None,
-    name: str | None,
-    cross_replica: _distributed.Engine | None = None,
-) -> DatasetAccumulation:
-    """Builds the loop; ``options`` is the checked `WindowOptions` (``update_ops`` None or [])."""
-    run_updates = options.update_ops is None
-    graph = tf.compat.v1.get_default_graph()
-    caller_scope = graph.get_name_scope()
-    variable_scope = tf.compat.v1.get_variable_scope()
-    with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
-        iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
-        # The window is built inside the loop, where loss_fn shows the
-        # gradients' types; its mutex now: the lock on it is taken before.
-        mutex = new_mutex()
-    kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
-    # The body is traced once and returns only tensors: the window leaves it through this list.
-    made: list[_MadeInLoop] = []
+        def keep_drawing(*state: typing.Any) -> tf.Tensor:
+            # The element drawn: empty at the end of the data, and after the window's last draw.
+            return state[1].has_value()
 
-    def build_window(batch: typing.Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
-        """Calls loss_fn (and weight) on the micro-batch; builds the window; (count, loss, w)."""
-        branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
-        # In the caller's name scope: variables get the names they have without accumulation.
-        with (
-            branch_graph.name_scope(caller_scope + "/" if caller_scope else ""),
-            tf.compat.v1.variable_creator_scope(
-                functools.partial(_initialized_outside_the_loop, graph)
-            ),
-        ):
-            loss = loss_fn(batch)
-            w = None if weight is None else weight(batch)
-        before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
-        added = [
-            op
-            for op in branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-            if id(op) not in before and run_updates
-        ]
-        for g in {graph, branch_graph}:
-            _restore_collections(g, kept)
-        _validate.check_loss(loss)
-        _validate.check_weight(w, loss.graph)
-        trainable = _validate.check_var_list(var_list, graph)
-        _validate.check_trainable(loss, trainable)
-        pairs = optimizer.compute_gradients(loss, var_list=trainable)
-        pairs = _validate.usable_gradients(pairs, loss)
-        with tf.compat.v1.name_scope(scope):
-            window = Window(
-                pairs,
-                options,
-                scope,
-                cross_replica=None if cross_replica is None else cross_replica._reducer(),
-                mutex=mutex,
+        def draw_one(
+            count: tf.Tensor,
+            element: tf.experimental.Optional,
+            loss_sum: tf.Tensor,
+            weight_sum: tf.Tensor,
+            drawn: tf.Tensor,
+        ) -> tuple[tf.Tensor, tf.experimental.Optional, tf.Tensor, tf.Tensor, tf.Tensor]:
+            del count
+            new_count, loss, w = build_window(element.get_value())
+            dtype = made[0].loss_dtype
+            if w is None:
+                # weight_sum stays 0: the mean loss divides by ``drawn``.
+                loss_sum = _plus(loss_sum, tf.cast(loss, dtype))
+            else:
+                w = tf.cast(w, dtype)
+                # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
+                loss_sum = _plus(loss_sum, tf.math.multiply_no_nan(tf.cast(loss, dtype), w))
+                weight_sum = _plus(weight_sum, w)
+            # The next micro-batch, drawn only if the window wants one: an element
+            # drawn after the window's last would be lost to it and to the next.
+            following = tf.cond(
+                new_count < steps,
+                iterator.get_next_as_optional,
+                lambda: tf.experimental.Optional.empty(iterator.element_spec),
+                name="draw_next",
             )
-        made.append(_MadeInLoop(window, loss.dtype.base_dtype))
-        grads = [g for g, _ in pairs]
-        with tf.control_dependencies(added):
-            count = window.add(grads, w).count
-        return count, loss, w
+            return tf.identity(new_count), following, loss_sum, weight_sum, drawn + 1
 
-    def keep_drawing(
-        count: tf.Tensor,
-        element: tf.experimental.Optional,
-        loss_sum: tf.Tensor,
-        weight_sum: tf.Tensor,
-        drawn: tf.Tensor,
-    ) -> tf.Tensor:
-        del count, loss_sum, weight_sum, drawn
-        # Empty at the end of the data, and after the window's last draw.
-        return element.has_value()
-
-    def draw_one(
-        count: tf.Tensor,
-        element: tf.experimental.Optional,
-        loss_sum: tf.Tensor,
-        weight_sum: tf.Tensor,
-        drawn: tf.Tensor,
-    ) -> tuple[tf.Tensor, tf.experimental.Optional, tf.Tensor, tf.Tensor, tf.Tensor]:
-        del count
-        new_count, loss, w = build_window(element.get_value())
-        dtype = made[0].loss_dtype
-        if w is None:
-            # weight_sum stays 0: the mean loss divides by ``drawn``.
-            loss_sum = _plus(loss_sum, tf.cast(loss, dtype))
-        else:
-            w = tf.cast(w, dtype)
-            # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
-            loss_sum = _plus(loss_sum, tf.math.multiply_no_nan(tf.cast(loss, dtype), w))
-            weight_sum = _plus(weight_sum, w)
-        # The next micro-batch, drawn only if the window wants one: an element
-        # drawn after the window's last would be lost to it and to the next.
-        following = tf.cond(
-            new_count < steps,
-            iterator.get_next_as_optional,
-            lambda: tf.experimental.Optional.empty(iterator.element_spec),
-            name="draw_next",
-        )
-        return tf.identity(new_count), following, loss_sum, weight_sum, drawn + 1
-
-    def draw_and_apply() -> tuple[tuple[typing.Any, ...], None]:
-        with tf.compat.v1.name_scope(scope):
-            # float64 sums: the loss's dtype is unknown before loss_fn runs.
-            zero = tf.constant(0.0, tf.float64)
-            count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
-                keep_drawing,
-                draw_one,
-                [
-                    tf.constant(0, tf.int64),
-                    iterator.get_next_as_optional(),
-                    zero,
-                    zero,
-                    tf.constant(0, tf.int64),
-                ],
-                back_prop=False,
-                name="draw",
-            )
-        window = made[0].window
-        with tf.compat.v1.name_scope(scope):
-            # Nothing drawn (the data has ended): what a run that failed
-            # midway left in the window is applied, if anything.
-            count = tf.where(tf.equal(drawn, 0), window.counter.read_value(), count)
-        with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
-            # The other branch: the iterator is exhausted, get_next() raises OutOfRangeError.
-            with tf.compat.v1.name_scope(caller_scope + "/" if caller_scope else ""):
-                applied = window.apply(
-                    optimizer,
-                    global_step,
-                    when=count > 0,
-                    otherwise=lambda: tf.nest.flatten(iterator.get_next()),
+        def draw_and_apply() -> tuple[tuple[typing.Any, ...], None]:
+            with tf.compat.v1.name_scope(scope):
+                # float64 sums: the loss's dtype is unknown before loss_fn runs.
+                zero = tf.constant(0.0, tf.float64)
+                count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
+                    keep_drawing,
+                    draw_one,
+                    [
+                        tf.constant(0, tf.int64),
+                        iterator.get_next_as_optional(),
+                        zero,
+                        zero,
+                        tf.constant(0, tf.int64),
+                    ],
+                    back_prop=False,
+                    name="draw",
                 )
-        done = (
-            applied.applied,
-            applied.norm,
-            applied.statistics,
-            loss_sum,
-            weight_sum,
-            drawn,
-            count,
-        )
-        return done, None
+            window = made[0].window
+            with tf.compat.v1.name_scope(scope):
+                # Nothing drawn (the data has ended): what a run that failed
+                # midway left in the window is applied, if anything.
+                count = tf.where(tf.equal(drawn, 0), window.counter.read_value(), count)
+            with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
+                # The other branch: the iterator is exhausted, get_next() raises OutOfRangeError.
+                with tf.compat.v1.name_scope(caller_scope + "/" if caller_scope else ""):
+                    applied = window.apply(
+                        optimizer,
+                        global_step,
+                        when=count > 0,
+                        otherwise=lambda: tf.nest.flatten(iterator.get_next()),
+                    )
+            done = (
+                applied.applied,
+                applied.norm,
+                applied.statistics,
+                loss_sum,
+                weight_sum,
+                drawn,
+                count,
+            )
+            return done, None
 
-    # The whole window, drawing included, holds the window's mutex; v1 control
-    # flow if the variables it adds into are references.
-    with reference_control_flow(
-        graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-        + list(var_list or [])
-        + [global_step],
-        references=_makes_references(variable_scope),
-    ):
-        done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0].window._state())
-    applied, norm, statistics, loss_sum, weight_sum, drawn, count = done
-    ((window, loss_dtype),) = made  # the body was traced once
-    with tf.compat.v1.name_scope(scope):
-        train_op = tf.group(applied, name="train")
-        weight_sum = tf.cast(drawn if weight is None else weight_sum, loss_dtype)
-        mean_loss = tf.math.divide_no_nan(tf.cast(loss_sum, loss_dtype), weight_sum)
-    return DatasetAccumulation(
-        train_op=train_op,
-        loss=mean_loss,
-        micro_batches=count,
-        global_norm=norm,
-        skipped_windows=window.skipped,
-        counter=window.counter,
-        accumulators=window.accumulators,
-        var_list=window.var_list,
-        statistics=statistics,
-        applied=applied,
-    )
+        # The whole window, drawing included, holds the window's mutex; v1 control
+        # flow if the variables it adds into are references.
+        with reference_control_flow(
+            graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+            + list(var_list or [])
+            + [global_step],
+            references=_makes_references(variable_scope),
+        ):
+            done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0].window._state())
+        applied, norm, window_statistics, loss_sum, weight_sum, drawn, count = done
+        ((window, loss_dtype),) = made  # the body was traced once
+        with tf.compat.v1.name_scope(scope):
+            train_op = tf.group(applied, name="train")
+            weight_sum = tf.cast(drawn if weight is None else weight_sum, loss_dtype)
+            mean_loss = tf.math.divide_no_nan(tf.cast(loss_sum, loss_dtype), weight_sum)
+        return DatasetAccumulation(
+            train_op=train_op,
+            loss=mean_loss,
+            micro_batches=count,
+            global_norm=norm,
+            skipped_windows=window.skipped,
+            counter=window.counter,
+            accumulators=window.accumulators,
+            var_list=window.var_list,
+            statistics=window_statistics,
+            applied=applied,
+        )
 
 
 class _MadeInLoop(typing.NamedTuple):
@@ -503,9 +449,3 @@ def _makes_references(variable_scope: tf.compat.v1.VariableScope) -> bool:
     if use_resource is None:
         use_resource = tf.compat.v1.resource_variables_enabled()
     return not use_resource
-
-
-def _restore_collections(graph: tf.Graph, kept: typing.Mapping[str, list]) -> None:
-    for key, items in kept.items():
-        collection = graph.get_collection_ref(key)
-        collection[:] = items

@@ -14,8 +14,9 @@ import tensorflow as tf
 
 from tf1_accum import _validate
 from tf1_accum import _keras
+from tf1_accum._accumulation import prepare
 from tf1_accum._optimizer import AccumulationOptimizer
-from tf1_accum._options import WindowOptions
+from tf1_accum._optimizer import TrainOpWindow
 
 try:
     import tf_keras
@@ -139,8 +140,14 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ) -> None:
         _check_wrapped(optimizer)
         _validate.check_steps(steps)
-        WindowOptions(
-            average=average, clip_norm=clip_norm, skip_nonfinite=skip_nonfinite, update_ops=[]
+        # Keras runs the model's updates itself: update_ops=[].
+        _, self._options = prepare(
+            "KerasAccumulationOptimizer",
+            optimizer,
+            average=average,
+            clip_norm=clip_norm,
+            skip_nonfinite=skip_nonfinite,
+            update_ops=[],
         )
         if kwargs:
             raise TypeError(
@@ -151,9 +158,6 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         super().__init__(name)
         self._optimizer = optimizer
         self._steps = int(steps)
-        self._average = bool(average)
-        self._clip_norm = clip_norm
-        self._skip_nonfinite = bool(skip_nonfinite)
         # (graph, AccumulationOptimizer, state variables), per train op.
         self._built: list[tuple[tf.Graph, AccumulationOptimizer, list[tf.Variable]]] = []
         # Weights set before the window existed (load_model).
@@ -210,14 +214,18 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return [v for g, _, state in self._built if g is graph for v in state]
 
     @property
+    def window(self) -> TrainOpWindow:
+        """The `TrainOpWindow` of the train op built in the default graph.
+
+        Raises:
+            ValueError: If ``fit`` (or ``apply_gradients``) built none in this graph yet.
+        """
+        return self._accumulation("window").window
+
+    @property
     def flush_op(self) -> tf.Operation:
         """Applies the micro-batches of a partial window, as `AccumulationOptimizer`'s."""
         return self._accumulation("flush_op").flush_op
-
-    @property
-    def micro_step(self) -> tf.Variable:
-        """The ``int64`` count of micro-batches accumulated since the last update."""
-        return self._accumulation("micro_step").micro_step
 
     def apply_gradients(
         self,
@@ -241,14 +249,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 "one already: a second would accumulate a window of its own. Compile "
                 "each model with its own KerasAccumulationOptimizer."
             )
-        accumulation = AccumulationOptimizer(
-            self._optimizer,
-            self._steps,
-            average=self._average,
-            clip_norm=self._clip_norm,
-            skip_nonfinite=self._skip_nonfinite,
-            update_ops=[],  # Keras runs the model's updates itself
-            name=self._name,
+        accumulation = AccumulationOptimizer._of_options(
+            self._optimizer, self._steps, self._options, self._name
         )
         train_op = accumulation.apply_gradients(grads_and_vars, name=name)
         wrapped = {id(v) for v in self._optimizer.weights}
@@ -329,9 +331,9 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             "name": self._name,
             "optimizer": tf_keras.optimizers.serialize(self._optimizer),
             "steps": self._steps,
-            "average": self._average,
-            "clip_norm": self._clip_norm,
-            "skip_nonfinite": self._skip_nonfinite,
+            "average": self._options.average,
+            "clip_norm": self._options.clip_norm,
+            "skip_nonfinite": self._options.skip_nonfinite,
         }
 
     @classmethod

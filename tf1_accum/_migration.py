@@ -192,7 +192,7 @@ class WindowStart:
             "grouped with the train op (BERT's create_optimizer), which now counts "
             "micro-batches, so a learning-rate schedule runs ahead. Delete that "
             "increment; or keep it, run it only when an update was applied "
-            "(tf.cond(opt.applied, ...), see the Real programs guide) and give the "
+            "(tf.cond(opt.window.applied, ...), see the Real programs guide) and give the "
             "wrapper no global_step. This micro-batch was not accumulated. Values: "
             "global_step at the window's start, global_step now, micro-batches in the "
             "window:"
@@ -224,7 +224,7 @@ def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
                 "global_step.assign(global_step + 1) grouped with the train op (BERT's "
                 "create_optimizer), which would count every micro-batch of every worker. "
                 "Delete that increment; or keep it, run it only when an update was "
-                "applied (tf.cond(opt.applied, ...), see the Real programs guide) and give "
+                "applied (tf.cond(opt.window.applied, ...), see the Real programs guide) and give "
                 "the wrapper no global_step. The updates of the other workers move the "
                 "step inside this worker's windows, as they should."
             )

@@ -8,6 +8,7 @@ import warnings
 
 import tensorflow as tf
 
+from tf1_accum import _accumulation
 from tf1_accum import _validate
 from tf1_accum import _distributed
 from tf1_accum import _hooks
@@ -24,8 +25,9 @@ from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 
 if typing.TYPE_CHECKING:
+    from tf1_accum._options import Gradient
+    from tf1_accum._options import Pairs
     from tf1_accum._window import Applied
-    from tf1_accum._window import Pairs
 
 
 def _check_weight(weight: object) -> None:
@@ -170,13 +172,83 @@ def _gradient_tensors(pairs: Pairs) -> list[tf.Tensor]:
     return [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
 
 
+class TrainOpWindow(typing.NamedTuple):
+    """The window of a train op an `AccumulationOptimizer` built: its ``window``.
+
+    Attributes:
+        counter: ``int64`` variable: micro-batches accumulated since the last
+            update. Fetch it in a run of its own: with the train op it is
+            read unordered with that run's increment (fetch ``applied``).
+        applied: bool tensor: whether this run of the train op applied an
+            update (not ``flush_op``'s); per-update work hangs on it
+            (:doc:`real_programs`).
+        global_norm: float64 global norm before clipping of the window
+            applied in this run (else 0).
+        skipped_windows: ``int64`` variable: windows skipped as non-finite.
+        statistics: With ``statistics=True``, the `GradientStatistics` of the
+            window applied in this run (in a run that only accumulates, the
+            floats are NaN and ``micro_batches`` is 0); None otherwise.
+        flush_op: Applies this window if partial (after the flushes of the
+            train ops built before it in the graph), and resets.
+        flush_statistics: With ``statistics=True``, the `GradientStatistics`
+            of the window ``flush_op`` applies, fetched with it; None otherwise.
+        accumulators: Accumulator variables, aligned with ``var_list``.
+        var_list: The variables trained.
+        options: The `WindowOptions`.
+    """
+
+    counter: tf.Variable
+    applied: tf.Tensor
+    global_norm: tf.Tensor
+    skipped_windows: tf.Variable
+    statistics: typing.Optional[_stats.GradientStatistics]
+    flush_op: tf.Operation
+    flush_statistics: typing.Optional[_stats.GradientStatistics]
+    accumulators: typing.List[tf.Variable]
+    var_list: typing.List[tf.Variable]
+    options: WindowOptions
+
+
 class _Build(typing.NamedTuple):
     """What building one train op returned."""
 
     window: Window
-    train: Applied  # the train op's apply, every steps-th run
-    flush: Applied  # flush_op's
+    record: TrainOpWindow
     start: typing.Optional[_migration.WindowStart]  # with global_step: its check
+
+
+class _Builds:
+    """The train ops one `AccumulationOptimizer` built, in order, in every graph."""
+
+    def __init__(self) -> None:
+        self.all: list[_Build] = []
+
+    def of(self, graph: tf.Graph | None = None) -> list[_Build]:
+        """The train ops built in ``graph`` (the default graph, if None)."""
+        graph = graph or tf.compat.v1.get_default_graph()
+        return [b for b in self.all if b.window.counter.graph is graph]
+
+    def one(self, what: str) -> _Build:
+        """The one train op built in the default graph (or the only one); ValueError if not one."""
+        builds = self.of()
+        if not builds and len({id(b.window.counter.graph) for b in self.all}) == 1:
+            builds = self.all  # read outside the one graph it was built in
+        if not builds:
+            elsewhere = ", in this graph (it was built in other graphs: enter the one you mean "
+            raise ValueError(
+                f"{what} exists once the train op is built: call minimize() or "
+                "apply_gradients() first"
+                + (elsewhere + "with graph.as_default())." if self.all else ".")
+            )
+        if len(builds) > 1:
+            raise ValueError(
+                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
+                "ops in this graph (minimize() or apply_gradients() called "
+                f"{len(builds)} times), each accumulating its own window. Build one "
+                "AccumulationOptimizer per train op (they may wrap one optimizer); "
+                "flush_op flushes every window of this one."
+            )
+        return builds[0]
 
 
 class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
@@ -190,10 +262,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     :doc:`concepts`); `flush_op` applies the micro-batches left over. Wrap it
     outermost (around a loss-scale or ``SyncReplicasOptimizer``). See
     :doc:`ways_in`, :doc:`real_programs` and :ref:`parameter-servers`.
-
-    The properties after `steps` are those of the one train op built in the
-    default graph; all but `flush_op` raise ``ValueError`` if there is none,
-    or several (build one AccumulationOptimizer per train op).
 
     Example:
 
@@ -210,7 +278,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ...         sess.run(tf.compat.v1.global_variables_initializer())
     ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
     ...             _ = sess.run(train_op, {x: np.array(batch)})
-    ...             print([int(v) for v in sess.run([step, opt.micro_step])])
+    ...             print([int(v) for v in sess.run([step, opt.window.counter])])
     ...         print(round(float(sess.run(w)), 4))
     [0, 1]
     [1, 0]
@@ -230,16 +298,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: Name scope of the accumulation ops.
 
     Raises:
-        TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer (Keras 3 optimizers are refused),
-            or is an `AccumulationOptimizer` or tf_keras's
-            ``LossScaleOptimizer``, ``steps`` is not an int, ``weight`` has the
-            wrong type, or ``cross_replica`` is not a `CollectiveAllReduce` or
-            a `HorovodAllReduce`.
-        ValueError: If ``optimizer`` is a ``SyncReplicasOptimizer`` that
-            aggregates more windows per update than there are workers,
-            ``steps`` is less than 1, or ``weight`` (a tensor) is not a scalar.
-        TypeError, ValueError: An option that `WindowOptions` refuses.
+        TypeError, ValueError: What `build_accumulation` refuses of
+            ``optimizer``, ``weight``, ``cross_replica`` and the options;
+            ``steps`` that is not an int of at least 1; a ``SyncReplicasOptimizer``
+            that aggregates more windows per update than there are workers.
     """
 
     def __init__(
@@ -258,16 +320,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         cross_replica: _distributed.Engine | None = None,
         name: str = "Accumulation",
     ) -> None:
-        optimizer = _validate.check_optimizer(optimizer)
-        _migration.refuse_accumulating_optimizer(optimizer, "AccumulationOptimizer")
-        if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
-            _sync_replicas.check(optimizer)
-        _validate.check_steps(steps)
         _check_weight(weight)
-        self._weight = weight
-        self._options = WindowOptions(
-            average=average,
+        self._weight, self._cross_replica = weight, cross_replica
+        prepared = _accumulation.prepare(
+            "AccumulationOptimizer",
+            optimizer,
+            cross_replica,
             weighted=weight is not None,
+            average=average,
             clip_norm=clip_norm,
             transform=transform,
             skip_nonfinite=skip_nonfinite,
@@ -275,13 +335,28 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             statistics=statistics,
             micro_batch_size=micro_batch_size,
         )
-        _distributed.check_cross_replica(cross_replica)
+        self._start(steps, name, *prepared)
+
+    @classmethod
+    def _of_options(
+        cls, optimizer: typing.Any, steps: int, options: WindowOptions, name: str
+    ) -> AccumulationOptimizer:
+        """One with ``options`` made (the Keras wrapper's); no weight, no cross_replica."""
+        wrapper = cls.__new__(cls)
+        wrapper._weight = wrapper._cross_replica = None
+        prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, options=options)
+        wrapper._start(steps, name, *prepared)
+        return wrapper
+
+    def _start(
+        self, steps: int, name: str, optimizer: tf.compat.v1.train.Optimizer, options: WindowOptions
+    ) -> None:
+        if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+            _sync_replicas.check(optimizer)
+        _validate.check_steps(steps)
         super().__init__(use_locking=False, name=name)
-        self._cross_replica = cross_replica
-        self._optimizer = optimizer
-        self._steps = int(steps)
-        # One entry per train op built, in order: what each build returned.
-        self._builds: list[_Build] = []
+        self._optimizer, self._options, self._steps = optimizer, options, int(steps)
+        self._builds = _Builds()
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -294,94 +369,30 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return self._steps
 
     @property
-    def micro_step(self) -> tf.Variable:
-        """The ``int64`` counter of micro-batches accumulated since the last update.
+    def window(self) -> TrainOpWindow:
+        """The `TrainOpWindow` of the one train op built in the default graph.
 
-        Fetch it in a run of its own: with the train op it is read unordered
-        with that run's increment (to log once per update, fetch `applied`).
+        Raises:
+            ValueError: If no train op was built yet, or several (build one
+                AccumulationOptimizer per train op).
         """
-        return self._one_build("micro_step").window.counter
-
-    def _built(self, graph: tf.Graph | None = None) -> list[_Build]:
-        """The train ops built in ``graph`` (the default graph, if None)."""
-        graph = graph or tf.compat.v1.get_default_graph()
-        return [b for b in self._builds if b.window.counter.graph is graph]
-
-    def _one_build(self, what: str) -> _Build:
-        """The one train op built in the default graph (or the only one); ValueError if not one."""
-        builds = self._built()
-        if not builds and len({id(b.window.counter.graph) for b in self._builds}) == 1:
-            builds = self._builds  # read outside the one graph it was built in
-        if not builds:
-            raise ValueError(
-                f"{what} exists once the train op is built: call minimize() or "
-                "apply_gradients() first"
-                + (
-                    ", in this graph (it was built in other graphs: enter the one "
-                    "you mean with graph.as_default())."
-                    if self._builds
-                    else "."
-                )
-            )
-        if len(builds) > 1:
-            raise ValueError(
-                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
-                "ops in this graph (minimize() or apply_gradients() called "
-                f"{len(builds)} times), each accumulating its own window. Build one "
-                "AccumulationOptimizer per train op (they may wrap one optimizer); "
-                "flush_op flushes every window of this one."
-            )
-        return builds[0]
-
-    @property
-    def skipped_windows(self) -> tf.Variable:
-        """The ``int64`` count of windows skipped as non-finite."""
-        return self._one_build("skipped_windows").window.skipped
-
-    @property
-    def global_norm(self) -> tf.Tensor:
-        """float64 global norm before clipping of the window applied in this run (else 0)."""
-        return self._one_build("global_norm").train.norm
-
-    @property
-    def applied(self) -> tf.Tensor:
-        """bool tensor: whether this run of the train op applied an update (not `flush_op`'s).
-
-        Per-update work (a moving average, summaries) hangs on it: see :doc:`real_programs`.
-        """
-        return self._one_build("applied").train.applied
-
-    @property
-    def statistics(self) -> _stats.GradientStatistics | None:
-        """The `GradientStatistics` of the window applied in this run (or None).
-
-        In runs that only accumulate, the floats are NaN and ``micro_batches`` is 0.
-        """
-        return self._one_build("statistics").train.statistics
-
-    @property
-    def flush_statistics(self) -> _stats.GradientStatistics | None:
-        """The `GradientStatistics` of the window `flush_op` applies, fetched with it (or None).
-
-        With nothing to flush, the floats are NaN and ``micro_batches`` is 0.
-        """
-        return self._one_build("flush_statistics").flush.statistics
+        return self._builds.one("window").record
 
     @property
     def flush_op(self) -> tf.Operation:
-        """Applies a window shorter than ``steps`` with its true count, and resets.
+        """Applies a partial window with its true count, and resets (else a no-op).
 
-        Run it once at the end of training, with no feed (with nothing accumulated, a
-        no-op). It never runs ``update_ops``; it flushes every train op built in the graph.
+        Run it at the end of training, with no feed; it flushes every train op
+        built in the graph, and runs no ``update_ops``.
 
         Raises:
             ValueError: If no train op was built yet.
         """
         # Each train op's flush runs the flushes built before it in its graph.
-        builds = self._built() or self._builds[-1:]
+        builds = self._builds.of() or self._builds.all[-1:]
         if not builds:
-            self._one_build("flush_op")
-        return builds[-1].flush.op
+            self._builds.one("flush_op")
+        return builds[-1].record.flush_op
 
     def compute_gradients(
         self, *args: typing.Any, **kwargs: typing.Any
@@ -397,8 +408,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
 
-        Every argument is checked before anything is built; a later failure
-        (a refused ``weight`` callable's result) puts the graph's collections back.
+        Arguments are checked as in `minimize`.
 
         Args:
             grads_and_vars: ``(gradient, variable)`` pairs, as from
@@ -414,112 +424,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
         Raises:
             RuntimeError: If eager execution is active.
-            TypeError: If ``global_step`` is not an integer variable,
-                ``weight`` (or what its callable returns) is not a real tensor,
-                or a Keras optimizer is given a reference variable.
-            ValueError: If no gradient is given for any variable, the
-                gradients come from a ``SyncReplicasOptimizer`` wrapping this
-                one (which would hang), a variable's shape is not fully
-                defined, ``global_step``, ``weight`` or an op of ``update_ops``
-                is not in the graph of the loss, or the wrapped optimizer
-                creates a variable in ``apply_gradients`` from a tensor
-                computed there, or different state each time it is built.
+            TypeError, ValueError: As `minimize`; or if the gradients come from
+                a ``SyncReplicasOptimizer`` wrapping this one (which would hang).
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
+        pairs = _checked_pairs(self, grads_and_vars, global_step)
         graph = tf.compat.v1.get_default_graph()
-        # Inside a loss-scale optimizer's conditional, the default graph is the
-        # branch's function graph, and global_step a variable of the graph outside.
-        with tf.init_scope():
-            outer = tf.compat.v1.get_default_graph()
-        _validate.check_global_step(global_step, outer)
-        grads_and_vars = list(grads_and_vars)
-        _validate.check_not_under_sync_replicas(grads_and_vars)
-        pairs = _validate.usable_gradients(grads_and_vars)
-        _migration.warn_if_clipped(pairs, self._options.clip_norm)
-        update_ops = self._checked_for(pairs, outer)
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
-            return self._build(
-                pairs, global_step, name, graph, update_ops, _gradient_tensors(pairs)
-            )
-
-    def _checked_for(self, pairs: Pairs, graph: tf.Graph) -> list[tf.Operation]:
-        """Checks the variables and the options against the gradients' graph; the update ops."""
-        _validate.check_shapes([v for _, v in pairs])
-        _keras.check_variables(self._optimizer, [v for _, v in pairs])
-        if not callable(self._weight):
-            _validate.check_weight(self._weight, graph)
-        return _options.update_ops_in(self._options, graph)
-
-    def _build(
-        self,
-        pairs: Pairs,
-        global_step: tf.Variable | None,
-        name: str | None,
-        graph: tf.Graph,
-        update_ops: list[tf.Operation],
-        roots: list[tf.Tensor],
-    ) -> tf.Operation:
-        options = self._options
-        # Inside a loss-scale optimizer's conditional, the graph the session runs.
-        with tf.init_scope():
-            outer = tf.compat.v1.get_default_graph()
-        weight = self._weight() if callable(self._weight) else self._weight
-        _validate.check_weight(weight, graph if callable(self._weight) else outer)
-        with tf.compat.v1.name_scope(name, self._name) as scope:
-            window = Window(
-                pairs,
-                options,
-                scope,
-                cross_replica=(
-                    None if self._cross_replica is None else self._cross_replica._reducer()
-                ),
-            )
-        reach = _Reach(window, roots)
-        if options.update_ops is None:
-            _warn_of_other_models(update_ops, reach)
-        applier: tf.compat.v1.train.Optimizer = self._optimizer
-        own: list[tf.Operation] = []
-        if isinstance(applier, tf.compat.v1.train.SyncReplicasOptimizer):
-            applier, own = _sync_replicas.prepare(applier, pairs, global_step)
-        # The train op and the flush hold the window's mutex: threads take turns.
-        with window.control_flow(global_step):
-            start = None
-            if global_step is not None:
-                start = _migration.WindowStart(global_step, window.counter, scope)
-                start.own.update(op.name for op in own)
-
-            def accumulate_and_apply() -> tuple[Applied, None]:
-                # With global_step: each run first checks that nothing else moved it.
-                checked = [] if start is None else [start.check(self._steps)]
-                checked += _check_alone(reach, _reaches(outer))
-                with tf.control_dependencies(checked):
-                    added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
-                # The counter's increment waits for every add: the apply follows them.
-                with tf.compat.v1.name_scope(window.scope):
-                    due = tf.greater_equal(tf.identity(added.count), self._steps, name="due")
-                graph.add_to_collection(APPLY_DUE_COLLECTION, due)
-                return window.apply(applier, global_step, when=due), None
-
-            train, _ = window.exclusive(accumulate_and_apply)
-            # Built now (a MonitoredSession finalizes the graph), outside any
-            # conditional, after the earlier train ops' flushes: it flushes every window.
-            earlier = [b.flush.op for b in self._built(outer)]
-            with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
-
-                def flush() -> tuple[Applied, None]:
-                    with tf.compat.v1.name_scope(window.scope):
-                        pending = tf.greater(tf.identity(window.counter), 0, name="pending")
-                    return window.apply(applier, global_step, when=pending), None
-
-                flushed, _ = window.exclusive(flush, name="flush")
-        self._builds.append(_Build(window, train, flushed, start))
-        _reaches(outer).append(reach)
-        # Without make_session_run_hook's hook, a window may miss every checkpoint: warn.
-        outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
-        _unhooked.watch_checkpoint_saver_hook()
-        _unhooked.watch_keras_fit()
-        with tf.compat.v1.name_scope(scope):
-            return tf.group(train.applied, name="train")
+            return _build(self, pairs, global_step, name, _gradient_tensors(pairs))
 
     def minimize(
         self,
@@ -540,16 +452,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
         Raises:
             RuntimeError: If eager execution is active.
-            TypeError: If ``loss`` is not a floating-point tensor or
-                ``global_step`` is not an integer variable, ``weight`` (a
-                tensor) or ``var_list`` has the wrong type, or a Keras
-                optimizer is given a reference variable.
-            ValueError: If ``loss`` is not a scalar, the loss depends on no
-                variable of ``var_list``, one it depends on has a shape that
-                is not fully defined, ``global_step``, ``weight`` or an op of
-                ``update_ops`` is not in the graph of the loss, no variable
-                has a gradient, or a wrapped ``SyncReplicasOptimizer`` is given
-                no ``global_step``.
+            TypeError, ValueError: What `build_accumulation` refuses of
+                ``loss``, ``var_list``, ``global_step``, ``weight``, the
+                gradients and the optimizer's apply; a wrapped
+                ``SyncReplicasOptimizer`` given no ``global_step``.
         """
         given = dict(
             gate_gradients=gate_gradients,
@@ -561,20 +467,16 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             return super().minimize(loss, global_step, var_list, name=name, **given)
         _validate.check_graph_mode("AccumulationOptimizer.minimize")
         _validate.check_loss(loss)
-        _validate.check_global_step(global_step, loss.graph)
-        if not callable(self._weight):
-            _validate.check_weight(self._weight, loss.graph)
-        _options.update_ops_in(self._options, loss.graph)
-        variables = _validate.check_var_list(var_list, loss.graph)
-        _validate.check_trainable(loss, variables)
-        _keras.check_variables(self._optimizer, variables)
+        weight = None if callable(self._weight) else self._weight
+        _accumulation.check_in_graph(
+            self._optimizer, self._options, loss, var_list, global_step, weight
+        )
         # A failure from here on puts the graph's collections back.
         with _validate.restored_on_failure(loss.graph, "AccumulationOptimizer.minimize"):
             grads_and_vars = self.compute_gradients(loss, var_list=var_list, **given)
             pairs = _validate.usable_gradients(grads_and_vars)
-            update_ops = self._checked_for(pairs, loss.graph)
             with loss.graph.as_default():
-                return self._build(pairs, global_step, name, loss.graph, update_ops, [loss])
+                return _build(self, pairs, global_step, name, [loss])
 
     def get_slot(self, var: tf.Variable, name: str) -> tf.Variable | None:
         """The wrapped optimizer's slot ``name`` of ``var`` (as plain training names it)."""
@@ -590,8 +492,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         tf1_accum's are the accumulators and counters of each train op built (also
         in `STATE_COLLECTION`); `plain_variables` leaves them out.
         """
-        state = [v for b in self._built() for v in b.window._state()]
-        state += [b.start.variable for b in self._built() if b.start is not None]
+        state = [v for b in self._builds.of() for v in b.window._state()]
+        state += [b.start.variable for b in self._builds.of() if b.start is not None]
         return list(self._optimizer.variables()) + state
 
     def make_session_run_hook(
@@ -599,12 +501,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.compat.v1.train.SessionRunHook:
         """A hook that keeps a partial window in the final checkpoint, or flushes it.
 
-        For ``MonitoredTrainingSession`` and ``tf.estimator`` (see
-        :doc:`real_programs`): at ``end()``, a partial window is saved with the
-        graph's saver (in ``SAVERS``) to the last checkpoint's path, or, with
-        ``flush_at_end=True``, applied by `flush_op` and then saved. Pass it in
-        ``hooks`` (``training_hooks``), on the chief. It also silences
-        ``StepCounterHook``'s "global step ... has not been increased" warning.
+        For ``MonitoredTrainingSession`` and ``tf.estimator``, on the chief
+        (:doc:`real_programs`): at ``end()``, a partial window is saved with the
+        graph's saver to the last checkpoint's path, or, with
+        ``flush_at_end=True``, applied by `flush_op` and then saved.
 
         Args:
             flush_at_end: False (the default) keeps the partial window for a
@@ -634,18 +534,118 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
                 argument (``init_op``, ``local_init_op``...), except ``saver``.
 
-        Returns:
-            A ``tf.compat.v1.train.Scaffold``.
-
         Raises:
             TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.
             ValueError: If no train op was built yet, or the graph already has
                 a saver in ``SAVERS``.
         """
-        self._one_build("make_scaffold")
+        self._builds.one("make_scaffold")
         return _scaffold.make_scaffold(max_to_keep, scaffold_kwargs)
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
         """(counter, flush op) of each train op in ``graph``; refuses a hand-written increment."""
-        _migration.refuse_hand_written([b.start for b in self._built(graph)])
-        return [(b.window.counter, b.flush.op) for b in self._built(graph)]
+        _migration.refuse_hand_written([b.start for b in self._builds.of(graph)])
+        return [(b.window.counter, b.record.flush_op) for b in self._builds.of(graph)]
+
+
+def _checked_pairs(
+    wrapper: AccumulationOptimizer,
+    grads_and_vars: typing.Iterable[tuple[Gradient | None, tf.Variable]],
+    global_step: tf.Variable | None,
+) -> Pairs:
+    """The pairs given to `AccumulationOptimizer.apply_gradients` with a gradient, checked."""
+    # Inside a loss-scale optimizer's conditional, the default graph is the
+    # branch's function graph, and global_step a variable of the graph outside.
+    with tf.init_scope():
+        outer = tf.compat.v1.get_default_graph()
+    _validate.check_global_step(global_step, outer)
+    grads_and_vars = list(grads_and_vars)
+    _validate.check_not_under_sync_replicas(grads_and_vars)
+    pairs = _validate.usable_gradients(grads_and_vars)
+    _migration.warn_if_clipped(pairs, wrapper._options.clip_norm)
+    _validate.check_shapes([v for _, v in pairs])
+    _keras.check_variables(wrapper._optimizer, [v for _, v in pairs])
+    if not callable(wrapper._weight):
+        _validate.check_weight(wrapper._weight, outer)
+    _options.update_ops_in(wrapper._options, outer)
+    return pairs
+
+
+def _build(
+    wrapper: AccumulationOptimizer,
+    pairs: Pairs,
+    global_step: tf.Variable | None,
+    name: str | None,
+    roots: list[tf.Tensor],
+) -> tf.Operation:
+    """Builds ``wrapper``'s train op and flush on ``pairs`` (checked); returns the train op."""
+    options, steps = wrapper._options, wrapper._steps
+    graph = tf.compat.v1.get_default_graph()
+    # Inside a loss-scale optimizer's conditional, the graph the session runs.
+    with tf.init_scope():
+        outer = tf.compat.v1.get_default_graph()
+    weight = wrapper._weight
+    if callable(weight):
+        weight = weight()
+        _validate.check_weight(weight, graph)
+    update_ops = _options.update_ops_in(options, outer)
+    with tf.compat.v1.name_scope(name, wrapper._name) as scope:
+        window = _accumulation.make_window(pairs, options, scope, wrapper._cross_replica)
+    reach = _Reach(window, roots)
+    if options.update_ops is None:
+        _warn_of_other_models(update_ops, reach)
+    applier: tf.compat.v1.train.Optimizer = wrapper._optimizer
+    own: list[tf.Operation] = []
+    if isinstance(applier, tf.compat.v1.train.SyncReplicasOptimizer):
+        applier, own = _sync_replicas.prepare(applier, pairs, global_step)
+    # The train op and the flush hold the window's mutex: threads take turns.
+    with window.control_flow(global_step):
+        start = None
+        if global_step is not None:
+            start = _migration.WindowStart(global_step, window.counter, scope)
+            start.own.update(op.name for op in own)
+
+        def accumulate_and_apply() -> tuple[Applied, None]:
+            # With global_step: each run first checks that nothing else moved it.
+            checked = [] if start is None else [start.check(steps)]
+            checked += _check_alone(reach, _reaches(outer))
+            with tf.control_dependencies(checked):
+                added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
+            # The counter's increment waits for every add: the apply follows them.
+            with tf.compat.v1.name_scope(window.scope):
+                due = tf.greater_equal(tf.identity(added.count), steps, name="due")
+            graph.add_to_collection(APPLY_DUE_COLLECTION, due)
+            return window.apply(applier, global_step, when=due), None
+
+        train, _ = window.exclusive(accumulate_and_apply)
+        # Built now (a MonitoredSession finalizes the graph), outside any
+        # conditional, after the earlier train ops' flushes: it flushes every window.
+        earlier = [b.record.flush_op for b in wrapper._builds.of(outer)]
+        with tf.init_scope(), tf.control_dependencies(earlier[-1:]):
+
+            def flush() -> tuple[Applied, None]:
+                with tf.compat.v1.name_scope(window.scope):
+                    pending = tf.greater(tf.identity(window.counter), 0, name="pending")
+                return window.apply(applier, global_step, when=pending), None
+
+            flushed, _ = window.exclusive(flush, name="flush")
+    record = TrainOpWindow(
+        counter=window.counter,
+        applied=train.applied,
+        global_norm=train.norm,
+        skipped_windows=window.skipped,
+        statistics=train.statistics,
+        flush_op=flushed.op,
+        flush_statistics=flushed.statistics,
+        accumulators=window.accumulators,
+        var_list=window.var_list,
+        options=options,
+    )
+    wrapper._builds.all.append(_Build(window, record, start))
+    _reaches(outer).append(reach)
+    # Without make_session_run_hook's hook, a window may miss every checkpoint: warn.
+    outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
+    _unhooked.watch_checkpoint_saver_hook()
+    _unhooked.watch_keras_fit()
+    with tf.compat.v1.name_scope(scope):
+        return tf.group(train.applied, name="train")

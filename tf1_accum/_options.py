@@ -79,7 +79,7 @@ class WindowOptions:
     """The window options, the same in every way in, checked when made.
 
     Every way in takes them as keywords and makes one `WindowOptions`
-    (`Accumulation.options`); :ref:`window-options` explains them and
+    (`Accumulation.options`, `TrainOpWindow.options`); :ref:`window-options` explains them and
     :ref:`api-options` says which way in takes which. Options of the ways in
     that are not kept here:
 
@@ -129,11 +129,14 @@ class WindowOptions:
 
     def __post_init__(self) -> None:
         _validate.check_bool("average", self.average)
-        _validate.check_clip_norm(self.clip_norm)
+        # clip_norm= is its transform, run first; clip_by_global_norm checks it.
+        clip = () if self.clip_norm is None else (clip_by_global_norm(self.clip_norm),)
         _check_transform(self.transform)
+        given: tuple[GradientTransform, ...] = ()
         if self.transform is not None:
             given = (self.transform,) if callable(self.transform) else tuple(self.transform)
             object.__setattr__(self, "transform", given)
+        object.__setattr__(self, "_transforms", clip + given)
         _validate.check_bool("skip_nonfinite", self.skip_nonfinite)
         _validate.check_statistics_options(self.statistics, self.micro_batch_size, self.weighted)
         update_ops = _validate.check_update_ops(self.update_ops)
@@ -145,8 +148,7 @@ class WindowOptions:
 
 def transforms_of(options: WindowOptions) -> tuple[GradientTransform, ...]:
     """The gradient transforms in the order they run: ``clip_norm``'s, then ``transform``."""
-    clip = () if options.clip_norm is None else (clip_by_global_norm(options.clip_norm),)
-    return clip + tuple(typing.cast(typing.Sequence[GradientTransform], options.transform or ()))
+    return typing.cast(tuple, options._transforms)  # type: ignore[attr-defined]
 
 
 def update_ops_in(options: WindowOptions, graph: tf.Graph) -> list[tf.Operation]:

@@ -172,7 +172,7 @@ def accumulating_train_op(loss, num_train_steps, steps, own_increment=True):
     # Edit 3: the hand-written increment runs once per update, not per run.
     new_global_step = global_step + 1
     increment = tf.cond(
-        optimizer.applied,
+        optimizer.window.applied,
         lambda: global_step.assign(new_global_step),
         global_step.read_value,
     )

@@ -74,7 +74,7 @@ def accumulating_train_op(loss, steps, per_update=True):
     # applied is computed by the train op, so the average also reads the
     # weights after the update.
     if per_update:
-        ema_op = tf.cond(opt.applied, lambda: ema.apply(v1.trainable_variables()), tf.no_op)
+        ema_op = tf.cond(opt.window.applied, lambda: ema.apply(v1.trainable_variables()), tf.no_op)
     else:
         with tf.control_dependencies([apply_op]):
             ema_op = ema.apply(v1.trainable_variables())

@@ -94,7 +94,7 @@ def train_with_a_save(data, args, path):
         fit(model, data, args, args.epochs_before_save, args.micro_batch)
         model.save(path)  # HDF5: the optimizer's state and the open window with it
         # [/save]
-        pending = int(tf_keras.backend.get_value(model.optimizer.micro_step))
+        pending = int(tf_keras.backend.get_value(model.optimizer.window.counter))
     with tf.Graph().as_default(), v1.Session():
         # [load]
         model = tf_keras.models.load_model(

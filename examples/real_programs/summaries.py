@@ -60,7 +60,7 @@ def train_with_summaries(logdir, steps, micro_batch, updates, seed=1):
         global_step = v1.train.get_or_create_global_step()
         opt = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.1), steps)
         train_op = opt.minimize(loss, global_step=global_step)
-        v1.summary.scalar("gradient_norm", opt.global_norm)
+        v1.summary.scalar("gradient_norm", opt.window.global_norm)
         summary_op = v1.summary.merge_all()
         writer = v1.summary.FileWriter(logdir)
         with v1.Session() as sess:
@@ -71,7 +71,7 @@ def train_with_summaries(logdir, steps, micro_batch, updates, seed=1):
                     x: x_data[start : start + micro_batch],
                     y: y_data[start : start + micro_batch],
                 }
-                fetches = [train_op, opt.applied, summary_op, opt.global_norm]
+                fetches = [train_op, opt.window.applied, summary_op, opt.window.global_norm]
                 _, applied, summary, norm = sess.run(fetches, feed)
                 if applied:  # the one edit: write only what an update produced
                     writer.add_summary(summary, sess.run(global_step))

@@ -93,7 +93,7 @@ CATALOGUE = {m.code: m for m in (
         "learning-rate schedules, StopAtStepHook and checkpoints keyed on it run ahead",
         "increment it once per update: pass global_step to the accumulation "
         "(build_accumulation, AccumulationOptimizer) and delete the hand-written increment, "
-        "or run it only when an update is applied (tf.cond(opt.applied, ...))",
+        "or run it only when an update is applied (tf.cond(opt.window.applied, ...))",
         "migration.html#after-migrating-schedules-and-checkpoints", False,
         "step_not_per_update"),
     Mistake("TFA013", "schedule step counts in micro-batches",
