@@ -16,6 +16,7 @@ import tensorflow as tf
 from tf1_accum._wrapping import counts_its_own_steps
 
 _T = typing.TypeVar("_T")
+_Make = typing.Callable[..., tf.Variable]  # a variable creator, or a getter
 
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
@@ -83,21 +84,14 @@ class SharedApply:
         created: list[tuple[str | None, tf.Variable]] = []
         got: dict[str, tf.Variable] = {}
 
-        def create(
-            next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
-        ) -> tf.Variable:
+        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
             _check_liftable(self.optimizer, kwargs)
             with tf.init_scope():
                 var = next_creator(**kwargs)
             created.append((kwargs.get("name"), var))
             return var
 
-        def get(
-            getter: typing.Callable[..., tf.Variable],
-            name: str,
-            *args: typing.Any,
-            **kwargs: typing.Any,
-        ) -> tf.Variable:
+        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
             var = getter(name, *args, **kwargs)
             got[name] = var
             return var
@@ -114,9 +108,7 @@ class SharedApply:
         from_get = {id(v) for v in got.values()}
         pending = [(name, v) for name, v in recorded if id(v) not in from_get]
 
-        def create(
-            next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
-        ) -> tf.Variable:
+        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
             del next_creator  # nothing is created twice
             name = kwargs.get("name")
             if not pending:
@@ -132,12 +124,7 @@ class SharedApply:
                 self._mismatch(_describe(first_name, var), f"variable {name!r}")
             return var
 
-        def get(
-            getter: typing.Callable[..., tf.Variable],
-            name: str,
-            *args: typing.Any,
-            **kwargs: typing.Any,
-        ) -> tf.Variable:
+        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
             del getter, args
             var = got.get(name)
             if var is None:
@@ -160,9 +147,7 @@ class SharedApply:
 
 
 @contextlib.contextmanager
-def _intercepting(
-    create: typing.Callable[..., tf.Variable], get: typing.Callable[..., tf.Variable]
-) -> typing.Iterator[None]:
+def _intercepting(create: _Make, get: _Make) -> typing.Iterator[None]:
     """Routes variable creation through ``create`` and ``get_variable`` through ``get``.
 
     ``get_variable`` checks its store before any creator runs: a custom getter.
@@ -173,9 +158,8 @@ def _intercepting(
     scope = tf.compat.v1.get_variable_scope()
     outer = scope.custom_getter
 
-    def getter(
-        getter: typing.Callable[..., tf.Variable], *args: typing.Any, **kwargs: typing.Any
-    ) -> tf.Variable:  # TensorFlow passes every argument by name
+    def getter(getter: _Make, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
+        # TensorFlow passes every argument by name.
         if outer is not None:
             getter = functools.partial(outer, getter)
         return get(getter, *args, **kwargs)
