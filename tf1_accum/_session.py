@@ -265,14 +265,10 @@ def _run_window(
     if not fused:
         fed = {key: value for key, value, _ in carried.values()}
         apply_feed = {**fed, **(apply_feed_dict or {})} or None
-        statistics = accumulation.statistics
+        noise = _noise(accumulation.statistics)
         try:
-            if statistics is None:
-                sess.run(accumulation.apply_op, feed_dict=apply_feed)
-            else:
-                _, window_noise = sess.run(
-                    (accumulation.apply_op, _noise(statistics)), feed_dict=apply_feed
-                )
+            fetch = (accumulation.apply_op, noise) if noise else accumulation.apply_op
+            got = sess.run(fetch, feed_dict=apply_feed)
         except (Exception, KeyboardInterrupt) as error:
             count = _counter(sess, accumulation, apply_feed or last_feed)
             if count == 0:
@@ -286,8 +282,8 @@ def _run_window(
                 # As a failed micro-batch: the next call starts a clean window.
                 what = "before the update " + _discard_window(sess, accumulation)
             _reraise(error, f"the apply of the window failed {what}")
-        if statistics is not None:
-            _stats.log_recommendation(*window_noise)
+        if noise:
+            _stats.log_recommendation(*got[1])
     return WindowFetches(results, weights if weight is not None else None)
 
 

@@ -17,6 +17,9 @@ from tf1_accum._wrapping import counts_its_own_steps
 
 _T = typing.TypeVar("_T")
 _Make = typing.Callable[..., tf.Variable]  # a variable creator, or a getter
+# What the first build created (each with the name asked for) and got by name.
+_Created = typing.List[typing.Tuple[typing.Optional[str], tf.Variable]]
+_Got = typing.Dict[str, tf.Variable]
 
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
@@ -43,9 +46,7 @@ class SharedApply:
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer) -> None:
         self.optimizer = optimizer
-        # Filled by the first build: what it created (with the name asked) and got.
-        self._created: list[tuple[str | None, tf.Variable]] | None = None
-        self._got: dict[str, tf.Variable] | None = None
+        self._recorded: tuple[_Created, _Got] | None = None
 
     def apply_gradients(
         self,
@@ -58,8 +59,8 @@ class SharedApply:
 
     def build(self, make: typing.Callable[[], _T]) -> _T:
         """Returns ``make()``, built over the variables its first build created."""
-        reuse = self._replaying if self._created is not None else self._recording
-        with reuse():
+        recorded = self._recorded
+        with self._recording() if recorded is None else self._replaying(*recorded):
             return make()
 
     def _apply(
@@ -81,8 +82,8 @@ class SharedApply:
 
     @contextlib.contextmanager
     def _recording(self) -> typing.Iterator[None]:
-        created: list[tuple[str | None, tf.Variable]] = []
-        got: dict[str, tf.Variable] = {}
+        created: _Created = []
+        got: _Got = {}
 
         def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
             _check_liftable(self.optimizer, kwargs)
@@ -98,13 +99,10 @@ class SharedApply:
 
         with _intercepting(create, get):
             yield
-        self._created, self._got = created, got
+        self._recorded = (created, got)
 
     @contextlib.contextmanager
-    def _replaying(self) -> typing.Iterator[None]:
-        recorded, got = self._created, self._got
-        if recorded is None or got is None:
-            raise RuntimeError("SharedApply replays only after its first build recorded.")
+    def _replaying(self, recorded: _Created, got: _Got) -> typing.Iterator[None]:
         from_get = {id(v) for v in got.values()}
         pending = [(name, v) for name, v in recorded if id(v) not in from_get]
 

@@ -75,7 +75,6 @@ def _warn_if_left_out(
             f"last save, which was at step {step}. The micro-batches accumulated after "
             "that checkpoint are in none, so a run resumed from it does not resume this "
             "window: it starts the window over without them. " + _FIX,
-            UserWarning,
             stacklevel=2,
         )
     else:
@@ -88,7 +87,6 @@ def _warn_if_left_out(
             "CheckpointSaverHook saves nothing at the end, and the micro-batches "
             "accumulated since are in no checkpoint: a resumed run starts that window "
             "over without them. " + _FIX,
-            UserWarning,
             stacklevel=2,
         )
 
@@ -143,6 +141,5 @@ def _warn_if_fit_left_windows(pending: list[int]) -> None:
         + ". Run flush_op at "
         "each epoch's end: callbacks=[tf_keras.callbacks.LambdaCallback(on_epoch_end="
         "lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))].",
-        UserWarning,
         stacklevel=_validate._caller_stacklevel(),
     )
