@@ -15,9 +15,7 @@ class Saver(tf.compat.v1.train.Saver):
 
     Its save and restore hold the mutex of every window built in its graph
     before it, so a checkpoint written while other threads train holds each
-    window whole (see "Checkpoints" in :doc:`concepts`). Used as
-    ``tf.compat.v1.train.Saver``; for ``MonitoredTrainingSession`` and
-    ``Estimator``, add it to ``tf.compat.v1.GraphKeys.SAVERS``.
+    window whole; "Checkpoints" in :doc:`concepts` says where to pass it.
 
     Example:
 
