@@ -312,8 +312,9 @@ def plan_window(
         fixed = statistics and tf.get_static_value(statistics.micro_batch_size)
         if fixed is not None and any(s != fixed for s in sizes):
             raise ValueError(
-                f"This accumulation's statistics were built with micro_batch_size={fixed:g}, "
-                f"but {_split_asked(plan)} gives micro-batches of {_sizes_text(sizes)} rows: "
+                "This accumulation's statistics were built with micro_batch_size="
+                f"{float(fixed):g}, but {_split_asked(plan)} gives micro-batches of "
+                f"{_sizes_text(sizes)} rows: "
                 "the statistics would be wrong. Split into micro-batches of that size, or "
                 "build with weight= (the rows of each micro-batch) instead of "
                 "micro_batch_size=. Nothing was run."
