@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import typing
-
 import collections.abc
 import contextlib
 import threading
+import typing
 import weakref
 
 import numpy as np
