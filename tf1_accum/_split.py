@@ -140,7 +140,12 @@ class MemoryFit:
         else:
             smaller = (tried + 1) // 2
         self._fits = None
-        self._change(smaller, "out of memory", tried=tried, error=error)
+        self._change(smaller, "out of memory")
+        tf.compat.v1.logging.warning(
+            f"tf1_accum: a micro-batch of {tried} rows ran out of memory "
+            f"({_first_line(error)}); the window was discarded and runs again with "
+            f"micro-batches of {smaller} rows (window {self._windows})."
+        )
         return smaller
 
     def _completed(self) -> None:
@@ -148,29 +153,17 @@ class MemoryFit:
         self._since += 1
         self._windows += 1
 
-    def _change(
-        self,
-        new: int,
-        reason: str,
-        tried: int | None = None,
-        error: BaseException | None = None,
-    ) -> None:
+    def _change(self, new: int, reason: str) -> None:
         old, windows_at_old = self._size, self._since
         self._changes.append(SizeChange(self._windows, old, new, reason))
         self._size, self._since = new, 0
-        if reason == "out of memory":
-            tf.compat.v1.logging.warning(
-                f"tf1_accum: a micro-batch of {tried} rows ran out of memory "
-                f"({_first_line(error)}); the window was discarded and runs again with "
-                f"micro-batches of {new} rows (window {self._windows})."
+        if reason != "out of memory":  # which _out_of_memory logs, with the error
+            why = "the largest allowed" if old is None else "a probe: "
+            if old is not None:
+                why += f"{old} rows fit for {windows_at_old} windows"
+            tf.compat.v1.logging.info(
+                f"tf1_accum: micro-batches of {new} rows from window {self._windows} ({why})."
             )
-            return
-        why = "the largest allowed" if old is None else "a probe: "
-        if old is not None:
-            why += f"{old} rows fit for {windows_at_old} windows"
-        tf.compat.v1.logging.info(
-            f"tf1_accum: micro-batches of {new} rows from window {self._windows} ({why})."
-        )
 
 
 def _check_positive(name: str, value: object, unit: str = "") -> None:
@@ -182,7 +175,7 @@ def _check_positive(name: str, value: object, unit: str = "") -> None:
         raise ValueError(f"{name} must be a positive integer{unit} or None, got {value}.")
 
 
-def _first_line(error: BaseException | None) -> str:
+def _first_line(error: BaseException) -> str:
     """The line of an error message that says what ran out (the allocator's "OOM when ...")."""
     text = error.message if isinstance(error, tf.errors.OpError) else str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
