@@ -9,22 +9,15 @@ trains on, and must fail). PORTS is the comma-separated list of the workers'
 ports on 127.0.0.1. The graph mode comes from TF1_ACCUM_GRAPH_MODE, as in the test process.
 """
 
-import os
 import pathlib
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+import _graph_mode
 import numpy as np
 import tensorflow as tf
 
-if os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
-    tf.compat.v1.disable_v2_behavior()
-else:
-    tf.compat.v1.disable_eager_execution()
-tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+_graph_mode.enter()
 
 import tf1_accum  # noqa: E402
 from _helpers import OPTIMIZERS  # noqa: E402

@@ -24,21 +24,14 @@ import json
 import os
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
+import _graph_mode
 import numpy as np
 import tensorflow as tf
 
 # With TF1_ACCUM_EXPORT_EAGER=1 the process stays eager, as a TensorFlow 2
 # server does, and only loads the SavedModel with tf.saved_model.load.
 EAGER = os.environ.get("TF1_ACCUM_EXPORT_EAGER") == "1"
-if EAGER:
-    pass
-elif os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
-    tf.compat.v1.disable_v2_behavior()
-else:
-    tf.compat.v1.disable_eager_execution()
-tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+_graph_mode.enter(eager=EAGER)
 
 v1 = tf.compat.v1
 

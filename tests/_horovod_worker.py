@@ -25,17 +25,11 @@ import signal
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
+import _graph_mode
 import numpy as np
 import tensorflow as tf
 
-if os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1") == "v1":
-    tf.compat.v1.disable_v2_behavior()
-else:
-    tf.compat.v1.disable_eager_execution()
-tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
+_graph_mode.enter()
 
 import tf1_accum  # noqa: E402
 from _distributed_worker import batch_sizes  # noqa: E402

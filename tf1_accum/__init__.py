@@ -11,62 +11,28 @@ import typing as _typing
 
 __version__ = "0.1.0"
 
-__all__ = (
-    "Accumulation",
-    "AccumulationOptimizer",
-    "CollectiveAllReduce",
-    "DatasetAccumulation",
-    "GradientStatistics",
-    "GraphFinding",
-    "HorovodAllReduce",
-    "KerasAccumulationOptimizer",
-    "MemoryFit",
-    "RunningAverage",
-    "STATE_COLLECTION",
-    "Saver",
-    "SizeChange",
-    "TrainOpWindow",
-    "WindowMean",
-    "WindowOptions",
-    "broadcast_variables",
-    "build_accumulation",
-    "build_dataset_accumulation",
-    "build_running_average",
-    "check_graph",
-    "clip_by_global_norm",
-    "plain_variables",
-    "recommend_micro_batches",
-    "run_accumulation",
-)
-
-# Public name -> the private module that defines it (and a line in __all__).
+# The private module that defines each public name, which __getattr__ imports.
 _MODULES = {
-    "Accumulation": "_accumulation",
-    "AccumulationOptimizer": "_optimizer",
-    "CollectiveAllReduce": "_distributed",
-    "DatasetAccumulation": "_dataset",
-    "GraphFinding": "_graph_check",
-    "GradientStatistics": "_stats",
-    "HorovodAllReduce": "_horovod",
-    "KerasAccumulationOptimizer": "_keras_optimizer",
-    "MemoryFit": "_split",
-    "RunningAverage": "_stats",
-    "STATE_COLLECTION": "_state",
-    "Saver": "_saver",
-    "SizeChange": "_split",
-    "TrainOpWindow": "_optimizer",
-    "WindowMean": "_options",
-    "WindowOptions": "_options",
-    "broadcast_variables": "_distributed",
-    "build_accumulation": "_accumulation",
-    "build_dataset_accumulation": "_dataset",
-    "build_running_average": "_stats",
-    "check_graph": "_graph_check",
-    "clip_by_global_norm": "_options",
-    "plain_variables": "_state",
-    "recommend_micro_batches": "_stats",
-    "run_accumulation": "_session",
+    name: module
+    for module, names in (
+        ("_accumulation", "Accumulation build_accumulation"),
+        ("_dataset", "DatasetAccumulation build_dataset_accumulation"),
+        ("_distributed", "CollectiveAllReduce broadcast_variables"),
+        ("_graph_check", "GraphFinding check_graph"),
+        ("_horovod", "HorovodAllReduce"),
+        ("_keras_optimizer", "KerasAccumulationOptimizer"),
+        ("_optimizer", "AccumulationOptimizer TrainOpWindow"),
+        ("_options", "WindowMean WindowOptions clip_by_global_norm"),
+        ("_saver", "Saver"),
+        ("_session", "run_accumulation"),
+        ("_split", "MemoryFit SizeChange"),
+        ("_state", "STATE_COLLECTION plain_variables"),
+        ("_stats", "GradientStatistics RunningAverage build_running_average"),
+        ("_stats", "recommend_micro_batches"),
+    )
+    for name in names.split()
 }
+__all__ = tuple(sorted(_MODULES))
 
 if _typing.TYPE_CHECKING:
     # For type checkers; at run time __getattr__ imports each name on first use.
@@ -117,4 +83,4 @@ def __getattr__(name: str) -> _typing.Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__) | set(_MODULES))
+    return sorted(set(globals()) | set(__all__))

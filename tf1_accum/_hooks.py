@@ -25,20 +25,7 @@ class _UnmovedStepFilter(logging.Filter):
         return session is not None and not getattr(session, "_closed", False)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not self.active():
-            return True
-        return not str(record.msg).startswith("It seems that global step")
-
-
-def _filter_unmoved_step_warnings(session: tf.compat.v1.Session) -> _UnmovedStepFilter:
-    """Adds an `_UnmovedStepFilter` for ``session``; takes off those of closed sessions."""
-    logger = tf.get_logger()
-    for old in [f for f in logger.filters if isinstance(f, _UnmovedStepFilter)]:
-        if not old.active():
-            logger.removeFilter(old)
-    new = _UnmovedStepFilter(session)
-    logger.addFilter(new)
-    return new
+        return not (self.active() and str(record.msg).startswith("It seems that global step"))
 
 
 class AccumulationHook(tf.compat.v1.train.SessionRunHook):
@@ -78,7 +65,12 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
                 "AccumulationHook.after_create_session() ran before begin(): a "
                 "MonitoredTrainingSession calls begin() first."
             )
-        self._filter = _filter_unmoved_step_warnings(session)
+        logger = tf.get_logger()
+        for old in [f for f in logger.filters if isinstance(f, _UnmovedStepFilter)]:
+            if not old.active():  # a session closed without end()
+                logger.removeFilter(old)
+        self._filter = _UnmovedStepFilter(session)
+        logger.addFilter(self._filter)
         # The CheckpointSaverHook of the session need not warn of these windows.
         _unhooked.keep_windows(session, self._counters)
 
@@ -105,7 +97,6 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
                     "are in no checkpoint: no saver of the graph "
                     "(tf.compat.v1.GraphKeys.SAVERS) wrote a checkpoint in this session, or "
                     "there is no global step.",
-                    UserWarning,
                     stacklevel=2,
                 )
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import typing
 
 import tensorflow as tf
@@ -14,9 +15,7 @@ class Saver(tf.compat.v1.train.Saver):
 
     Its save and restore hold the mutex of every window built in its graph
     before it, so a checkpoint written while other threads train holds each
-    window whole (see "Checkpoints" in :doc:`concepts`). Used as
-    ``tf.compat.v1.train.Saver``; for ``MonitoredTrainingSession`` and
-    ``Estimator``, add it to ``tf.compat.v1.GraphKeys.SAVERS``.
+    window whole; "Checkpoints" in :doc:`concepts` says where to pass it.
 
     Example:
 
@@ -70,11 +69,14 @@ def _locked(
 ) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
     section = _ancestors(last, created)
+
+    def on_device(mutex: tf.Tensor) -> typing.ContextManager[object]:
+        return tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
+
     with tf.control_dependencies(None):
         locks: list[tf.Tensor] = []
         for mutex in mutexes:
-            on_device = tf.device(mutex.device) if mutex.device else _nothing()
-            with on_device, tf.control_dependencies(locks[-1:]):
+            with on_device(mutex), tf.control_dependencies(locks[-1:]):
                 locks.append(tf.raw_ops.MutexLock(mutex=mutex, name=f"{name}_lock"))
         lock = locks[-1].op
         for op in section:
@@ -96,8 +98,7 @@ def _locked(
         finished = [t.op for t in last.inputs] + list(last.control_inputs)
         releases = []
         for lock, mutex in zip(locks, mutexes):
-            on_device = tf.device(mutex.device) if mutex.device else _nothing()
-            with on_device, tf.control_dependencies(finished):
+            with on_device(mutex), tf.control_dependencies(finished):
                 releases.append(tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name=f"{name}_unlock"))
     last._add_control_inputs(releases)
 
@@ -113,11 +114,3 @@ def _ancestors(last: tf.Operation, created: typing.Container[str]) -> list[tf.Op
         found[op.name] = op
         stack += [t.op for t in op.inputs] + list(op.control_inputs)
     return list(found.values())
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> typing.Literal[False]:
-        return False

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import typing
-
 import collections.abc
 import contextlib
 import threading
+import typing
 import weakref
 
 import numpy as np
@@ -74,20 +73,12 @@ def run_accumulation(
 
     Each micro-batch runs ``accum_op`` with ``fetches``; then ``apply_op``
     runs, fed ``apply_feed_dict`` and what the micro-batches fed the
-    placeholders it reads (a learning rate). With ``fused``, the last
-    micro-batch runs ``accum_apply_op`` instead (a fetch reading variables
-    outside the gradient path may see them updated). A partial window is
-    continued.
-
-    If micro-batch k or the apply fails before the update (an op error, a
-    generator's exception, ``KeyboardInterrupt``), the window is discarded
-    (accumulators and counter reset, nothing applied) and the error raised
-    again, of the same type where possible, saying k and what became of the
-    window. Concurrent calls on one accumulation run their windows in turn
-    (:ref:`ways-in-threads`). Given ``micro_batch_size``, ``micro_batches``
-    or ``memory_fit``, ``feed_dicts`` is the large batch, split here
-    (:doc:`feed_the_batch`). With ``statistics=True``, each window's noise
-    scale and `recommend_micro_batches` are logged.
+    placeholders it reads (a learning rate). A partial window is continued; a
+    failure before the update discards the window (see "Errors" in
+    :doc:`concepts`); concurrent calls run their windows in turn
+    (:ref:`ways-in-threads`). Given ``micro_batch_size``, ``micro_batches`` or
+    ``memory_fit``, ``feed_dicts`` is the large batch, split here
+    (:doc:`feed_the_batch`).
 
     >>> import numpy as np
     >>> with tf.Graph().as_default():
@@ -112,8 +103,9 @@ def run_accumulation(
         feed_dicts: An iterable of feed dicts, one per micro-batch (``None``
             runs one with no feed); or the large batch, to split.
         fetches: Optional fetches to evaluate with each micro-batch (the loss).
-        fused: Run the last micro-batch and the apply in one ``session.run``;
-            None (the default): when ``accum_apply_op`` was built.
+        fused: Run the last micro-batch and the apply in one ``session.run``
+            (``accum_apply_op``: a fetch reading variables outside the gradient
+            path may see them updated); None (the default): when it was built.
         apply_feed_dict: Optional feed for the apply run alone (a learning
             rate, what a ``MonitoredSession`` hook fetches); never a
             micro-batch.
@@ -129,20 +121,14 @@ def run_accumulation(
 
     Raises:
         TypeError: If an argument has the wrong type (``accumulation`` not an
-            `Accumulation`, a feed dict not a dict, ``micro_batches`` not an
-            integer...), ``feed_dicts`` is a single dict and no split is
-            asked for, or a large batch feeds a ``SparseTensor``.
+            `Accumulation`, a feed dict not a dict...), ``feed_dicts`` is a
+            single dict and no split is asked for, or a large batch feeds a
+            ``SparseTensor``.
         ValueError: If ``feed_dicts`` holds no micro-batch, ``fused=True``
             without ``accum_apply_op``, two micro-batches feed a placeholder
-            the apply reads different values, or ``fetches`` holds one of the
-            accumulation's ops or what an apply computes.
-        ValueError: When splitting: ``micro_batch_size`` or ``micro_batches``
-            is not positive, or both are given; a key names no tensor; the
-            batch has nothing to split, no one batch dimension, or 0 rows; a
-            fixed batch dimension and smaller micro-batches; unequal
-            micro-batches without ``weight=``, or unlike the statistics'
-            ``micro_batch_size``; ``memory_fit`` without ``weight=``, or on a
-            window that already holds micro-batches.
+            the apply reads different values, ``fetches`` holds one of the
+            accumulation's ops or what an apply computes, or a split
+            :doc:`feed_the_batch` refuses (the message says why).
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
@@ -278,14 +264,10 @@ def _run_window(
     if not fused:
         fed = {key: value for key, value, _ in carried.values()}
         apply_feed = {**fed, **(apply_feed_dict or {})} or None
-        statistics = accumulation.statistics
+        noise = _noise(accumulation.statistics)
         try:
-            if statistics is None:
-                sess.run(accumulation.apply_op, feed_dict=apply_feed)
-            else:
-                _, window_noise = sess.run(
-                    (accumulation.apply_op, _noise(statistics)), feed_dict=apply_feed
-                )
+            fetch = (accumulation.apply_op, noise) if noise else accumulation.apply_op
+            got = sess.run(fetch, feed_dict=apply_feed)
         except (Exception, KeyboardInterrupt) as error:
             count = _counter(sess, accumulation, apply_feed or last_feed)
             if count == 0:
@@ -299,8 +281,8 @@ def _run_window(
                 # As a failed micro-batch: the next call starts a clean window.
                 what = "before the update " + _discard_window(sess, accumulation)
             _reraise(error, f"the apply of the window failed {what}")
-        if statistics is not None:
-            _stats.log_recommendation(*window_noise)
+        if noise:
+            _stats.log_recommendation(*got[1])
     return WindowFetches(results, weights if weight is not None else None)
 
 
@@ -399,22 +381,15 @@ def _noise(
 _END: typing.Any = object()
 
 # Per graph, per accumulation (its counter's name): the lock of its windows.
-_WINDOW_LOCKS: weakref.WeakKeyDictionary[tf.Graph, dict[str, _WindowLock]] = (
+_WINDOW_LOCKS: weakref.WeakKeyDictionary[tf.Graph, dict[str, threading.Lock]] = (
     weakref.WeakKeyDictionary()
 )
 _WINDOW_LOCKS_GUARD = threading.Lock()
+_HELD = threading.local()  # .locks: the window locks this thread holds
 # Per graph, per apply_op's name: the placeholders it reads.
 _APPLY_READS: weakref.WeakKeyDictionary[tf.Graph, dict[str, frozenset[str]]] = (
     weakref.WeakKeyDictionary()
 )
-
-
-class _WindowLock:
-    """A lock that knows its holder, to refuse a nested window in the same thread."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.holder: int | None = None
 
 
 @contextlib.contextmanager
@@ -427,21 +402,21 @@ def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.It
     counter = accumulation.counter
     with _WINDOW_LOCKS_GUARD:
         locks = _WINDOW_LOCKS.setdefault(counter.graph, {})
-        window_lock = locks.setdefault(counter.op.name, _WindowLock())
-    me = threading.get_ident()
-    if window_lock.holder == me:
+        lock = locks.setdefault(counter.op.name, threading.Lock())
+    held = _HELD.__dict__.setdefault("locks", set())
+    if lock in held:
         raise RuntimeError(
             "run_accumulation was called for an accumulation whose window this same "
             "thread is running (from its feed_dicts or a hook): windows of one "
             "accumulation run one at a time, so this call would wait forever. Run the "
             "second window after the first returns."
         )
-    with window_lock.lock:
-        window_lock.holder = me
+    with lock:
+        held.add(lock)
         try:
             yield
         finally:
-            window_lock.holder = None
+            held.discard(lock)
 
 
 _EMPTY_WINDOW = (

@@ -16,6 +16,10 @@ import tensorflow as tf
 from tf1_accum._wrapping import counts_its_own_steps
 
 _T = typing.TypeVar("_T")
+_Make = typing.Callable[..., tf.Variable]  # a variable creator, or a getter
+# What the first build created (each with the name asked for) and got by name.
+_Created = typing.List[typing.Tuple[typing.Optional[str], tf.Variable]]
+_Got = typing.Dict[str, tf.Variable]
 
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
@@ -42,9 +46,7 @@ class SharedApply:
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer) -> None:
         self.optimizer = optimizer
-        # Filled by the first build: what it created (with the name asked) and got.
-        self._created: list[tuple[str | None, tf.Variable]] | None = None
-        self._got: dict[str, tf.Variable] | None = None
+        self._recorded: tuple[_Created, _Got] | None = None
 
     def apply_gradients(
         self,
@@ -57,8 +59,8 @@ class SharedApply:
 
     def build(self, make: typing.Callable[[], _T]) -> _T:
         """Returns ``make()``, built over the variables its first build created."""
-        reuse = self._replaying if self._created is not None else self._recording
-        with reuse():
+        recorded = self._recorded
+        with self._recording() if recorded is None else self._replaying(*recorded):
             return make()
 
     def _apply(
@@ -80,43 +82,31 @@ class SharedApply:
 
     @contextlib.contextmanager
     def _recording(self) -> typing.Iterator[None]:
-        created: list[tuple[str | None, tf.Variable]] = []
-        got: dict[str, tf.Variable] = {}
+        created: _Created = []
+        got: _Got = {}
 
-        def create(
-            next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
-        ) -> tf.Variable:
+        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
             _check_liftable(self.optimizer, kwargs)
             with tf.init_scope():
                 var = next_creator(**kwargs)
             created.append((kwargs.get("name"), var))
             return var
 
-        def get(
-            getter: typing.Callable[..., tf.Variable],
-            name: str,
-            *args: typing.Any,
-            **kwargs: typing.Any,
-        ) -> tf.Variable:
+        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
             var = getter(name, *args, **kwargs)
             got[name] = var
             return var
 
         with _intercepting(create, get):
             yield
-        self._created, self._got = created, got
+        self._recorded = (created, got)
 
     @contextlib.contextmanager
-    def _replaying(self) -> typing.Iterator[None]:
-        recorded, got = self._created, self._got
-        if recorded is None or got is None:
-            raise RuntimeError("SharedApply replays only after its first build recorded.")
+    def _replaying(self, recorded: _Created, got: _Got) -> typing.Iterator[None]:
         from_get = {id(v) for v in got.values()}
         pending = [(name, v) for name, v in recorded if id(v) not in from_get]
 
-        def create(
-            next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
-        ) -> tf.Variable:
+        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
             del next_creator  # nothing is created twice
             name = kwargs.get("name")
             if not pending:
@@ -132,12 +122,7 @@ class SharedApply:
                 self._mismatch(_describe(first_name, var), f"variable {name!r}")
             return var
 
-        def get(
-            getter: typing.Callable[..., tf.Variable],
-            name: str,
-            *args: typing.Any,
-            **kwargs: typing.Any,
-        ) -> tf.Variable:
+        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
             del getter, args
             var = got.get(name)
             if var is None:
@@ -160,9 +145,7 @@ class SharedApply:
 
 
 @contextlib.contextmanager
-def _intercepting(
-    create: typing.Callable[..., tf.Variable], get: typing.Callable[..., tf.Variable]
-) -> typing.Iterator[None]:
+def _intercepting(create: _Make, get: _Make) -> typing.Iterator[None]:
     """Routes variable creation through ``create`` and ``get_variable`` through ``get``.
 
     ``get_variable`` checks its store before any creator runs: a custom getter.
@@ -173,9 +156,8 @@ def _intercepting(
     scope = tf.compat.v1.get_variable_scope()
     outer = scope.custom_getter
 
-    def getter(
-        getter: typing.Callable[..., tf.Variable], *args: typing.Any, **kwargs: typing.Any
-    ) -> tf.Variable:  # TensorFlow passes every argument by name
+    def getter(getter: _Make, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
+        # TensorFlow passes every argument by name.
         if outer is not None:
             getter = functools.partial(outer, getter)
         return get(getter, *args, **kwargs)

@@ -76,15 +76,7 @@ class MemoryFit:
 
     def __init__(self, *, probe_every: int | None = 100) -> None:
         if probe_every is not None:
-            if isinstance(probe_every, bool) or not isinstance(probe_every, int):
-                raise TypeError(
-                    "probe_every must be a positive integer (windows) or None, got "
-                    f"{_validate.describe(probe_every)}."
-                )
-            if probe_every < 1:
-                raise ValueError(
-                    f"probe_every must be a positive integer (windows) or None, got {probe_every}."
-                )
+            _check_positive("probe_every", probe_every, " (windows)")
         self._probe_every = probe_every
         self._size: int | None = None  # rows per micro-batch the next window starts with
         self._fits: int | None = None  # the size in use before a probe: known to fit
@@ -148,7 +140,12 @@ class MemoryFit:
         else:
             smaller = (tried + 1) // 2
         self._fits = None
-        self._change(smaller, "out of memory", tried=tried, error=error)
+        self._change(smaller, "out of memory")
+        tf.compat.v1.logging.warning(
+            f"tf1_accum: a micro-batch of {tried} rows ran out of memory "
+            f"({_first_line(error)}); the window was discarded and runs again with "
+            f"micro-batches of {smaller} rows (window {self._windows})."
+        )
         return smaller
 
     def _completed(self) -> None:
@@ -156,45 +153,29 @@ class MemoryFit:
         self._since += 1
         self._windows += 1
 
-    def _change(
-        self,
-        new: int,
-        reason: str,
-        tried: int | None = None,
-        error: BaseException | None = None,
-    ) -> None:
-        old = self._size
+    def _change(self, new: int, reason: str) -> None:
+        old, windows_at_old = self._size, self._since
         self._changes.append(SizeChange(self._windows, old, new, reason))
-        windows_at_old = self._since
-        self._size = new
-        self._since = 0
-        if reason == "out of memory":
-            tf.compat.v1.logging.warning(
-                "tf1_accum: a micro-batch of %d rows ran out of memory (%s); the window "
-                "was discarded and runs again with micro-batches of %d rows (window %d).",
-                tried,
-                _first_line(error),
-                new,
-                self._windows,
-            )
-        elif reason == "probe":
+        self._size, self._since = new, 0
+        if reason != "out of memory":  # which _out_of_memory logs, with the error
+            why = "the largest allowed" if old is None else "a probe: "
+            if old is not None:
+                why += f"{old} rows fit for {windows_at_old} windows"
             tf.compat.v1.logging.info(
-                "tf1_accum: micro-batches of %d rows from window %d (a probe: %d rows "
-                "fit for %d windows).",
-                new,
-                self._windows,
-                old,
-                windows_at_old,
-            )
-        else:
-            tf.compat.v1.logging.info(
-                "tf1_accum: micro-batches of %d rows from window %d (the largest allowed).",
-                new,
-                self._windows,
+                f"tf1_accum: micro-batches of {new} rows from window {self._windows} ({why})."
             )
 
 
-def _first_line(error: BaseException | None) -> str:
+def _check_positive(name: str, value: object, unit: str = "") -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"{name} must be a positive integer{unit} or None, got {_validate.describe(value)}."
+        )
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer{unit} or None, got {value}.")
+
+
+def _first_line(error: BaseException) -> str:
     """The line of an error message that says what ran out (the allocator's "OOM when ...")."""
     text = error.message if isinstance(error, tf.errors.OpError) else str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
@@ -242,14 +223,8 @@ def plan_window(
 ) -> Plan:
     """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`."""
     for name, value in (("micro_batch_size", micro_batch_size), ("micro_batches", micro_batches)):
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(
-                f"{name} must be a positive integer or None, got {_validate.describe(value)}."
-            )
-        if value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value}.")
+        if value is not None:
+            _check_positive(name, value)
     if micro_batch_size is not None and micro_batches is not None:
         raise ValueError(
             f"Pass micro_batch_size= or micro_batches=, not both (got {micro_batch_size} "
@@ -284,7 +259,7 @@ def plan_window(
                 f"{_validate.describe(feed)}."
             )
         batches.append(_batch(graph, dict(feed), label))
-    weighted = _weighted(accumulation)
+    weighted = accumulation.options is not None and accumulation.options.weighted
     if memory_fit is not None and not weighted:
         raise ValueError(
             "memory_fit needs an accumulation built with weight= (the rows of each "
@@ -326,11 +301,13 @@ def plan_window(
                 "of each micro-batch (weight=tf.shape(x)[0] for a batch-shaped placeholder "
                 "x), or split into equal micro-batches. Nothing was run."
             )
-        fixed = _fixed_statistics_size(accumulation)
+        statistics = accumulation.statistics
+        fixed = statistics and tf.get_static_value(statistics.micro_batch_size)
         if fixed is not None and any(s != fixed for s in sizes):
             raise ValueError(
-                f"This accumulation's statistics were built with micro_batch_size={fixed:g}, "
-                f"but {_split_asked(plan)} gives micro-batches of {_sizes_text(sizes)} rows: "
+                "This accumulation's statistics were built with micro_batch_size="
+                f"{float(fixed):g}, but {_split_asked(plan)} gives micro-batches of "
+                f"{_sizes_text(sizes)} rows: "
                 "the statistics would be wrong. Split into micro-batches of that size, or "
                 "build with weight= (the rows of each micro-batch) instead of "
                 "micro_batch_size=. Nothing was run."
@@ -503,9 +480,10 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
     counted = collections.Counter(candidates.values()).most_common()
     if len(counted) > 1 and counted[0][1] == counted[1][1]:
         tied = [size for size, n in counted if n == counted[0][1]]
+        keys = ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
         raise ValueError(
             f"{label} has no one batch dimension: as many arrays have {tied[0]} rows as "
-            f"{tied[1]} ({_keys_text(candidates)}). Feed an array that is not batch data "
+            f"{tied[1]} ({keys}). Feed an array that is not batch data "
             "through a placeholder of known leading size (shape [100, 16], not [None, 16]), "
             "so that it is fed whole. Nothing was run."
         )
@@ -519,22 +497,5 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
     return _Batch(values, rows, split, batch_shaped)
 
 
-def _keys_text(candidates: typing.Mapping[typing.Any, int]) -> str:
-    return ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
-
-
 def _key_name(key: object) -> str:
     return key if isinstance(key, str) else getattr(key, "name", repr(key))
-
-
-def _weighted(accumulation: Accumulation) -> bool:
-    """Whether ``accumulation`` was built with ``weight=``."""
-    return accumulation.options is not None and accumulation.options.weighted
-
-
-def _fixed_statistics_size(accumulation: Accumulation) -> float | None:
-    """The ``micro_batch_size`` the statistics were built with, or None."""
-    if accumulation.statistics is None:
-        return None
-    value = tf.get_static_value(accumulation.statistics.micro_batch_size)
-    return None if value is None else float(value)

@@ -1,10 +1,8 @@
 """Synchronous replicas through the wrapper: one window per worker per update.
 
-The synchronous optimizer's accumulators, queue and chief update cannot live
-in the wrapper's conditional apply: `prepare` builds them outside, once, and
-`SyncPush` builds the worker's push-and-wait inside, on the same accumulators
-and queue. With no initial token, every update takes one window of every
-worker (see :ref:`parameter-servers`).
+`prepare` builds the synchronous optimizer's accumulators, queue and chief
+update outside the wrapper's conditional apply; `SyncPush`, inside it, pushes
+to them and waits (:ref:`parameter-servers`).
 """
 
 from __future__ import annotations
@@ -57,9 +55,7 @@ def prepare(
     pairs: Pairs,
     global_step: tf.Variable | None,
 ) -> tuple[SyncPush, list[tf.Operation]]:
-    """Builds ``sync``'s accumulators, queue and chief update; the worker's push, and those ops.
-
-    ``pairs`` give the accumulators their types; the worker's train op ``sync`` returns is unused.
+    """Builds ``sync``'s accumulators, queue and chief update; returns a `SyncPush` and those ops.
 
     Raises:
         ValueError: If ``global_step`` is None (the tokens are its values).
@@ -78,10 +74,7 @@ def prepare(
 
 
 def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
-    """Refuses aggregation settings that hang; warns of those that drop windows.
-
-    Makes 0 initial tokens the default of ``sync.make_session_run_hook`` and
-    refuses more: an initial token lets a worker's next window go stale.
+    """Refuses aggregation settings that hang and initial tokens; warns of dropped windows.
 
     Raises:
         ValueError: If ``replicas_to_aggregate`` is more than
@@ -100,7 +93,6 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
             f"tf1_accum: the SyncReplicasOptimizer updates with the first {aggregate} of "
             f"{total} workers' windows and drops the others' as stale: each update "
             f"is the mean over {aggregate} windows, not all of them.",
-            UserWarning,
             stacklevel=_validate._caller_stacklevel(),
         )
     original = sync.get_init_tokens_op

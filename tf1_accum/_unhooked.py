@@ -75,7 +75,6 @@ def _warn_if_left_out(
             f"last save, which was at step {step}. The micro-batches accumulated after "
             "that checkpoint are in none, so a run resumed from it does not resume this "
             "window: it starts the window over without them. " + _FIX,
-            UserWarning,
             stacklevel=2,
         )
     else:
@@ -88,7 +87,6 @@ def _warn_if_left_out(
             "CheckpointSaverHook saves nothing at the end, and the micro-batches "
             "accumulated since are in no checkpoint: a resumed run starts that window "
             "over without them. " + _FIX,
-            UserWarning,
             stacklevel=2,
         )
 
@@ -104,45 +102,35 @@ def watch_keras_fit() -> None:
     @functools.wraps(epoch_end)
     def on_epoch_end(self: typing.Any, epoch: int, logs: typing.Any = None) -> None:
         epoch_end(self, epoch, logs)
-        optimizer = _accumulating(getattr(self, "model", None))
-        if optimizer is not None:
-            session = tf.compat.v1.keras.backend.get_session()
-            counters = [counter for counter, _ in optimizer._built_windows(session.graph)]
-            pending = sum(int(count) for count in session.run(counters))
-            self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
+        # The model's optimizer if it accumulates (a TF1 one is behind ``.optimizer``).
+        optimizer = getattr(getattr(self, "model", None), "optimizer", None)
+        for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+            built_windows = getattr(candidate, "_built_windows", None)
+            if built_windows is not None:
+                session = tf.compat.v1.keras.backend.get_session()
+                counters = [counter for counter, _ in built_windows(session.graph)]
+                pending = sum(int(count) for count in session.run(counters))
+                self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
+                break
 
     @functools.wraps(train_end)
     def on_train_end(self: typing.Any, logs: typing.Any = None) -> None:
         train_end(self, logs)
-        _warn_if_fit_left_windows(self.__dict__.pop("_tf1_accum_epochs", []))
+        pending = self.__dict__.pop("_tf1_accum_epochs", [])
+        mid_window = [count for count in pending if count]
+        if not mid_window:
+            return
+        warnings.warn(
+            f"tf1_accum: fit ended {len(mid_window)} of its {len(pending)} epochs in the "
+            "middle of an accumulation window, and no callback ran the optimizer's flush_op: "
+            "each such epoch's last micro-batches went into the next epoch's first window, "
+            "where fit with batches steps times larger applies a short last batch"
+            + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
+            + ". Run flush_op at each epoch's end: callbacks=[tf_keras.callbacks."
+            "LambdaCallback(on_epoch_end=lambda epoch, logs: "
+            "tf.compat.v1.keras.backend.get_session().run(opt.flush_op))].",
+            stacklevel=_validate._caller_stacklevel(),
+        )
 
     on_epoch_end.__dict__["_tf1_accum_watched"] = True
     hook_class.on_epoch_end, hook_class.on_train_end = on_epoch_end, on_train_end
-
-
-def _accumulating(model: typing.Any) -> typing.Any:
-    """``model``'s optimizer if it accumulates (a TF1 one is behind ``.optimizer``), or None."""
-    optimizer = getattr(model, "optimizer", None)
-    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
-        if hasattr(candidate, "_built_windows"):
-            return candidate
-    return None
-
-
-def _warn_if_fit_left_windows(pending: list[int]) -> None:
-    """Warns when epochs of a ``fit`` ended with ``pending`` micro-batches not applied."""
-    mid_window = [count for count in pending if count]
-    if not mid_window:
-        return
-    warnings.warn(
-        f"tf1_accum: fit ended {len(mid_window)} of its {len(pending)} epochs in the "
-        "middle of an accumulation window, and no callback ran the optimizer's flush_op: "
-        "each such epoch's last micro-batches went into the next epoch's first window, "
-        "where fit with batches steps times larger applies a short last batch"
-        + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
-        + ". Run flush_op at "
-        "each epoch's end: callbacks=[tf_keras.callbacks.LambdaCallback(on_epoch_end="
-        "lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))].",
-        UserWarning,
-        stacklevel=_validate._caller_stacklevel(),
-    )
