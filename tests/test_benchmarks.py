@@ -150,6 +150,7 @@ def test_memory_table(outputs):
         "above P",
         "allocator MB",
         "allocator above P",
+        "least above P",
         "allocator spread P",
         "target P",
         "met",
@@ -171,6 +172,7 @@ def test_memory_table(outputs):
         if row[1] in ("plain, B", "embedding: plain, B"):
             assert above == 0.0, row  # each reference is measured above itself
             assert float(row[headers.index("allocator above P")]) == 0.0, row
+            assert float(row[headers.index("least above P")]) == 0.0, row
         if row[1].startswith("plain") or row[1] == "embedding: plain, B":
             assert row[-2:] == ["-", "-"], row  # not a way in: no target
         else:
