@@ -14,13 +14,47 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum._norms import at_least_float32
-from tf1_accum._norms import square_norms
 from tf1_accum._options import WindowOptions
+from tf1_accum._state import Part
 from tf1_accum._state import state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
 EMA_DECAY = 0.9
+
+
+def at_least_float32(values: tf.Tensor) -> tf.Tensor:
+    """``values``, cast to float32 if their dtype is narrower (float16, bfloat16)."""
+    return tf.cast(values, tf.float32) if values.dtype.base_dtype.size < 4 else values
+
+
+def square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
+
+    Pass a sparse gradient's values with each row once (as a window's sums
+    hold them): the norm of those values is then the norm of the dense
+    gradient.
+
+    Each sum of squares is taken in one pass, in its tensor's own dtype
+    (float32 at least), with no squared or float64 copy: ``l2_loss`` is
+    sum(t ** 2) / 2, and doubling it is exact. Only if that overflows (the
+    sum is Inf) is it taken again in float64, so finite values whose norm
+    exceeds the float32 range still have a finite norm. A NaN is not taken
+    again: it would be NaN in float64 too.
+    """
+
+    def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
+        return [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
+
+    fast = squares(at_least_float32)
+    if all(v.dtype.base_dtype == tf.float64 for v in values):
+        return fast
+    wide = tf.cond(
+        tf.math.is_inf(tf.add_n(fast)),
+        lambda: squares(lambda v: tf.cast(v, tf.float64)),
+        lambda: [tf.identity(q) for q in fast],
+        name="square_norms",
+    )
+    return list(wide) if isinstance(wide, (list, tuple)) else [wide]
 
 
 class GradientStatistics(typing.NamedTuple):
@@ -67,50 +101,38 @@ class GradientStatistics(typing.NamedTuple):
     summary_op: tf.Tensor
 
 
-class MovingAverages(typing.NamedTuple):
-    """The moving averages across windows of ``noise_trace`` and ``gradient_square`` (float64)."""
+class WindowStatistics(Part):
+    """The window's part behind `GradientStatistics`: its sums and moving averages.
 
-    noise_trace: tf.Variable
-    gradient_square: tf.Variable
-
-
-class WindowStatistics:
-    """The ops behind `GradientStatistics`, driven by a `Window`.
-
-    The window calls `create_state` once, `square_norm` per micro-batch and
-    `observe` in its apply; an instance holds only the build's settings.
+    Per micro-batch it adds the squared norm (times the weight) and, in a
+    weighted window, whether the weight is positive; `observe` builds the
+    statistics in the window's apply.
     """
 
-    def __init__(
-        self,
-        variables: typing.Iterable[tf.Variable],
-        micro_batch_size: float | None,
-        average: bool,
-    ) -> None:
+    def __init__(self, variables: typing.Iterable[tf.Variable], options: WindowOptions) -> None:
         self.variables = list(variables)
-        self.micro_batch_size = micro_batch_size  # None: the window's mean weight
-        self.average = average
+        self.micro_batch_size = options.micro_batch_size  # None: the window's mean weight
+        self.average = options.average
+        self.weighted = options.weighted
+        zero = lambda: tf.constant(0.0, tf.float64)  # noqa: E731
+        sums = [state_variable(zero, "micro_batch_square_norms")]
+        if self.weighted:
+            # The statistics count micro-batches of positive weight only.
+            sums.append(state_variable(lambda: tf.constant(0, tf.int64), "micro_batches_weighted"))
+        super().__init__(*sums)
+        self.noise_trace_ema = state_variable(zero, "noise_trace_ema")
+        self.gradient_square_ema = state_variable(zero, "gradient_square_ema")
 
-    @classmethod
-    def for_window(
-        cls,
-        options: WindowOptions,
-        pairs: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
-    ) -> WindowStatistics | None:
-        """The statistics a window built with ``options`` (a `WindowOptions`) keeps, or None."""
-        if not options.statistics:
-            return None
-        return cls([v for _, v in pairs], options.micro_batch_size, options.average)
+    def state(self) -> list[tf.Variable]:
+        return [*self.sums, self.noise_trace_ema, self.gradient_square_ema]
 
-    @staticmethod
-    def create_state() -> MovingAverages:
-        """Creates the moving averages' variables (on the window's device, after its checks)."""
-        return MovingAverages(
-            noise_trace=state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema"),
-            gradient_square=state_variable(
-                lambda: tf.constant(0.0, tf.float64), "gradient_square_ema"
-            ),
-        )
+    def increments(
+        self, gradients: typing.Sequence[tf.Tensor | tf.IndexedSlices], weight: tf.Tensor
+    ) -> list[tf.Tensor]:
+        square = self.square_norm(gradients)
+        if not self.weighted:
+            return [square]
+        return [tf.math.multiply_no_nan(square, weight), tf.cast(weight > 0, tf.int64)]
 
     @staticmethod
     def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
@@ -130,24 +152,25 @@ class WindowStatistics:
 
     def observe(
         self,
-        averages: MovingAverages,
+        sums: tuple[tf.Tensor, ...],
         squares: typing.Sequence[tf.Tensor],
         count: tf.Tensor,
-        weight_total: tf.Tensor | None,
-        square_total: tf.Tensor,
+        total: tf.Tensor,
     ) -> tuple[GradientStatistics, list[tf.Operation]]:
         """Builds the statistics of the window being applied.
 
-        ``squares`` are each variable's float64 squared window norm (mean or
-        sum, before clipping); ``square_total`` the sum over micro-batches of
-        (weight times) their squared norm. Returns the `GradientStatistics` and
-        the moving averages' updates, which the reset must wait for.
+        ``sums`` are this part's sums; ``squares`` each variable's float64
+        squared window norm (mean or sum, before clipping); ``total`` what
+        the mean divides by (``count``, or the weight total). Returns the
+        `GradientStatistics` and the moving averages' updates, which the
+        reset must wait for.
         """
+        square_total = sums[0]
         with tf.compat.v1.name_scope("statistics"):
             # The tensors in a scope of their own: the summaries take their names.
             with tf.compat.v1.name_scope("values"):
-                n = tf.cast(count, tf.float64)
-                total = n if weight_total is None else tf.cast(weight_total, tf.float64)
+                n = tf.cast(sums[1] if self.weighted else count, tf.float64)
+                total = tf.cast(total, tf.float64)
                 if not self.average:  # the sum: the mean's squares are 1 / total^2 of it
                     squares = [s / tf.square(total) for s in squares]
                 variable_norms = [tf.sqrt(s) for s in squares]
@@ -173,11 +196,11 @@ class WindowStatistics:
                 valid = tf.logical_and(
                     tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
                 )
-                trace_ema = self._moving(averages.noise_trace, noise_trace, valid)
-                square_ema = self._moving(averages.gradient_square, gradient_square, valid)
+                trace_ema = self._moving(self.noise_trace_ema, noise_trace, valid)
+                square_ema = self._moving(self.gradient_square_ema, gradient_square, valid)
                 updates = [
-                    averages.noise_trace.assign(trace_ema, use_locking=True, read_value=False),
-                    averages.gradient_square.assign(square_ema, use_locking=True, read_value=False),
+                    self.noise_trace_ema.assign(trace_ema, use_locking=True, read_value=False),
+                    self.gradient_square_ema.assign(square_ema, use_locking=True, read_value=False),
                 ]
                 noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
