@@ -28,8 +28,13 @@ class Engine:
     #: The dtypes `_broadcast` can send.
     _broadcast_dtypes: tuple = ()
 
+    #: The next key `_take_instance_key` hands out.
+    _next_key = 0
+
     def _take_instance_key(self) -> int:
-        raise NotImplementedError
+        key = self._next_key
+        self._next_key += 1
+        return key
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         """Returns the sum of the 1-D tensor ``flat`` over every worker."""
@@ -146,7 +151,7 @@ class CollectiveAllReduce(Engine):
         self.job_name = job_name
         self.timeout = None if timeout is None else float(timeout)
         self.group_key = int(group_key)
-        self._next_instance_key = int(instance_key)
+        self._next_key = int(instance_key)
 
     @property
     def leader(self) -> str:
@@ -168,11 +173,6 @@ class CollectiveAllReduce(Engine):
         if self.timeout is not None:
             result.operation_timeout_in_ms = int(2000 * self.timeout)
         return result
-
-    def _take_instance_key(self) -> int:
-        key = self._next_instance_key
-        self._next_instance_key += 1
-        return key
 
     def _attrs(self) -> dict[str, typing.Any]:
         return dict(
@@ -261,13 +261,11 @@ class _WindowReducer:
         got = []
         for (s, exact), sent in zip(scalars, tail):
             value = [next(values) for _ in sent]
-            dtype = s.dtype.base_dtype
             if exact:
-                got.append(tf.cast(_join_weight_pieces(value), dtype))
-            elif dtype.is_integer:
-                got.append(tf.cast(tf.round(value[0]), dtype))
-            else:
-                got.append(tf.cast(value[0], dtype))
+                value = [_join_weight_pieces(value)]
+            elif s.dtype.is_integer:
+                value = [tf.round(value[0])]
+            got.append(tf.cast(value[0], s.dtype.base_dtype))
         rest = iter(got[1:])
         sums = [tuple(next(rest) for _ in part) for part in added.parts]
         check = tf.compat.v1.assert_positive(got[0], message=_NOTHING_ACCUMULATED_ANYWHERE)

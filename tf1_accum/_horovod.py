@@ -94,20 +94,10 @@ class HorovodAllReduce(_distributed.Engine):
             )
         self._hvd = hvd
         self.name = f"tf1_accum{next(_made)}" if name is None else name
-        self._next_key = 0
 
     # Horovod's broadcast sends these (and more that no variable holds).
-    _broadcast_dtypes = (
-        tf.bool,
-        tf.uint8,
-        tf.int8,
-        tf.uint16,
-        tf.int16,
-        tf.int32,
-        tf.int64,
-        tf.float16,
-        tf.float32,
-        tf.float64,
+    _broadcast_dtypes = tuple(
+        map(tf.as_dtype, "bool uint8 int8 uint16 int16 int32 int64 float16 float32 float64".split())
     )
 
     @property
@@ -136,11 +126,6 @@ class HorovodAllReduce(_distributed.Engine):
             A ``tf.compat.v1.train.SessionRunHook``.
         """
         return _BroadcastHook(self, var_list)
-
-    def _take_instance_key(self) -> int:
-        key = self._next_key
-        self._next_key += 1
-        return key
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         # A scope of its own: the op's name stays the Horovod name beside a second op of this key.

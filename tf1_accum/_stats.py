@@ -61,32 +61,22 @@ class GradientStatistics(typing.NamedTuple):
     """Statistics of one window, from a way in built with ``statistics=True``.
 
     Fetch them in the same ``session.run`` as the op that applies (after it
-    the window is reset); see :doc:`statistics`. ``micro_batches`` is int64,
-    ``summary_op`` a string, the rest float64: means whatever ``average``
-    says, norms before any clipping.
+    the window is reset). :doc:`statistics` defines each field: means
+    whatever ``average`` says, norms before any clipping, ``micro_batches``
+    int64 (with ``weight``, those of positive weight), ``summary_op`` a
+    string, the rest float64.
 
     Attributes:
-        global_norm: Global L2 norm of the window's mean gradient ``G_big``.
-        variable_norms: L2 norm of each variable's part of ``G_big``, aligned
-            with ``var_list``.
-        micro_batch_square_norm: ``|G_small|^2``, the mean over the window's
-            micro-batches of each micro-batch gradient's squared global norm
-            (weighted by ``weight`` when given).
-        micro_batch_size: ``B_small``, examples per micro-batch: the build's
-            ``micro_batch_size``, or the window's mean ``weight``.
-        micro_batches: ``N``, the number of micro-batches in the window
-            (int64); with ``weight``, of those of positive weight: a
-            micro-batch of weight 0 has no part in the statistics.
-        gradient_square: Unbiased estimate of ``|G|^2``, the true gradient's
-            squared norm.
-        noise_trace: Unbiased estimate of ``tr(Sigma)``, the trace of the
-            per-example gradient covariance.
-        noise_scale: ``noise_trace / gradient_square``, this window's (noisy)
-            estimate of the gradient noise scale; NaN for one micro-batch.
-        noise_scale_ema: The ratio of moving averages (decay 0.9 per window)
-            of ``noise_trace`` and ``gradient_square``; NaN until an estimate.
-        summary_op: A ``tf.compat.v1.summary`` string tensor with the scalars
-            above and each variable's norm (not in ``SUMMARIES``).
+        global_norm: ``|G_big|``, the norm of the window's mean gradient.
+        variable_norms: The norm of each variable's part of it, as ``var_list``.
+        micro_batch_square_norm: ``|G_small|^2``.
+        micro_batch_size: ``B_small``: ``micro_batch_size``, or the mean weight.
+        micro_batches: ``N``, the micro-batches in the window.
+        gradient_square: Unbiased estimate of ``|G|^2``.
+        noise_trace: Unbiased estimate of ``tr(Sigma)``.
+        noise_scale: ``noise_trace / gradient_square``; NaN for one micro-batch.
+        noise_scale_ema: The ratio of their moving averages across windows.
+        summary_op: A ``tf.compat.v1.summary`` string tensor of them all.
     """
 
     global_norm: tf.Tensor
@@ -397,6 +387,7 @@ def build_running_average(
         )
     if not values:
         raise ValueError("values is empty: expected at least one floating-point tensor.")
+    shapes = []
     for i, value in enumerate(values):
         if not isinstance(value, (tf.Tensor, tf.IndexedSlices)) or not hasattr(value, "graph"):
             raise TypeError(
@@ -417,6 +408,7 @@ def build_running_average(
                 f"values[{i}] ({value.name}) has shape {shape}, which is not fully "
                 "defined; the average needs a static shape for its variable."
             )
+        shapes.append(shape)
     if horizon is not None:
         if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
             raise TypeError(
@@ -428,10 +420,7 @@ def build_running_average(
     graph = values[0].graph
     with graph.as_default(), tf.compat.v1.name_scope(name, "running_average", values=values):
         count = state_variable(lambda: tf.constant(0, tf.int64), "count")
-        dense = [
-            tf.reshape(tf.convert_to_tensor(v), shape)
-            for v, shape in zip(values, _static_shapes(values))
-        ]
+        dense = [tf.reshape(tf.convert_to_tensor(v), shape) for v, shape in zip(values, shapes)]
         averages = [
             state_variable(lambda v=v: tf.zeros(v.shape, v.dtype.base_dtype), "average")
             for v in dense
@@ -456,12 +445,3 @@ def build_running_average(
         )
         reads = [tf.identity(a.read_value(), name="read") for a in averages]
     return RunningAverage(update_op=update_op, averages=reads, count=count, reset_op=reset_op)
-
-
-def _static_shapes(values: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> list[list[int | None]]:
-    return [
-        tf.get_static_value(v.dense_shape).tolist()
-        if isinstance(v, tf.IndexedSlices)
-        else v.shape.as_list()
-        for v in values
-    ]

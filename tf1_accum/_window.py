@@ -103,8 +103,49 @@ class _Weighting(Part):
         self.dtypes = set(dtypes)
 
     def checked(self, weight: typing.Any) -> tf.Tensor:
+        """``weight`` in float64, once asserted finite, non-negative and, if positive, normal.
+
+        A weight that rounds to 0 or Inf in an accumulator would change the mean silently.
+        """
         weight = tf.cast(weight, tf.float64)
-        with tf.control_dependencies([_check_weight(weight, self.dtypes)]):
+        narrowest = min(self.dtypes, key=lambda d: d.size)
+        low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
+        finite = tf.math.is_finite(weight)
+        in_range = tf.logical_or(
+            tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high)
+        )
+        what = tf.where(
+            tf.math.is_nan(weight),
+            "NaN",
+            tf.where(
+                tf.math.is_inf(weight),
+                "infinite",
+                tf.where(weight < 0, "negative", f"outside the range of {narrowest.name}"),
+            ),
+        )
+        rule = tf.where(
+            tf.logical_and(finite, weight > 0),
+            f"a positive weight must be a normal {narrowest.name} number, in [{low:g}, {high:g}], "
+            "as the accumulators are; with average=True only the weights' ratios matter: "
+            "scale them all by one factor.",
+            "a weight must be finite and non-negative.",
+        )
+        message = tf.strings.join(
+            [
+                "tf1_accum: a micro-batch weight is ",
+                what,
+                " (",
+                tf.strings.as_string(weight, shortest=True),
+                "): ",
+                rule,
+            ]
+        )
+        check = tf.debugging.Assert(
+            tf.logical_and(finite, tf.logical_and(weight >= 0, in_range)),
+            [message],
+            name="check_weight",
+        )
+        with tf.control_dependencies([check]):
             return tf.identity(weight)
 
     def increments(self, gradients: typing.Sequence[Gradient], weight: tf.Tensor) -> list:
@@ -436,48 +477,6 @@ def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
     return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
 
 
-def _check_weight(weight: tf.Tensor, dtypes: typing.Iterable[tf.DType]) -> tf.Operation:
-    """An assert that ``weight`` is finite, non-negative and, if positive, normal in ``dtypes``.
-
-    A weight that rounds to 0 or Inf in an accumulator would change the mean silently.
-    """
-    narrowest = min(dtypes, key=lambda d: d.size)
-    low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
-    finite = tf.math.is_finite(weight)
-    in_range = tf.logical_or(tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high))
-    what = tf.where(
-        tf.math.is_nan(weight),
-        "NaN",
-        tf.where(
-            tf.math.is_inf(weight),
-            "infinite",
-            tf.where(weight < 0, "negative", f"outside the range of {narrowest.name}"),
-        ),
-    )
-    rule = tf.where(
-        tf.logical_and(finite, weight > 0),
-        f"a positive weight must be a normal {narrowest.name} number, in [{low:g}, {high:g}], "
-        "as the accumulators are; with average=True only the weights' ratios matter: "
-        "scale them all by one factor.",
-        "a weight must be finite and non-negative.",
-    )
-    message = tf.strings.join(
-        [
-            "tf1_accum: a micro-batch weight is ",
-            what,
-            " (",
-            tf.strings.as_string(weight, shortest=True),
-            "): ",
-            rule,
-        ]
-    )
-    return tf.debugging.Assert(
-        tf.logical_and(finite, tf.logical_and(weight >= 0, in_range)),
-        [message],
-        name="check_weight",
-    )
-
-
 def gradients(
     loss: tf.Tensor,
     optimizer: tf.compat.v1.train.Optimizer,
@@ -550,15 +549,13 @@ class _VariableAccumulator:
             )
 
     def add(
-        self, gradient: Gradient, weight: tf.Tensor | None = None, first: tf.Tensor | None = None
+        self, gradient: Gradient, weight: tf.Tensor | None, first: tf.Tensor
     ) -> tuple[tf.Tensor, ...]:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
 
         Where ``first`` holds (an empty window) it assigns, so no reset zeroes.
         """
         values = self._scaled(gradient, weight)
-        if first is None:
-            return (self.accumulator.assign_add(values, use_locking=True),)
         accumulator = self.accumulator
         with reference_control_flow([accumulator]):
             total = tf.cond(
@@ -626,7 +623,7 @@ class _SparseAccumulator(_VariableAccumulator):
             )
 
     def add(
-        self, gradient: Gradient, weight: tf.Tensor | None = None, first: tf.Tensor | None = None
+        self, gradient: Gradient, weight: tf.Tensor | None, first: tf.Tensor
     ) -> tuple[tf.Tensor, ...]:
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
 
