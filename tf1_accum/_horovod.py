@@ -36,28 +36,8 @@ class HorovodAllReduce(_distributed.Engine):
     `broadcast_variables` in the same order; run `broadcast_variables` (or
     add `broadcast_hook`) after initialization. See :doc:`distributed`.
 
-    Example (outside ``horovodrun``, Horovod runs one worker):
-
-    >>> import numpy as np
-    >>> import horovod.tensorflow as hvd  # doctest: +SKIP
-    >>> hvd.init()  # doctest: +SKIP
-    >>> with tf.Graph().as_default():  # doctest: +SKIP
-    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
-    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
-    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
-    ...     cross = tf1_accum.HorovodAllReduce()
-    ...     acc = tf1_accum.build_accumulation(
-    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1),
-    ...         cross_replica=cross)
-    ...     sync = tf1_accum.broadcast_variables(cross)
-    ...     with tf.compat.v1.Session() as sess:
-    ...         sess.run(tf.compat.v1.global_variables_initializer())
-    ...         sess.run(sync)
-    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
-    ...             _ = sess.run(acc.accum_op, {x: np.array(batch)})
-    ...         sess.run(acc.apply_op)
-    ...         print(round(float(sess.run(w)), 4))
-    2.5
+    Used as `CollectiveAllReduce` is (its example), with ``cross =
+    tf1_accum.HorovodAllReduce()`` after ``hvd.init()`` and no session config.
 
     Args:
         name: Prefix of the names of the Horovod ops this object builds, the

@@ -188,6 +188,8 @@ class Window:
             if options.weighted:
                 parts.append(_Weighting({_accumulator_dtype(v.dtype) for _, v in pairs}))
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+            self.var_list = [slot.var for slot in self.slots]
+            self.accumulators = [slot.accumulator for slot in self.slots]
             self.mutex = new_mutex() if mutex is None else mutex
             self.statistics: WindowStatistics | None = None
             if options.statistics:
@@ -211,14 +213,6 @@ class Window:
     def control_flow(self, global_step: tf.Variable | None = None) -> typing.ContextManager[None]:
         """`reference_control_flow` for the trained variables, the state and ``global_step``."""
         return reference_control_flow(self.var_list + self._state() + [global_step])
-
-    @property
-    def var_list(self) -> list[tf.Variable]:
-        return [slot.var for slot in self.slots]
-
-    @property
-    def accumulators(self) -> list[tf.Variable]:
-        return [slot.accumulator for slot in self.slots]
 
     def add(
         self,
@@ -257,23 +251,19 @@ class Window:
         ``nonempty``: the caller's predicate implies a micro-batch (no check).
         """
         with tf.compat.v1.name_scope(self.scope):
-            totals = (
-                after
-                if after is not None
-                else Added(
-                    None, [None] * len(self.slots), self.counter, [p.read() for p in self.parts]
-                )
+            read = Added(
+                None, [None] * len(self.slots), self.counter, [p.read() for p in self.parts]
             )
+            totals = read if after is None else after
             # Values, not references.
             sums = [tuple(tf.identity(s) for s in part) for part in totals.parts]
             totals = totals._replace(count=tf.identity(totals.count), parts=sums)
             if self.cross_replica is not None:
-                # Weights summing to 0 give a NaN mean: skipped as non-finite.
                 totals, checks = self.cross_replica.reduce(self.slots, totals, self.parts)
-            elif after is not None:
+            elif after is not None or nonempty:
                 # After an add, the mean waits for its count (which waits for every add).
                 checks = [totals.count]
-            elif not nonempty:
+            else:
                 checks = [
                     tf.debugging.Assert(
                         tf.greater(totals.count, 0),
@@ -281,12 +271,10 @@ class Window:
                         name="nothing_accumulated",
                     )
                 ]
-            else:
-                checks = []
-            count = totals.count
-            total = count
+            total = count = totals.count
             for part, part_sums in zip(self.parts, totals.parts):
                 total = part.total(part_sums, total)
+            # Weights summing to 0 give a NaN mean: skipped as non-finite.
             with tf.control_dependencies(checks):
                 denominator = tf.identity(total) if self.options.average else None
                 # Each variable's mean is made only where the optimizer takes it.
