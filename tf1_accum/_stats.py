@@ -194,23 +194,7 @@ class WindowStatistics(Part):
                 ]
                 noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
-            scalars = {
-                "global_norm": global_norm,
-                "micro_batch_square_norm": small,
-                "micro_batch_size": b_small,
-                "gradient_square": gradient_square,
-                "noise_trace": noise_trace,
-                "noise_scale": noise_scale,
-                "noise_scale_ema": noise_scale_ema,
-            }
-            summaries = [
-                tf.compat.v1.summary.scalar(k, v, collections=[]) for k, v in scalars.items()
-            ]
-            summaries += [
-                tf.compat.v1.summary.scalar(f"gradient_norm/{v.op.name}", norm, collections=[])
-                for v, norm in zip(self.variables, variable_norms)
-            ]
-            statistics = GradientStatistics(
+            fields = dict(
                 global_norm=global_norm,
                 variable_norms=variable_norms,
                 micro_batch_square_norm=small,
@@ -222,8 +206,18 @@ class WindowStatistics(Part):
                 noise_trace=noise_trace,
                 noise_scale=noise_scale,
                 noise_scale_ema=noise_scale_ema,
-                summary_op=tf.compat.v1.summary.merge(summaries, collections=[]),
             )
+            summaries = [
+                tf.compat.v1.summary.scalar(k, v, collections=[])
+                for k, v in fields.items()
+                if k not in ("variable_norms", "micro_batches")
+            ]
+            summaries += [
+                tf.compat.v1.summary.scalar(f"gradient_norm/{v.op.name}", norm, collections=[])
+                for v, norm in zip(self.variables, variable_norms)
+            ]
+            summary_op = tf.compat.v1.summary.merge(summaries, collections=[])
+            statistics = GradientStatistics(**fields, summary_op=summary_op)
         return statistics, updates
 
     def idle(self) -> GradientStatistics:
