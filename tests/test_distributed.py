@@ -401,6 +401,7 @@ def test_with_nothing_accumulated_on_any_worker_the_apply_fails_after_the_all_re
 
 def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
     from tf1_accum import _distributed
+    from tf1_accum import _window
 
     weights = [2.0**24 + 1, 2.0**30 + 3.5, 7.0, 2.0**40 + 2.0**24 + 5]
     with tf.Graph().as_default():
@@ -413,11 +414,16 @@ def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
         summed = _distributed._join_weight_pieces([tf.add_n(list(p)) for p in zip(*packed)])
         # One worker through the collective itself, with a float32 model.
         cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
-        _, count, weight, _ = cross._reducer().reduce(
+        slot = _window._VariableAccumulator(v1.Variable([0.0, 0.0], name="model"))
+        weighting = _window._Weighting([tf.float32])
+        added = _window.Added(
+            None,
             [(tf.constant([1.0, 2.0]),)],
             tf.constant(3, tf.int64),
-            tf.constant(weights[0], tf.float64),
+            [(tf.constant(weights[0], tf.float64),)],
         )
+        reduced, _ = cross._reducer().reduce([slot], added, [weighting])
+        count, weight = reduced.count, reduced.parts[0][0]
         with v1.Session(config=cross.session_config()) as sess:
             got = sess.run(dict(alone=alone, summed=summed, count=count, weight=weight))
     assert got["alone"] == weights[0] == got["weight"]

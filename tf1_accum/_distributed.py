@@ -8,7 +8,11 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
+from tf1_accum._state import Part
 from tf1_accum._state import plain_variables
+
+if typing.TYPE_CHECKING:
+    from tf1_accum._window import Added
 
 
 class Engine:
@@ -24,8 +28,13 @@ class Engine:
     #: The dtypes `_broadcast` can send.
     _broadcast_dtypes: tuple = ()
 
+    #: The next key `_take_instance_key` hands out.
+    _next_key = 0
+
     def _take_instance_key(self) -> int:
-        raise NotImplementedError
+        key = self._next_key
+        self._next_key += 1
+        return key
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         """Returns the sum of the 1-D tensor ``flat`` over every worker."""
@@ -142,7 +151,7 @@ class CollectiveAllReduce(Engine):
         self.job_name = job_name
         self.timeout = None if timeout is None else float(timeout)
         self.group_key = int(group_key)
-        self._next_instance_key = int(instance_key)
+        self._next_key = int(instance_key)
 
     @property
     def leader(self) -> str:
@@ -164,11 +173,6 @@ class CollectiveAllReduce(Engine):
         if self.timeout is not None:
             result.operation_timeout_in_ms = int(2000 * self.timeout)
         return result
-
-    def _take_instance_key(self) -> int:
-        key = self._next_instance_key
-        self._next_instance_key += 1
-        return key
 
     def _attrs(self) -> dict[str, typing.Any]:
         return dict(
@@ -205,63 +209,67 @@ class CollectiveAllReduce(Engine):
         )
 
 
+_NOTHING_ACCUMULATED_ANYWHERE = (
+    "tf1_accum: apply_op ran with nothing accumulated on any worker (the counters "
+    "summed across the workers are 0). Run accum_op on at least one micro-batch "
+    "before apply_op; no variable was changed."
+)
+
+
 class _WindowReducer:
-    """Sums a window's totals across the workers: one key, as a step applies through one op."""
+    """A window's cross-replica sum: one key, as a step applies through one op."""
 
     def __init__(self, collective: Engine, instance_key: int) -> None:
         self.collective = collective
         self.instance_key = instance_key
 
     def reduce(
-        self,
-        per_slot: typing.Sequence[tuple[tf.Tensor, ...]],
-        count: tf.Tensor,
-        weight: tf.Tensor | None,
-        scalars: typing.Sequence[tf.Tensor] = (),
-    ) -> tuple[list[tuple[tf.Tensor, ...]], tf.Tensor, tf.Tensor | None, list[tf.Tensor]]:
-        """All-reduces (sums) the window's totals.
+        self, slots: typing.Sequence[typing.Any], added: Added, parts: typing.Sequence[Part]
+    ) -> tuple[Added, list[tf.Operation]]:
+        """All-reduces (sums) a window's totals (``added``) in one flat vector.
 
-        ``per_slot`` holds one tuple per accumulator (its sum, and a sparse
-        one's touched-row mask); ``scalars`` more sums (the statistics'), exact
-        in a float32 vector for integers up to 2^24. Returns the same
-        structure, summed over the workers.
+        Every worker joins, an empty window with zeros, so the apply fails on
+        every worker or on none: the check returned is that the summed count
+        is positive. A slot's totals are its sum (and a sparse one's touched
+        rows); integers cross a float32 vector exactly up to 2^24, an exact
+        part's float64 sums (the weight total) in integer chunks.
         """
-        parts = [t for totals in per_slot for t in totals]
+        # An empty window's dense accumulators hold the last window's values.
+        holds = tf.greater(added.count, 0)
+        per_slot = [
+            slot.masked(slot.totals() if t is None else t, holds)
+            for slot, t in zip(slots, added.per_slot)
+        ]
+        tensors = [t for totals in per_slot for t in totals]
         # Base dtypes: after an add in the same run (fused) the totals of
         # reference variables are float64_ref, which must still send float64.
-        float64 = any(t.dtype.base_dtype == tf.float64 for t in parts)
-        flat_dtype = tf.float64 if float64 else tf.float32
-        pieces = [tf.reshape(tf.cast(t, flat_dtype), [-1]) for t in parts]
-        # The count is exact in float32 up to 2^24 micro-batches per window.
-        tail = [tf.cast(count, flat_dtype)]
-        tail += [tf.cast(s, flat_dtype) for s in scalars]
-        if weight is not None:
-            tail += _weight_pieces(weight, flat_dtype)
-        pieces.append(tf.stack(tail))
-        flat = tf.concat(pieces, 0, name="window_flat")
+        float64 = any(t.dtype.base_dtype == tf.float64 for t in tensors)
+        dtype = tf.float64 if float64 else tf.float32
+        scalars = [(added.count, False)]
+        scalars += [(s, part.exact) for part, sums in zip(parts, added.parts) for s in sums]
+        tail = [_weight_pieces(s, dtype) if exact else [tf.cast(s, dtype)] for s, exact in scalars]
+        pieces = [tf.reshape(tf.cast(t, dtype), [-1]) for t in tensors]
+        flat = tf.concat(pieces + [tf.stack([p for s in tail for p in s])], 0, name="window_flat")
         summed = self.collective._all_reduce(flat, self.instance_key)
-        sizes = [int(np.prod(t.shape.as_list())) for t in parts] + [len(tail)]
-        splits = tf.split(summed, sizes, name="window_parts")
-        reduced, at = [], 0
-        for totals in per_slot:
-            reduced.append(
-                tuple(
-                    tf.reshape(tf.cast(splits[at + i], t.dtype.base_dtype), t.shape)
-                    for i, t in enumerate(totals)
-                )
-            )
-            at += len(totals)
-        totals = tf.unstack(splits[-1])
-        total_count = tf.cast(tf.round(totals[0]), tf.int64)
-        summed_scalars = [
-            tf.cast(tf.round(t), s.dtype.base_dtype)
-            if s.dtype.is_integer
-            else tf.cast(t, s.dtype.base_dtype)
-            for s, t in zip(scalars, totals[1:])
+        sizes = [int(np.prod(t.shape.as_list())) for t in tensors] + [sum(map(len, tail))]
+        splits = iter(tf.split(summed, sizes, name="window_parts"))
+        per_slot = [
+            tuple(tf.reshape(tf.cast(next(splits), t.dtype.base_dtype), t.shape) for t in totals)
+            for totals in per_slot
         ]
-        rest = totals[1 + len(scalars) :]
-        total_weight = None if weight is None else _join_weight_pieces(rest)
-        return reduced, total_count, total_weight, summed_scalars
+        values = iter(tf.unstack(next(splits)))
+        got = []
+        for (s, exact), sent in zip(scalars, tail):
+            value = [next(values) for _ in sent]
+            if exact:
+                value = [_join_weight_pieces(value)]
+            elif s.dtype.is_integer:
+                value = [tf.round(value[0])]
+            got.append(tf.cast(value[0], s.dtype.base_dtype))
+        rest = iter(got[1:])
+        sums = [tuple(next(rest) for _ in part) for part in added.parts]
+        check = tf.compat.v1.assert_positive(got[0], message=_NOTHING_ACCUMULATED_ANYWHERE)
+        return added._replace(per_slot=per_slot, count=got[0], parts=sums), [check]
 
 
 # A float64 weight total crosses a float32 all-reduce as integers of

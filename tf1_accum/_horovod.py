@@ -36,28 +36,8 @@ class HorovodAllReduce(_distributed.Engine):
     `broadcast_variables` in the same order; run `broadcast_variables` (or
     add `broadcast_hook`) after initialization. See :doc:`distributed`.
 
-    Example (outside ``horovodrun``, Horovod runs one worker):
-
-    >>> import numpy as np
-    >>> import horovod.tensorflow as hvd  # doctest: +SKIP
-    >>> hvd.init()  # doctest: +SKIP
-    >>> with tf.Graph().as_default():  # doctest: +SKIP
-    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
-    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
-    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
-    ...     cross = tf1_accum.HorovodAllReduce()
-    ...     acc = tf1_accum.build_accumulation(
-    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1),
-    ...         cross_replica=cross)
-    ...     sync = tf1_accum.broadcast_variables(cross)
-    ...     with tf.compat.v1.Session() as sess:
-    ...         sess.run(tf.compat.v1.global_variables_initializer())
-    ...         sess.run(sync)
-    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
-    ...             _ = sess.run(acc.accum_op, {x: np.array(batch)})
-    ...         sess.run(acc.apply_op)
-    ...         print(round(float(sess.run(w)), 4))
-    2.5
+    Used as `CollectiveAllReduce` is (its example), with ``cross =
+    tf1_accum.HorovodAllReduce()`` after ``hvd.init()`` and no session config.
 
     Args:
         name: Prefix of the names of the Horovod ops this object builds, the
@@ -94,20 +74,10 @@ class HorovodAllReduce(_distributed.Engine):
             )
         self._hvd = hvd
         self.name = f"tf1_accum{next(_made)}" if name is None else name
-        self._next_key = 0
 
     # Horovod's broadcast sends these (and more that no variable holds).
-    _broadcast_dtypes = (
-        tf.bool,
-        tf.uint8,
-        tf.int8,
-        tf.uint16,
-        tf.int16,
-        tf.int32,
-        tf.int64,
-        tf.float16,
-        tf.float32,
-        tf.float64,
+    _broadcast_dtypes = tuple(
+        map(tf.as_dtype, "bool uint8 int8 uint16 int16 int32 int64 float16 float32 float64".split())
     )
 
     @property
@@ -136,11 +106,6 @@ class HorovodAllReduce(_distributed.Engine):
             A ``tf.compat.v1.train.SessionRunHook``.
         """
         return _BroadcastHook(self, var_list)
-
-    def _take_instance_key(self) -> int:
-        key = self._next_key
-        self._next_key += 1
-        return key
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         # A scope of its own: the op's name stays the Horovod name beside a second op of this key.

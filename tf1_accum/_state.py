@@ -62,3 +62,51 @@ def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: st
             name=name,
             collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
         )
+
+
+class Part:
+    """Optional state of a window beside its counter and accumulators, owning its sums.
+
+    The window calls `checked` then `add` per micro-batch, reads the sums in
+    its mean (`read`, or what `add` returned), and zeroes them in its `reset`.
+    """
+
+    #: Whether a cross-replica sum keeps these float64 sums exact (in integer chunks).
+    exact = False
+
+    def __init__(self, *sums: tf.Variable) -> None:
+        self.sums = sums
+
+    def state(self) -> list[tf.Variable]:
+        """Every variable of the part."""
+        return list(self.sums)
+
+    def checked(self, weight: typing.Any) -> typing.Any:
+        """A micro-batch's weight, as the window's adds take it."""
+        return weight
+
+    def increments(self, gradients: typing.Sequence[typing.Any], weight: typing.Any) -> list:
+        """What one micro-batch adds to each of `sums`."""
+        raise NotImplementedError
+
+    def add(self, gradients: typing.Sequence[typing.Any], weight: typing.Any) -> tuple:
+        """Adds one micro-batch; returns the sums after the add."""
+        return tuple(
+            total.assign_add(increment, use_locking=True)
+            for total, increment in zip(self.sums, self.increments(gradients, weight))
+        )
+
+    def read(self) -> tuple:
+        """The sums as the variables hold them."""
+        return self.sums
+
+    def reset(self) -> list[tf.Operation]:
+        return [
+            s.assign(tf.constant(0, s.dtype.base_dtype), use_locking=True, read_value=False)
+            for s in self.sums
+        ]
+
+    def total(self, sums: tuple, total: tf.Tensor) -> tf.Tensor:
+        """The quantity the mean divides by, given ``total`` (the micro-batches) before."""
+        del sums
+        return total

@@ -14,45 +14,69 @@ import numpy as np
 import tensorflow as tf
 
 from tf1_accum import _validate
-from tf1_accum._norms import at_least_float32
-from tf1_accum._norms import square_norms
 from tf1_accum._options import WindowOptions
+from tf1_accum._state import Part
 from tf1_accum._state import state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
 EMA_DECAY = 0.9
 
 
+def at_least_float32(values: tf.Tensor) -> tf.Tensor:
+    """``values``, cast to float32 if their dtype is narrower (float16, bfloat16)."""
+    return tf.cast(values, tf.float32) if values.dtype.base_dtype.size < 4 else values
+
+
+def square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
+    """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
+
+    Pass a sparse gradient's values with each row once (as a window's sums
+    hold them): the norm of those values is then the norm of the dense
+    gradient.
+
+    Each sum of squares is taken in one pass, in its tensor's own dtype
+    (float32 at least), with no squared or float64 copy: ``l2_loss`` is
+    sum(t ** 2) / 2, and doubling it is exact. Only if that overflows (the
+    sum is Inf) is it taken again in float64, so finite values whose norm
+    exceeds the float32 range still have a finite norm. A NaN is not taken
+    again: it would be NaN in float64 too.
+    """
+
+    def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
+        return [tf.cast(2 * tf.nn.l2_loss(widen(v)), tf.float64) for v in values]
+
+    fast = squares(at_least_float32)
+    if all(v.dtype.base_dtype == tf.float64 for v in values):
+        return fast
+    wide = tf.cond(
+        tf.math.is_inf(tf.add_n(fast)),
+        lambda: squares(lambda v: tf.cast(v, tf.float64)),
+        lambda: [tf.identity(q) for q in fast],
+        name="square_norms",
+    )
+    return list(wide) if isinstance(wide, (list, tuple)) else [wide]
+
+
 class GradientStatistics(typing.NamedTuple):
     """Statistics of one window, from a way in built with ``statistics=True``.
 
     Fetch them in the same ``session.run`` as the op that applies (after it
-    the window is reset); see :doc:`statistics`. ``micro_batches`` is int64,
-    ``summary_op`` a string, the rest float64: means whatever ``average``
-    says, norms before any clipping.
+    the window is reset). :doc:`statistics` defines each field: means
+    whatever ``average`` says, norms before any clipping, ``micro_batches``
+    int64 (with ``weight``, those of positive weight), ``summary_op`` a
+    string, the rest float64.
 
     Attributes:
-        global_norm: Global L2 norm of the window's mean gradient ``G_big``.
-        variable_norms: L2 norm of each variable's part of ``G_big``, aligned
-            with ``var_list``.
-        micro_batch_square_norm: ``|G_small|^2``, the mean over the window's
-            micro-batches of each micro-batch gradient's squared global norm
-            (weighted by ``weight`` when given).
-        micro_batch_size: ``B_small``, examples per micro-batch: the build's
-            ``micro_batch_size``, or the window's mean ``weight``.
-        micro_batches: ``N``, the number of micro-batches in the window
-            (int64); with ``weight``, of those of positive weight: a
-            micro-batch of weight 0 has no part in the statistics.
-        gradient_square: Unbiased estimate of ``|G|^2``, the true gradient's
-            squared norm.
-        noise_trace: Unbiased estimate of ``tr(Sigma)``, the trace of the
-            per-example gradient covariance.
-        noise_scale: ``noise_trace / gradient_square``, this window's (noisy)
-            estimate of the gradient noise scale; NaN for one micro-batch.
-        noise_scale_ema: The ratio of moving averages (decay 0.9 per window)
-            of ``noise_trace`` and ``gradient_square``; NaN until an estimate.
-        summary_op: A ``tf.compat.v1.summary`` string tensor with the scalars
-            above and each variable's norm (not in ``SUMMARIES``).
+        global_norm: ``|G_big|``, the norm of the window's mean gradient.
+        variable_norms: The norm of each variable's part of it, as ``var_list``.
+        micro_batch_square_norm: ``|G_small|^2``.
+        micro_batch_size: ``B_small``: ``micro_batch_size``, or the mean weight.
+        micro_batches: ``N``, the micro-batches in the window.
+        gradient_square: Unbiased estimate of ``|G|^2``.
+        noise_trace: Unbiased estimate of ``tr(Sigma)``.
+        noise_scale: ``noise_trace / gradient_square``; NaN for one micro-batch.
+        noise_scale_ema: The ratio of their moving averages across windows.
+        summary_op: A ``tf.compat.v1.summary`` string tensor of them all.
     """
 
     global_norm: tf.Tensor
@@ -67,50 +91,38 @@ class GradientStatistics(typing.NamedTuple):
     summary_op: tf.Tensor
 
 
-class MovingAverages(typing.NamedTuple):
-    """The moving averages across windows of ``noise_trace`` and ``gradient_square`` (float64)."""
+class WindowStatistics(Part):
+    """The window's part behind `GradientStatistics`: its sums and moving averages.
 
-    noise_trace: tf.Variable
-    gradient_square: tf.Variable
-
-
-class WindowStatistics:
-    """The ops behind `GradientStatistics`, driven by a `Window`.
-
-    The window calls `create_state` once, `square_norm` per micro-batch and
-    `observe` in its apply; an instance holds only the build's settings.
+    Per micro-batch it adds the squared norm (times the weight) and, in a
+    weighted window, whether the weight is positive; `observe` builds the
+    statistics in the window's apply.
     """
 
-    def __init__(
-        self,
-        variables: typing.Iterable[tf.Variable],
-        micro_batch_size: float | None,
-        average: bool,
-    ) -> None:
+    def __init__(self, variables: typing.Iterable[tf.Variable], options: WindowOptions) -> None:
         self.variables = list(variables)
-        self.micro_batch_size = micro_batch_size  # None: the window's mean weight
-        self.average = average
+        self.micro_batch_size = options.micro_batch_size  # None: the window's mean weight
+        self.average = options.average
+        self.weighted = options.weighted
+        zero = lambda: tf.constant(0.0, tf.float64)  # noqa: E731
+        sums = [state_variable(zero, "micro_batch_square_norms")]
+        if self.weighted:
+            # The statistics count micro-batches of positive weight only.
+            sums.append(state_variable(lambda: tf.constant(0, tf.int64), "micro_batches_weighted"))
+        super().__init__(*sums)
+        self.noise_trace_ema = state_variable(zero, "noise_trace_ema")
+        self.gradient_square_ema = state_variable(zero, "gradient_square_ema")
 
-    @classmethod
-    def for_window(
-        cls,
-        options: WindowOptions,
-        pairs: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
-    ) -> WindowStatistics | None:
-        """The statistics a window built with ``options`` (a `WindowOptions`) keeps, or None."""
-        if not options.statistics:
-            return None
-        return cls([v for _, v in pairs], options.micro_batch_size, options.average)
+    def state(self) -> list[tf.Variable]:
+        return [*self.sums, self.noise_trace_ema, self.gradient_square_ema]
 
-    @staticmethod
-    def create_state() -> MovingAverages:
-        """Creates the moving averages' variables (on the window's device, after its checks)."""
-        return MovingAverages(
-            noise_trace=state_variable(lambda: tf.constant(0.0, tf.float64), "noise_trace_ema"),
-            gradient_square=state_variable(
-                lambda: tf.constant(0.0, tf.float64), "gradient_square_ema"
-            ),
-        )
+    def increments(
+        self, gradients: typing.Sequence[tf.Tensor | tf.IndexedSlices], weight: tf.Tensor
+    ) -> list[tf.Tensor]:
+        square = self.square_norm(gradients)
+        if not self.weighted:
+            return [square]
+        return [tf.math.multiply_no_nan(square, weight), tf.cast(weight > 0, tf.int64)]
 
     @staticmethod
     def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
@@ -130,24 +142,25 @@ class WindowStatistics:
 
     def observe(
         self,
-        averages: MovingAverages,
+        sums: tuple[tf.Tensor, ...],
         squares: typing.Sequence[tf.Tensor],
         count: tf.Tensor,
-        weight_total: tf.Tensor | None,
-        square_total: tf.Tensor,
+        total: tf.Tensor,
     ) -> tuple[GradientStatistics, list[tf.Operation]]:
         """Builds the statistics of the window being applied.
 
-        ``squares`` are each variable's float64 squared window norm (mean or
-        sum, before clipping); ``square_total`` the sum over micro-batches of
-        (weight times) their squared norm. Returns the `GradientStatistics` and
-        the moving averages' updates, which the reset must wait for.
+        ``sums`` are this part's sums; ``squares`` each variable's float64
+        squared window norm (mean or sum, before clipping); ``total`` what
+        the mean divides by (``count``, or the weight total). Returns the
+        `GradientStatistics` and the moving averages' updates, which the
+        reset must wait for.
         """
+        square_total = sums[0]
         with tf.compat.v1.name_scope("statistics"):
             # The tensors in a scope of their own: the summaries take their names.
             with tf.compat.v1.name_scope("values"):
-                n = tf.cast(count, tf.float64)
-                total = n if weight_total is None else tf.cast(weight_total, tf.float64)
+                n = tf.cast(sums[1] if self.weighted else count, tf.float64)
+                total = tf.cast(total, tf.float64)
                 if not self.average:  # the sum: the mean's squares are 1 / total^2 of it
                     squares = [s / tf.square(total) for s in squares]
                 variable_norms = [tf.sqrt(s) for s in squares]
@@ -173,31 +186,15 @@ class WindowStatistics:
                 valid = tf.logical_and(
                     tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
                 )
-                trace_ema = self._moving(averages.noise_trace, noise_trace, valid)
-                square_ema = self._moving(averages.gradient_square, gradient_square, valid)
+                trace_ema = self._moving(self.noise_trace_ema, noise_trace, valid)
+                square_ema = self._moving(self.gradient_square_ema, gradient_square, valid)
                 updates = [
-                    averages.noise_trace.assign(trace_ema, use_locking=True, read_value=False),
-                    averages.gradient_square.assign(square_ema, use_locking=True, read_value=False),
+                    self.noise_trace_ema.assign(trace_ema, use_locking=True, read_value=False),
+                    self.gradient_square_ema.assign(square_ema, use_locking=True, read_value=False),
                 ]
                 noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
-            scalars = {
-                "global_norm": global_norm,
-                "micro_batch_square_norm": small,
-                "micro_batch_size": b_small,
-                "gradient_square": gradient_square,
-                "noise_trace": noise_trace,
-                "noise_scale": noise_scale,
-                "noise_scale_ema": noise_scale_ema,
-            }
-            summaries = [
-                tf.compat.v1.summary.scalar(k, v, collections=[]) for k, v in scalars.items()
-            ]
-            summaries += [
-                tf.compat.v1.summary.scalar(f"gradient_norm/{v.op.name}", norm, collections=[])
-                for v, norm in zip(self.variables, variable_norms)
-            ]
-            statistics = GradientStatistics(
+            fields = dict(
                 global_norm=global_norm,
                 variable_norms=variable_norms,
                 micro_batch_square_norm=small,
@@ -209,8 +206,18 @@ class WindowStatistics:
                 noise_trace=noise_trace,
                 noise_scale=noise_scale,
                 noise_scale_ema=noise_scale_ema,
-                summary_op=tf.compat.v1.summary.merge(summaries, collections=[]),
             )
+            summaries = [
+                tf.compat.v1.summary.scalar(k, v, collections=[])
+                for k, v in fields.items()
+                if k not in ("variable_norms", "micro_batches")
+            ]
+            summaries += [
+                tf.compat.v1.summary.scalar(f"gradient_norm/{v.op.name}", norm, collections=[])
+                for v, norm in zip(self.variables, variable_norms)
+            ]
+            summary_op = tf.compat.v1.summary.merge(summaries, collections=[])
+            statistics = GradientStatistics(**fields, summary_op=summary_op)
         return statistics, updates
 
     def idle(self) -> GradientStatistics:
@@ -374,6 +381,7 @@ def build_running_average(
         )
     if not values:
         raise ValueError("values is empty: expected at least one floating-point tensor.")
+    shapes = []
     for i, value in enumerate(values):
         if not isinstance(value, (tf.Tensor, tf.IndexedSlices)) or not hasattr(value, "graph"):
             raise TypeError(
@@ -394,6 +402,7 @@ def build_running_average(
                 f"values[{i}] ({value.name}) has shape {shape}, which is not fully "
                 "defined; the average needs a static shape for its variable."
             )
+        shapes.append(shape)
     if horizon is not None:
         if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
             raise TypeError(
@@ -405,10 +414,7 @@ def build_running_average(
     graph = values[0].graph
     with graph.as_default(), tf.compat.v1.name_scope(name, "running_average", values=values):
         count = state_variable(lambda: tf.constant(0, tf.int64), "count")
-        dense = [
-            tf.reshape(tf.convert_to_tensor(v), shape)
-            for v, shape in zip(values, _static_shapes(values))
-        ]
+        dense = [tf.reshape(tf.convert_to_tensor(v), shape) for v, shape in zip(values, shapes)]
         averages = [
             state_variable(lambda v=v: tf.zeros(v.shape, v.dtype.base_dtype), "average")
             for v in dense
@@ -433,12 +439,3 @@ def build_running_average(
         )
         reads = [tf.identity(a.read_value(), name="read") for a in averages]
     return RunningAverage(update_op=update_op, averages=reads, count=count, reset_op=reset_op)
-
-
-def _static_shapes(values: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> list[list[int | None]]:
-    return [
-        tf.get_static_value(v.dense_shape).tolist()
-        if isinstance(v, tf.IndexedSlices)
-        else v.shape.as_list()
-        for v in values
-    ]

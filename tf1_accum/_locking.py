@@ -1,0 +1,218 @@
+"""The order of a window's ops: its mutex's sections, version 1 control flow, one mean at a time."""
+
+from __future__ import annotations
+
+import contextlib
+import typing
+
+import tensorflow as tf
+
+from tf1_accum._options import Gradient
+from tf1_accum._shared_apply import SharedApply
+
+
+def values_of(gradient: Gradient) -> tf.Tensor:
+    """A gradient's values: a dense one itself, an ``IndexedSlices``' ``values``."""
+    return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+
+
+def exclusive(
+    mutex: tf.Tensor,
+    scope: str,
+    build: typing.Callable[[], tuple[typing.Any, typing.Any]],
+    state: typing.Callable[[], typing.Iterable[tf.Variable]],
+    name: str | None = None,
+) -> tuple[typing.Any, typing.Any]:
+    """Builds what ``build()`` makes so that its runs hold a window's mutex.
+
+    Runs from several threads then take turns on the window. The lock is
+    taken when the run starts (see :doc:`performance`) and released when
+    ``done`` has run, or the run fails.
+
+    ``build()`` returns ``(done, other)``: ``done`` a structure of ops and
+    tensors finishing after everything built, returned made to finish after
+    the release (each op named ``name``); ``other`` as it is. ``state()``
+    gives the window's variables.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    before = {op.name for op in graph.get_operations()}
+    # On the mutex's device, the window's (the placer keeps it there too).
+    on_device = tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
+    with tf.compat.v1.name_scope(scope), on_device:
+        lock = tf.raw_ops.MutexLock(mutex=mutex, name="lock")
+    with tf.control_dependencies([lock]):
+        done, other = build()
+    finished = [t for t in tf.nest.flatten(done) if t is not None]
+    created = [op for op in graph.get_operations() if op.name not in before]
+    section = _section(created, finished, lock.op)
+    _lock_before_state_reads(lock.op, section, state())
+
+    def after_release(
+        t: tf.Tensor | tf.Operation | None,
+    ) -> tf.Tensor | tf.Operation | None:
+        if t is None:
+            return None
+        if isinstance(t, tf.Operation):
+            return tf.group(t, name=name)
+        return tf.identity(t)
+
+    with tf.compat.v1.name_scope(scope):
+        on_device = tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
+        with tf.control_dependencies(finished), on_device:
+            release = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name="unlock")
+        with tf.control_dependencies([release]):
+            done = tf.nest.map_structure(after_release, done)
+    return done, other
+
+
+@contextlib.contextmanager
+def reference_control_flow(
+    variables: typing.Iterable[tf.Variable | None], references: bool = False
+) -> typing.Iterator[None]:
+    """Builds ``tf.cond`` and ``tf.while_loop`` as version 1 control flow if needed.
+
+    Version 2 control flow cannot take references: with a reference variable
+    among ``variables`` (or ``references=True``, for ones the body creates)
+    it is off while the body builds. The switch is process-wide.
+    """
+    references = references or any(
+        v is not None and v.dtype != v.dtype.base_dtype for v in variables
+    )
+    if not references or not tf.compat.v1.control_flow_v2_enabled():
+        yield
+        return
+    tf.compat.v1.disable_control_flow_v2()
+    try:
+        yield
+    finally:
+        tf.compat.v1.enable_control_flow_v2()
+
+
+def _section(
+    created: typing.Sequence[tf.Operation],
+    finished: typing.Sequence[tf.Tensor | tf.Operation],
+    lock_op: tf.Operation,
+) -> list[tf.Operation]:
+    """The ops of ``created`` that running ``finished`` runs: the locked section.
+
+    The others (a ``SyncReplicasOptimizer``'s chief queue runner, which the
+    apply waits for) lose the lock as a control input, or would deadlock.
+    """
+    names = {op.name for op in created}
+    section = _ancestors([t.op if isinstance(t, tf.Tensor) else t for t in finished], names)
+    # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
+    section = {name: op for name, op in section.items() if not _makes_state(op)}
+    for op in created:
+        if op.name not in section and lock_op in op.control_inputs:
+            kept = [c for c in op.control_inputs if c is not lock_op]
+            op._remove_all_control_inputs()
+            op._add_control_inputs(kept)
+    section.pop(lock_op.name, None)
+    return list(section.values())
+
+
+def _makes_state(op: tf.Operation) -> bool:
+    """Whether ``op`` creates a resource or a variable: takes no input, returns a handle."""
+    return not op.inputs and any(
+        t.dtype == tf.resource or t.dtype != t.dtype.base_dtype for t in op.outputs
+    )
+
+
+def _ancestors(
+    ops: typing.Iterable[tf.Operation], names: typing.Container[str]
+) -> dict[str, tf.Operation]:
+    """``ops`` and what they depend on, among the ops named in ``names``, by name."""
+    found: dict[str, tf.Operation] = {}
+    stack = list(ops)
+    while stack:
+        op = stack.pop()
+        if op.name in found or op.name not in names:
+            continue
+        found[op.name] = op
+        stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return found
+
+
+def _lock_before_state_reads(
+    lock_op: tf.Operation,
+    created: typing.Iterable[tf.Operation],
+    state: typing.Iterable[tf.Variable],
+) -> None:
+    """Makes every op of ``created`` that reads the window's state wait for the lock.
+
+    For ops built under ``tf.control_dependencies(None)`` (a flush), which
+    the lock's own control dependency does not reach.
+    """
+    sources = {v.op.name for v in state}
+    context = lock_op._get_control_flow_context()
+    for op in created:
+        if op is lock_op or op._get_control_flow_context() is not context:
+            continue
+        if lock_op not in op.control_inputs and any(t.op.name in sources for t in op.inputs):
+            op._add_control_input(lock_op)
+
+
+def apply_one_at_a_time(
+    shared: SharedApply,
+    make_grads: typing.Callable[[], list[Gradient]],
+    var_list: typing.Sequence[tf.Variable],
+    global_step: tf.Variable | None,
+) -> tf.Operation:
+    """Builds the optimizer's apply of ``make_grads()``, one large gradient alive at a time.
+
+    Left to the executor, every mean would be alive at once (a parameter
+    copy): each large one waits for the optimizer's ops reading the one
+    before. An op reading two gradients (a global norm) would deadlock that
+    order, so then the executor decides. Returns the update op.
+    """
+    graph = tf.compat.v1.get_default_graph()
+    first = len(graph.get_operations())
+    grads = make_grads()
+    update = shared.apply_gradients(list(zip(grads, var_list)), global_step)
+    built = graph.get_operations()[first:]
+    inside = set(built)
+
+    def before(op: tf.Operation) -> typing.List[tf.Operation]:
+        return [t.op for t in op.inputs] + list(op.control_inputs)
+
+    # The ops each gradient needs, and those only it needs (safe to hold back).
+    needs: typing.List[typing.Set[tf.Operation]] = []
+    for grad in grads:
+        found, stack = set(), [values_of(grad).op]
+        while stack:
+            op = stack.pop()
+            if op in inside and op not in found:
+                found.add(op)
+                stack.extend(before(op))
+        needs.append(found)
+    shared_ops = {op for k, a in enumerate(needs) for b in needs[k + 1 :] for op in a & b}
+    own = [a - shared_ops for a in needs]
+    owner = {op: k for k, ops in enumerate(own) for op in ops}
+    # Which gradients' own ops each op built here depends on.
+    reads: typing.Dict[tf.Operation, typing.Set[int]] = {}
+    for op in built:
+        found = {owner[op]} if op in owner else set()
+        for dependency in before(op):
+            found |= reads.get(dependency, set())
+        reads[op] = found
+    users = [[c for c in values_of(g).consumers() if c in inside] for g in grads]
+    if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
+        return update
+    # Only large gradients wait: a small one is cheaper run at once.
+    large = [k for k, var in enumerate(var_list) if _elements(var) >= _ONE_AT_A_TIME_FROM]
+    for k, following in zip(large, large[1:]):
+        waited = users[k]
+        starts = [op for op in own[following] if not any(d in own[following] for d in before(op))]
+        for op in starts if waited else ():
+            op._add_control_inputs(waited)
+    return update
+
+
+# Gradients of this many elements (256 KiB of float32) or more are made one at a time.
+_ONE_AT_A_TIME_FROM = 1 << 16
+
+
+def _elements(var: tf.Variable) -> int:
+    """The variable's element count (0 if its shape is not static)."""
+    count = var.shape.num_elements()
+    return 0 if count is None else count
