@@ -183,12 +183,7 @@ def _first_line(error: BaseException) -> str:
 
 
 class WindowDiscarded(Exception):
-    """Micro-batch ``micro_batch`` ran out of memory (``error``); the window was discarded."""
-
-    def __init__(self, error: tf.errors.OpError, micro_batch: int) -> None:
-        super().__init__(error, micro_batch)
-        self.error = error
-        self.micro_batch = micro_batch
+    """``(error, k)``: micro-batch k ran out of memory (``error``); the window was discarded."""
 
 
 class _Batch(typing.NamedTuple):
@@ -204,7 +199,6 @@ class Plan(typing.NamedTuple):
     """A checked large batch and how to split it, from `plan_window`."""
 
     batches: typing.List[_Batch]
-    weighted: bool
     micro_batch_size: typing.Optional[int]
     micro_batches: typing.Optional[int]
     memory_fit: typing.Optional[MemoryFit]
@@ -254,7 +248,7 @@ def plan_window(
             "this one, built without, averages its micro-batches equally, and the sizes "
             "memory_fit picks need not be equal (feed_the_batch.rst). Nothing was run."
         )
-    plan = Plan(batches, weighted, micro_batch_size, micro_batches, memory_fit)
+    plan = Plan(batches, micro_batch_size, micro_batches, memory_fit)
     sizes: list[int] = []  # the rows of each micro-batch (memory_fit: at first)
     for batch in batches:
         cuts = _sizes(plan, batch, _largest(plan, batch))
@@ -323,11 +317,11 @@ def run_window(
             try:
                 results = run(_micro_batches(plan, size), True)
             except WindowDiscarded as discarded:
-                error = discarded.error
+                error, failed = discarded.args
                 smaller = fit._out_of_memory(tried, error)
                 if smaller is None:
                     message = (
-                        f"micro-batch {discarded.micro_batch} of the window failed so the "
+                        f"micro-batch {failed} of the window failed so the "
                         "window was discarded (accumulators and counter reset, no update "
                         "applied): a micro-batch of one row does not fit in memory, so "
                         f"memory_fit cannot split the batch further: {error.message}"
