@@ -329,11 +329,7 @@ def _carry(
 
 
 def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any) -> None:
-    """Refuses fetches that only the helper may run, or that belong to another run.
-
-    They run with every micro-batch: a window op would act mid-window, and an
-    apply's results would read the window without its apply.
-    """
+    """Refuses the window's ops (they would act mid-window) and what an apply computes."""
     if fetches is None:
         return
     owned: dict[str, str] = {}
