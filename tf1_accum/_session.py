@@ -74,11 +74,9 @@ def run_accumulation(
     Each micro-batch runs ``accum_op`` with ``fetches``; then ``apply_op``
     runs, fed ``apply_feed_dict`` and what the micro-batches fed the
     placeholders it reads (a learning rate). A partial window is continued; a
-    failure before the update discards the window (see "Errors" in
+    failure before the update discards the window ("Errors" in
     :doc:`concepts`); concurrent calls run their windows in turn
-    (:ref:`ways-in-threads`). Given ``micro_batch_size``, ``micro_batches`` or
-    ``memory_fit``, ``feed_dicts`` is the large batch, split here
-    (:doc:`feed_the_batch`).
+    (:ref:`ways-in-threads`).
 
     >>> import numpy as np
     >>> with tf.Graph().as_default():
@@ -101,7 +99,8 @@ def run_accumulation(
             of ``accumulation``.
         accumulation: An `Accumulation` from `build_accumulation`.
         feed_dicts: An iterable of feed dicts, one per micro-batch (``None``
-            runs one with no feed); or the large batch, to split.
+            runs one with no feed); or the large batch, to split
+            (:doc:`feed_the_batch`).
         fetches: Optional fetches to evaluate with each micro-batch (the loss).
         fused: Run the last micro-batch and the apply in one ``session.run``
             (``accum_apply_op``: a fetch reading variables outside the gradient
@@ -120,24 +119,19 @@ def run_accumulation(
         without ``fetches``); ``window_mean()`` is the large batch's loss.
 
     Raises:
-        TypeError: If an argument has the wrong type (``accumulation`` not an
-            `Accumulation`, a feed dict not a dict...), ``feed_dicts`` is a
-            single dict and no split is asked for, or a large batch feeds a
-            ``SparseTensor``.
+        TypeError: If an argument has the wrong type, or ``feed_dicts`` is a
+            single dict and no split is asked for.
         ValueError: If ``feed_dicts`` holds no micro-batch, ``fused=True``
-            without ``accum_apply_op``, two micro-batches feed a placeholder
-            the apply reads different values, ``fetches`` holds one of the
-            accumulation's ops or what an apply computes, or a split
-            :doc:`feed_the_batch` refuses (the message says why).
+            without ``accum_apply_op``, micro-batches feed the apply different
+            values, ``fetches`` holds the accumulation's ops or statistics, or a
+            split :doc:`feed_the_batch` refuses.
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
             ``accumulation`` (a generator or hook calling it again).
-        Exception: Whatever micro-batch k or the apply raised, its message
-            saying which and what became of the window.
-
-    Each ``TypeError`` and ``ValueError`` is raised before any micro-batch
-    runs, except for a feed dict from a generator: it fails as micro-batch k.
+        Exception: Whatever micro-batch k or the apply raised, saying which
+            and what became of the window. Bad input raises before anything
+            runs, except a bad feed dict from a generator (as micro-batch k).
     """
     if not isinstance(accumulation, _accumulation.Accumulation):
         raise TypeError(
@@ -154,6 +148,12 @@ def run_accumulation(
             "when called with fused=True."
         )
     _check_fetches(accumulation, fetches)
+    if not isinstance(feed_dicts, collections.abc.Iterable):
+        raise TypeError(
+            "feed_dicts must be an iterable of feed dicts, one per micro-batch, or the large "
+            "batch to split: a feed dict (or a list of them), got "
+            f"{_validate.describe(feed_dicts)}."
+        )
     if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
         # The large batch, split here: see _split.
         split = _split.plan_window(
@@ -173,11 +173,6 @@ def run_accumulation(
             "got a single dict. Wrap it in a list for a window of one micro-batch, "
             "or pass micro_batch_size= (or micro_batches=) to split it into micro-batches."
         )
-    if not isinstance(feed_dicts, collections.abc.Iterable):
-        raise TypeError(
-            "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
-            f"got {_validate.describe(feed_dicts)}."
-        )
     if isinstance(feed_dicts, collections.abc.Sequence):
         # Known up front: reject bad input before anything runs.
         if not feed_dicts:
@@ -196,11 +191,11 @@ def _run_window(
     fetches: typing.Any,
     fused: bool,
     apply_feed_dict: typing.Mapping | None,
-    retry: type[BaseException] | tuple[type[BaseException], ...] = (),
+    retry: bool = False,
 ) -> WindowFetches:
     """`run_accumulation` once its arguments are checked and the window is its own.
 
-    A failure of a ``retry`` type, window discarded, raises `_split.WindowDiscarded`.
+    With ``retry``, running out of memory raises `_split.WindowDiscarded`.
     """
     results: list = []
     weight = accumulation.weight if fetches is not None else None
@@ -255,7 +250,7 @@ def _run_window(
             )
         else:
             what = _discard_window(sess, accumulation)
-            if what == _DISCARDED and isinstance(error, retry):
+            if retry and what == _DISCARDED and isinstance(error, tf.errors.ResourceExhaustedError):
                 raise _split.WindowDiscarded(error, failing) from error
         hint = _migration.uninitialized_hint(error, accumulation.counter.graph)
         _reraise(error, f"{hint}micro-batch {failing} of the window failed {what}")
@@ -334,36 +329,29 @@ def _carry(
 
 
 def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any) -> None:
-    """Refuses fetches that only the helper may run, or that belong to another run.
-
-    They run with every micro-batch: a window op would act mid-window, and an
-    apply's results would read the window without its apply.
-    """
+    """Refuses the window's ops (they would act mid-window) and what an apply computes."""
     if fetches is None:
         return
     owned: dict[str, str] = {}
-    for field in ("zero_op", "accum_op", "apply_op", "accum_apply_op"):
-        op = getattr(accumulation, field)
-        if op is not None:
-            owned[op.name] = f"the accumulation's {field}"
-    for field, run in (
-        ("statistics", "apply_op"),
-        ("accum_apply_statistics", "accum_apply_op"),
-        ("global_norm", "apply_op"),
-    ):
+    for field in accumulation._fields:
+        run = "accum_apply_op" if field.startswith("accum_apply") else "apply_op"
+        if field.endswith("_op"):
+            what = f"the accumulation's {field}"
+        elif field.endswith("statistics") or field == "global_norm":
+            what = f"the apply's {field}, evaluated with {run}'s run"
+        else:
+            continue
         for item in tf.nest.flatten(getattr(accumulation, field)):
             if isinstance(item, (tf.Tensor, tf.Operation)):
-                owned.setdefault(item.name, f"the apply's {field}, evaluated with {run}'s run")
+                owned.setdefault(item.name, what)
     for item in tf.nest.flatten(fetches):
         name = item if isinstance(item, str) else getattr(item, "name", None)
         if not isinstance(name, str) or name not in owned:
             continue
         raise ValueError(
-            f"fetches holds {owned[name]} ({name}): run_accumulation evaluates fetches "
-            "with each micro-batch's run, and runs the window's ops itself (zero_op in "
-            "fetches would reset the window mid-way, apply_op apply it). Fetch losses "
-            "and metrics only. The statistics of the window are logged by "
-            "run_accumulation; to read them, run the ops yourself and fetch statistics "
+            f"fetches holds {owned[name]} ({name}): run_accumulation runs the window's "
+            "ops itself and fetches with each micro-batch. Fetch losses and metrics only. "
+            "To read the statistics it logs, run the ops yourself and fetch statistics "
             "with apply_op, or accum_apply_statistics with accum_apply_op. Nothing was run."
         )
 
@@ -394,11 +382,7 @@ _APPLY_READS: weakref.WeakKeyDictionary[tf.Graph, dict[str, frozenset[str]]] = (
 
 @contextlib.contextmanager
 def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.Iterator[None]:
-    """Holds the accumulation's window lock: concurrent calls run their windows in turn.
-
-    Each op is atomic, but a window is N + 1 runs that another thread's
-    micro-batches must not join.
-    """
+    """Holds the accumulation's window lock: a window's runs admit no other thread's."""
     counter = accumulation.counter
     with _WINDOW_LOCKS_GUARD:
         locks = _WINDOW_LOCKS.setdefault(counter.graph, {})

@@ -23,21 +23,17 @@ _Got = typing.Dict[str, tf.Variable]
 
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
-    "apply_gradients from a tensor computed there ({tensor}). tf1_accum builds the "
-    "apply inside a conditional (it applies only when a window is complete and "
-    "finite), and a variable's initial value cannot come from inside one. Pass a "
-    "callable instead, e.g. tf.Variable(lambda: tf.zeros(shape), ...), or use "
-    "tf.compat.v1.get_variable(..., initializer=tf.zeros_initializer()), or create "
-    "the state in the optimizer's _create_slots (e.g. with self._zeros_slot)."
+    "apply_gradients from a tensor computed there ({tensor}), but tf1_accum builds the "
+    "apply inside a conditional, where no initial value can come from. Pass a callable "
+    "instead (tf.Variable(lambda: tf.zeros(shape))), an initializer to get_variable, or "
+    "create the state in the optimizer's _create_slots."
 )
 _MISMATCH = (
     "tf1_accum: the optimizer {optimizer} creates different state each time its "
     "apply_gradients is built: the first build created {first}, this one asks for "
-    "{now}. tf1_accum builds the apply more than once (AccumulationOptimizer's "
-    "flush_op, build_accumulation(fused=True)) and hands every build the state of "
-    "the first. Create the same variables, with the same names, shapes and dtypes, "
-    "in every call of apply_gradients; or use build_accumulation with fused=False "
-    "(the default) and its apply_op, which builds the apply once."
+    "{now}. Every build of the apply (flush_op, fused=True) gets the first one's state: "
+    "create the same variables (names, shapes, dtypes) in every call, or use "
+    "build_accumulation's apply_op (fused=False), built once."
 )
 
 
@@ -59,9 +55,51 @@ class SharedApply:
 
     def build(self, make: typing.Callable[[], _T]) -> _T:
         """Returns ``make()``, built over the variables its first build created."""
-        recorded = self._recorded
-        with self._recording() if recorded is None else self._replaying(*recorded):
-            return make()
+        first = self._recorded is None
+        created, got = self._recorded or ([], {})
+        from_get = {id(v) for v in got.values()}
+        pending = [(name, v) for name, v in created if id(v) not in from_get]
+
+        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
+            name = kwargs.get("name")
+            if first:
+                _check_liftable(self.optimizer, kwargs)
+                with tf.init_scope():
+                    var = next_creator(**kwargs)
+                created.append((name, var))
+                return var
+            if not pending:  # nothing is created twice
+                self._mismatch("no other variable", f"a new variable {name!r}")
+            first_name, var = pending.pop(0)
+            shape = _requested_shape(kwargs)
+            dtype = kwargs.get("dtype")
+            if (
+                first_name != name
+                or (shape is not None and not var.shape.is_compatible_with(shape))
+                or (dtype is not None and tf.as_dtype(dtype).base_dtype != var.dtype.base_dtype)
+            ):
+                self._mismatch(_describe(first_name, var), f"variable {name!r}")
+            return var
+
+        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
+            if first:
+                var = got[name] = getter(name, *args, **kwargs)
+                return var
+            var = got.get(name)
+            if var is None:
+                self._mismatch(
+                    f"no variable {name!r}", f"get_variable({name!r}) to create a new one"
+                )
+            # get_variable fills in a default dtype: only the shape is compared.
+            shape = kwargs.get("shape")
+            if shape is not None and not var.shape.is_compatible_with(shape):
+                self._mismatch(_describe(name, var), f"{name!r} of shape {shape}")
+            return var
+
+        with _intercepting(create, get):
+            result = make()
+        self._recorded = (created, got)
+        return result
 
     def _apply(
         self,
@@ -79,64 +117,6 @@ class SharedApply:
         with tf.control_dependencies([update]):
             advance = global_step.assign_add(1, use_locking=True, read_value=False)
         return tf.group(update, advance)
-
-    @contextlib.contextmanager
-    def _recording(self) -> typing.Iterator[None]:
-        created: _Created = []
-        got: _Got = {}
-
-        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
-            _check_liftable(self.optimizer, kwargs)
-            with tf.init_scope():
-                var = next_creator(**kwargs)
-            created.append((kwargs.get("name"), var))
-            return var
-
-        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
-            var = getter(name, *args, **kwargs)
-            got[name] = var
-            return var
-
-        with _intercepting(create, get):
-            yield
-        self._recorded = (created, got)
-
-    @contextlib.contextmanager
-    def _replaying(self, recorded: _Created, got: _Got) -> typing.Iterator[None]:
-        from_get = {id(v) for v in got.values()}
-        pending = [(name, v) for name, v in recorded if id(v) not in from_get]
-
-        def create(next_creator: _Make, **kwargs: typing.Any) -> tf.Variable:
-            del next_creator  # nothing is created twice
-            name = kwargs.get("name")
-            if not pending:
-                self._mismatch("no other variable", f"a new variable {name!r}")
-            first_name, var = pending.pop(0)
-            shape = _requested_shape(kwargs)
-            dtype = kwargs.get("dtype")
-            if (
-                first_name != name
-                or (shape is not None and not var.shape.is_compatible_with(shape))
-                or (dtype is not None and tf.as_dtype(dtype).base_dtype != var.dtype.base_dtype)
-            ):
-                self._mismatch(_describe(first_name, var), f"variable {name!r}")
-            return var
-
-        def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
-            del getter, args
-            var = got.get(name)
-            if var is None:
-                self._mismatch(
-                    f"no variable {name!r}", f"get_variable({name!r}) to create a new one"
-                )
-            # get_variable fills in a default dtype: only the shape is compared.
-            shape = kwargs.get("shape")
-            if shape is not None and not var.shape.is_compatible_with(shape):
-                self._mismatch(_describe(name, var), f"{name!r} of shape {shape}")
-            return var
-
-        with _intercepting(create, get):
-            yield
 
     def _mismatch(self, first: str, now: str) -> typing.NoReturn:
         raise ValueError(

@@ -17,10 +17,9 @@ from tf1_accum import _validate
 if typing.TYPE_CHECKING:
     from tf1_accum._accumulation import Accumulation
 
-# The session helper's window runner: (micro-batch feeds, error types to retry) -> results.
-Retry = typing.Union[typing.Type[BaseException], typing.Tuple[typing.Type[BaseException], ...]]
+# The session helper's window runner: (micro-batch feeds, retry out of memory) -> results.
 _Results = typing.TypeVar("_Results")
-Runner = typing.Callable[[typing.List[dict], Retry], _Results]
+Runner = typing.Callable[[typing.List[dict], bool], _Results]
 
 
 class SizeChange(typing.NamedTuple):
@@ -121,10 +120,8 @@ class MemoryFit:
             and self._since >= self._probe_every
             and self._size < largest
         ):
-            if self._fails is None:
-                target = min(2 * self._size, largest)
-            else:
-                target = min((self._size + self._fails) // 2, largest)
+            larger = 2 * self._size if self._fails is None else (self._size + self._fails) // 2
+            target = min(larger, largest)
             if target > self._size:
                 self._fits = self._size
                 self._change(target, "probe")
@@ -158,11 +155,10 @@ class MemoryFit:
         self._changes.append(SizeChange(self._windows, old, new, reason))
         self._size, self._since = new, 0
         if reason != "out of memory":  # which _out_of_memory logs, with the error
-            why = "the largest allowed" if old is None else "a probe: "
-            if old is not None:
-                why += f"{old} rows fit for {windows_at_old} windows"
+            why = f"a probe: {old} rows fit for {windows_at_old} windows"
             tf.compat.v1.logging.info(
-                f"tf1_accum: micro-batches of {new} rows from window {self._windows} ({why})."
+                f"tf1_accum: micro-batches of {new} rows from window {self._windows} "
+                f"({'the largest allowed' if old is None else why})."
             )
 
 
@@ -187,12 +183,7 @@ def _first_line(error: BaseException) -> str:
 
 
 class WindowDiscarded(Exception):
-    """Micro-batch ``micro_batch`` failed with ``error`` of a type to retry; window discarded."""
-
-    def __init__(self, error: tf.errors.OpError, micro_batch: int) -> None:
-        super().__init__(error, micro_batch)
-        self.error = error
-        self.micro_batch = micro_batch
+    """``(error, k)``: micro-batch k ran out of memory (``error``); the window was discarded."""
 
 
 class _Batch(typing.NamedTuple):
@@ -208,7 +199,6 @@ class Plan(typing.NamedTuple):
     """A checked large batch and how to split it, from `plan_window`."""
 
     batches: typing.List[_Batch]
-    weighted: bool
     micro_batch_size: typing.Optional[int]
     micro_batches: typing.Optional[int]
     memory_fit: typing.Optional[MemoryFit]
@@ -216,7 +206,7 @@ class Plan(typing.NamedTuple):
 
 def plan_window(
     accumulation: Accumulation,
-    feed_dicts: object,
+    feed_dicts: typing.Iterable,
     micro_batch_size: int | None,
     micro_batches: int | None,
     memory_fit: MemoryFit | None,
@@ -235,19 +225,11 @@ def plan_window(
             "memory_fit must be a tf1_accum.MemoryFit or None, got "
             f"{_validate.describe(memory_fit)}."
         )
-    if isinstance(feed_dicts, collections.abc.Mapping):
-        feeds = [feed_dicts]
-    elif isinstance(feed_dicts, collections.abc.Iterable):
-        feeds = list(feed_dicts)
-        if not feeds:
-            raise ValueError(
-                "feed_dicts holds no batch: pass the large batch as one feed dict (or a list "
-                "of them) to split it. Nothing was run."
-            )
-    else:
-        raise TypeError(
-            "feed_dicts must be the large batch to split, a feed dict (or a list of them), "
-            f"got {_validate.describe(feed_dicts)}."
+    feeds = [feed_dicts] if isinstance(feed_dicts, collections.abc.Mapping) else list(feed_dicts)
+    if not feeds:
+        raise ValueError(
+            "feed_dicts holds no batch: pass the large batch as one feed dict (or a list "
+            "of them) to split it. Nothing was run."
         )
     graph = accumulation.counter.graph
     batches = []
@@ -262,56 +244,47 @@ def plan_window(
     weighted = accumulation.options is not None and accumulation.options.weighted
     if memory_fit is not None and not weighted:
         raise ValueError(
-            "memory_fit needs an accumulation built with weight= (the rows of each "
-            "micro-batch, such as weight=tf.shape(x)[0] for a batch-shaped placeholder x): "
-            "the sizes the search picks need not divide the batch, and an accumulation "
-            "built without weight= averages its micro-batches equally, so a shorter one "
-            "would count too much. Nothing was run."
+            "memory_fit needs an accumulation built with weight= (weight=tf.shape(x)[0]): "
+            "this one, built without, averages its micro-batches equally, and the sizes "
+            "memory_fit picks need not be equal (feed_the_batch.rst). Nothing was run."
         )
-    plan = Plan(batches, weighted, micro_batch_size, micro_batches, memory_fit)
+    plan = Plan(batches, micro_batch_size, micro_batches, memory_fit)
+    sizes: list[int] = []  # the rows of each micro-batch (memory_fit: at first)
     for batch in batches:
-        sizes = _sizes(plan, batch, _largest(plan, batch))
-        if batch.fixed and (memory_fit is not None or min(sizes) < batch.rows):
+        cuts = _sizes(plan, batch, _largest(plan, batch))
+        sizes += cuts
+        if batch.fixed and (memory_fit is not None or min(cuts) < batch.rows):
             key, shape = next(iter(batch.fixed.items()))
             cut = (
                 f"{_split_asked(plan)} cuts the batch into micro-batches of "
-                f"{_sizes_text(sizes)} rows"
+                f"{_sizes_text(cuts)} rows"
                 if memory_fit is None
                 else "memory_fit cuts the batch into smaller micro-batches"
             )
             raise ValueError(
                 f"{_key_name(key)} is a placeholder of shape {shape}: its batch dimension is "
-                f"fixed at {batch.rows} rows, and {cut}, which it cannot take. Build the "
-                f"graph for any batch size: None as its first dimension ({[None, *shape[1:]]}), "
-                "and -1, not the batch size, where the batch is reshaped "
-                "(tf.reshape(x, [-1, 784])). If it is not batch data and only has as many rows "
-                "as the batch, split the batch yourself and pass one feed dict per "
-                "micro-batch. Nothing was run."
+                f"fixed at {batch.rows} rows, and {cut}. Build the graph for any batch size: "
+                f"None as its first dimension ({[None, *shape[1:]]}), and -1 where the batch "
+                "is reshaped (tf.reshape(x, [-1, 784])). Nothing was run."
             )
-    if memory_fit is None:
-        sizes = [s for b in batches for s in _sizes(plan, b, _largest(plan, b))]
-        if not weighted and len(set(sizes)) > 1:
-            rows = [b.rows for b in batches]
-            raise ValueError(
-                f"The batch ({' and '.join(map(str, rows))} rows) does not split into equal "
-                f"micro-batches ({_split_asked(plan)} gives {_sizes_text(sizes)} rows), and "
-                "this accumulation, built without weight=, averages its micro-batches "
-                "equally: a shorter micro-batch would count as much as a full one, and the "
-                "update would not equal the large batch's. Build it with weight= the rows "
-                "of each micro-batch (weight=tf.shape(x)[0] for a batch-shaped placeholder "
-                "x), or split into equal micro-batches. Nothing was run."
-            )
-        statistics = accumulation.statistics
-        fixed = statistics and tf.get_static_value(statistics.micro_batch_size)
-        if fixed is not None and any(s != fixed for s in sizes):
-            raise ValueError(
-                "This accumulation's statistics were built with micro_batch_size="
-                f"{float(fixed):g}, but {_split_asked(plan)} gives micro-batches of "
-                f"{_sizes_text(sizes)} rows: "
-                "the statistics would be wrong. Split into micro-batches of that size, or "
-                "build with weight= (the rows of each micro-batch) instead of "
-                "micro_batch_size=. Nothing was run."
-            )
+    if not weighted and len(set(sizes)) > 1:  # never with memory_fit (weighted)
+        rows = [b.rows for b in batches]
+        raise ValueError(
+            f"The batch ({' and '.join(map(str, rows))} rows) does not split into equal "
+            f"micro-batches ({_split_asked(plan)} gives {_sizes_text(sizes)} rows), and "
+            "this accumulation, built without weight=, averages its micro-batches "
+            "equally. Build it with weight=tf.shape(x)[0], or split into equal "
+            'micro-batches (feed_the_batch.rst, "Why weight="). Nothing was run.'
+        )
+    statistics = accumulation.statistics
+    fixed = statistics and tf.get_static_value(statistics.micro_batch_size)
+    if fixed is not None and any(s != fixed for s in sizes):
+        raise ValueError(
+            "This accumulation's statistics were built with micro_batch_size="
+            f"{float(fixed):g}, but {_split_asked(plan)} gives micro-batches of "
+            f"{_sizes_text(sizes)} rows. Split into micro-batches of that size, or build "
+            "with weight= instead of micro_batch_size=. Nothing was run."
+        )
     return plan
 
 
@@ -321,11 +294,43 @@ def run_window(
     """Runs one window of ``plan``; returns the fetched values, one per micro-batch.
 
     ``run(feeds, retry)`` is the session helper's window runner (feeds: a
-    list of feed dicts); ``read_counter()`` reads the window's counter (None
-    if it cannot).
+    list of feed dicts; retry: raise `WindowDiscarded` out of memory);
+    ``read_counter()`` reads the window's counter (None if it cannot).
     """
+    fit = plan.memory_fit
     try:
-        return _run_fitted(plan, run, read_counter)
+        if fit is None:
+            return run(_micro_batches(plan, None), False)
+        # A discarded window must hold nothing but this batch's micro-batches.
+        held = read_counter()
+        if held:
+            raise ValueError(
+                f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, "
+                "which memory_fit could not run again after discarding the window: run "
+                "apply_op (or zero_op) first, or call run_accumulation without memory_fit. "
+                "Nothing was run."
+            )
+        largest = max(_largest(plan, b) for b in plan.batches)
+        size = min(fit._start(largest), largest)
+        while True:
+            tried = min(size, max(b.rows for b in plan.batches))
+            try:
+                results = run(_micro_batches(plan, size), True)
+            except WindowDiscarded as discarded:
+                error, failed = discarded.args
+                smaller = fit._out_of_memory(tried, error)
+                if smaller is None:
+                    message = (
+                        f"micro-batch {failed} of the window failed so the "
+                        "window was discarded (accumulators and counter reset, no update "
+                        "applied): a micro-batch of one row does not fit in memory, so "
+                        f"memory_fit cannot split the batch further: {error.message}"
+                    )
+                    raise type(error)(error.node_def, error.op, message) from error
+                size = smaller
+            else:
+                fit._completed()
+                return results
     except tf.errors.InvalidArgumentError as error:
         whole = plan.memory_fit is None and all(_largest(plan, b) >= b.rows for b in plan.batches)
         if whole or "reshape" not in error.message.lower():
@@ -339,45 +344,6 @@ def run_window(
             "or split into micro-batches of the size the graph was built for."
         )
         raise type(error)(error.node_def, error.op, error.message + hint) from error
-
-
-def _run_fitted(
-    plan: Plan, run: Runner[_Results], read_counter: typing.Callable[[], int | None]
-) -> _Results:
-    """`run_window`, without the hint for a graph built for one batch size."""
-    fit = plan.memory_fit
-    if fit is None:
-        return run(_micro_batches(plan, None), ())
-    # A discarded window must hold nothing but this batch's micro-batches.
-    held = read_counter()
-    if held:
-        held_text = f"{held} micro-batch{'es' if held > 1 else ''}"
-        raise ValueError(
-            f"The window already holds {held_text}, which memory_fit could not run again "
-            "after discarding the window: run apply_op (or zero_op) first, or call "
-            "run_accumulation without memory_fit. Nothing was run."
-        )
-    largest = max(_largest(plan, b) for b in plan.batches)
-    size = min(fit._start(largest), largest)
-    while True:
-        tried = min(size, max(b.rows for b in plan.batches))
-        try:
-            results = run(_micro_batches(plan, size), tf.errors.ResourceExhaustedError)
-        except WindowDiscarded as discarded:
-            error = discarded.error
-            smaller = fit._out_of_memory(tried, error)
-            if smaller is None:
-                message = (
-                    f"micro-batch {discarded.micro_batch} of the window failed so the window "
-                    "was discarded (accumulators and counter reset, no update applied): a "
-                    "micro-batch of one row does not fit in memory, so memory_fit cannot "
-                    f"split the batch further: {error.message}"
-                )
-                raise type(error)(error.node_def, error.op, message) from error
-            size = smaller
-            continue
-        fit._completed()
-        return results
 
 
 def _largest(plan: Plan, batch: _Batch) -> int:
@@ -457,9 +423,7 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
                 "one feed dict per micro-batch, without micro_batch_size, micro_batches or "
                 "memory_fit."
             )
-        if not isinstance(value, np.ndarray):
-            value = np.asarray(value)
-        values[key] = value
+        value = values[key] = np.asanyarray(value)
         shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None
         known = shape is not None and shape.ndims is not None
         if value.ndim == 0 or (known and (shape.ndims == 0 or shape.as_list()[0] is not None)):

@@ -57,17 +57,15 @@ def _warn_if_left_out(
     """Warns when ``session`` ends mid-window and no accumulation hook keeps the window."""
     kept = _kept.get(session, ())
     counters = [c for c in session.graph.get_collection(TRAIN_OP_COUNTERS) if c.name not in kept]
-    timer = getattr(saver_hook, "_timer", None)
+    last_triggered = getattr(getattr(saver_hook, "_timer", None), "last_triggered_step", None)
     step_tensor = getattr(saver_hook, "_global_step_tensor", None)
-    if not counters or step_tensor is None or timer is None:
-        return
-    if not hasattr(timer, "last_triggered_step"):
+    if not counters or step_tensor is None or last_triggered is None:
         return
     pending = sum(int(count) for count in session.run(counters))
     if not pending:
         return
     step = int(session.run(step_tensor))
-    if timer.last_triggered_step() == step:
+    if last_triggered() == step:
         warnings.warn(
             f"tf1_accum: the session ends with {pending} micro-batches accumulated since "
             f"the last update (global_step {step}), and CheckpointSaverHook writes no "
@@ -82,11 +80,8 @@ def _warn_if_left_out(
         warnings.warn(
             "tf1_accum: the session ends in the middle of an accumulation window without "
             "the accumulation hook. Its final checkpoint holds the window this time, "
-            "because global_step moved since CheckpointSaverHook's last save; when the "
-            "last save falls on the last update of a session that ends mid-window, "
-            "CheckpointSaverHook saves nothing at the end, and the micro-batches "
-            "accumulated since are in no checkpoint: a resumed run starts that window "
-            "over without them. " + _FIX,
+            "because global_step moved since CheckpointSaverHook's last save; when it did "
+            "not, the window is in no checkpoint. " + _FIX,
             stacklevel=2,
         )
 
