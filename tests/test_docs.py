@@ -299,3 +299,27 @@ def test_readme_usage_block_runs_as_shown(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("updates: 8 loss: "), result.stdout
+
+
+def test_design_notes_list_every_module_in_layers_that_import_only_downwards():
+    import _imports
+
+    text = (ROOT / "docs" / "concepts.rst").read_text(encoding="utf-8")
+    notes = text.split("**The modules, layer by layer.**")[1].split("\n\n**")[0]
+    items = re.split(r"^\d\. ", notes, flags=re.M)[1:]
+    layer = {name: k for k, item in enumerate(items) for name in re.findall(r"``(_?\w+)``", item)}
+    for name in ("run_accumulation", "check_graph", "prepare", "make_window"):
+        layer.pop(name, None)  # names of functions, not modules
+
+    def own(module):  # tf1_accum.check._lint -> check
+        return module.split(".")[1] if "." in module else None
+
+    graph = _imports.package_imports()
+    modules = {own(m) for m in graph} - {None}
+    assert sorted(layer) == sorted(modules)
+    for module, imported in graph.items():
+        if own(module) is None or own(module) == "check":
+            continue
+        for other in imported:
+            if own(other) is not None and own(other) != own(module):
+                assert layer[own(other)] >= layer[own(module)], (module, other)
