@@ -78,11 +78,7 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
                 tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES
             )
         # Resource variables can sit in both collections.
-        var_list, seen = [], set()
-        for v in found:
-            if id(v) not in seen:
-                seen.add(id(v))
-                var_list.append(v)
+        var_list = list({id(v): v for v in found}.values())
         if not var_list:
             raise ValueError(
                 "No variables to train: var_list is None and the loss's graph has "
