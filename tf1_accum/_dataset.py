@@ -37,14 +37,12 @@ class DatasetAccumulation(typing.NamedTuple):
             ``weight``), fetched with ``train_op``.
         micro_batches: ``int64``: micro-batches the window applied (with any a
             failed run left in it).
-        global_norm: float64 global norm of the window's gradient before
-            clipping, fetched with ``train_op``.
-        skipped_windows: ``int64`` variable: windows skipped as non-finite.
+        global_norm: As `Accumulation`'s, fetched with ``train_op``.
+        skipped_windows: As `Accumulation`'s.
         counter: The window's counter (0 between runs).
-        accumulators: Accumulator variables, aligned with ``var_list``.
-        var_list: The variables trained.
-        statistics: With ``statistics=True``, the `GradientStatistics` of the
-            window the run drew, fetched with ``train_op``; None otherwise.
+        accumulators: As `Accumulation`'s.
+        var_list: As `Accumulation`'s.
+        statistics: As `Accumulation`'s, fetched with ``train_op``.
         applied: bool tensor, fetched with ``train_op``: whether the run gave
             the optimizer its window (False if skipped as non-finite).
     """

@@ -178,19 +178,17 @@ class TrainOpWindow(typing.NamedTuple):
         applied: bool tensor: whether this run of the train op applied an
             update (not ``flush_op``'s); per-update work hangs on it
             (:doc:`real_programs`).
-        global_norm: float64 global norm before clipping of the window
-            applied in this run (else 0).
-        skipped_windows: ``int64`` variable: windows skipped as non-finite.
-        statistics: With ``statistics=True``, the `GradientStatistics` of the
-            window applied in this run (in a run that only accumulates, the
-            floats are NaN and ``micro_batches`` is 0); None otherwise.
+        global_norm: As `Accumulation`'s, of the window applied in this run (else 0).
+        skipped_windows: As `Accumulation`'s.
+        statistics: As `Accumulation`'s, of the window applied in this run (in
+            a run that only accumulates, NaN and 0 ``micro_batches``).
         flush_op: Applies this window if partial (after the flushes of the
             train ops built before it in the graph), and resets.
         flush_statistics: With ``statistics=True``, the `GradientStatistics`
             of the window ``flush_op`` applies, fetched with it; None otherwise.
-        accumulators: Accumulator variables, aligned with ``var_list``.
-        var_list: The variables trained.
-        options: The `WindowOptions`.
+        accumulators: As `Accumulation`'s.
+        var_list: As `Accumulation`'s.
+        options: As `Accumulation`'s.
     """
 
     counter: tf.Variable
