@@ -133,9 +133,6 @@ def build_accumulation(
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
-    Returns:
-        An `Accumulation`.
-
     An argument error leaves the graph as it was; a later failure puts the
     graph's collections back and says which ops remain.
 

@@ -129,9 +129,6 @@ def build_dataset_accumulation(
             in `build_accumulation`; every worker runs ``train_op`` equally often.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
-    Returns:
-        A `DatasetAccumulation`.
-
     The arguments are checked before anything is built; if ``loss_fn`` or
     ``weight`` fails, the graph's collections are put back.
 

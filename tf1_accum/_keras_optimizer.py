@@ -35,11 +35,6 @@ else:
 
 # The `WindowOptions` this optimizer takes, kept in its config.
 _OPTIONS = ("average", "clip_norm", "skip_nonfinite")
-_SAVE_FORMATS = (
-    "Save the model in the HDF5 format, model.save('model.h5') (or "
-    "save_format='h5'), which keeps this optimizer's state; or save Keras' session "
-    "with a tf.compat.v1.train.Saver."
-)
 
 
 def _in_saved_model_save() -> bool:
@@ -304,8 +299,11 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             raise ValueError(
                 "model.save() in the SavedModel format would drop the state of "
                 "KerasAccumulationOptimizer (the wrapped optimizer's slots, iterations "
-                f"and the window) in a TF1 graph. {_SAVE_FORMATS} Or pass "
-                "include_optimizer=False to save the model for inference only."
+                "and the window) in a TF1 graph. Save the model in the HDF5 format, "
+                "model.save('model.h5') (or save_format='h5'), which keeps this "
+                "optimizer's state; or save Keras' session with a "
+                "tf.compat.v1.train.Saver. Or pass include_optimizer=False to save the "
+                "model for inference only."
             )
         if self._pending is not None:
             raise ValueError(

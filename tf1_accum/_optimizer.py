@@ -142,15 +142,8 @@ def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None
     for update in update_ops:
         # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
         op = getattr(update, "op", update)
-        seen, stack, fed = {op}, [op], []
-        while stack:
-            current = stack.pop()
-            if current.type == "Placeholder":
-                fed.append(current.name)
-            for tensor in current.inputs:
-                if tensor.op not in seen and tensor.op.name not in reach.reads:
-                    seen.add(tensor.op)
-                    stack.append(tensor.op)
+        ops = _validate._ancestors(op, known=reach.reads)
+        fed = [o.name for o in ops if o.type == "Placeholder"]
         if fed:
             warnings.warn(
                 f"tf1_accum: the update op {op.name} is in "

@@ -53,9 +53,6 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
         clip_norm: A positive, finite number (``clip_norm=None`` in a way in
             does not clip).
 
-    Returns:
-        A gradient transform (see ``transform=`` in the window options).
-
     Raises:
         TypeError, ValueError: If ``clip_norm`` is not a positive, finite
             number.
