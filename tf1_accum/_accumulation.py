@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import typing
 
@@ -132,48 +133,28 @@ def build_accumulation(
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
-    Returns:
-        An `Accumulation`.
-
     An argument error leaves the graph as it was; a later failure puts the
     graph's collections back and says which ops remain.
 
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
-            or a tf_keras legacy optimizer, is tf_keras's ``LossScaleOptimizer``
-            (use ``tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer``),
-            or accumulates by itself (`AccumulationOptimizer`,
-            `KerasAccumulationOptimizer`: give the optimizer they wrap).
+            or a tf_keras legacy optimizer, is tf_keras's ``LossScaleOptimizer``,
+            or accumulates by itself (`AccumulationOptimizer`).
         TypeError, ValueError: If an argument has the wrong type, is not a
-            scalar (``loss``, ``weight``) or is not of the loss's graph; an
-            option `WindowOptions` refuses; ``fused=True`` with a
-            ``SyncReplicasOptimizer``; a tf_keras optimizer given a reference
-            variable.
+            scalar or not of the loss's graph; an option `WindowOptions`
+            refuses; ``fused=True`` with a ``SyncReplicasOptimizer``; a
+            tf_keras optimizer given a reference variable; a transform
+            returning another shape or dtype than the gradient's.
         ValueError: If there is nothing to train (no trainable variable, an
-            empty ``var_list``, no gradient), or a variable the loss reads has
-            a shape that is not fully defined.
-        ValueError: If the optimizer's apply cannot be built here: it creates
-            a variable inside ``apply_gradients`` from a tensor computed
-            there, or (with ``fused=True``) different state each build.
-        TypeError, ValueError: If a transform returns something other than a
-            gradient of the gradient's shape and dtype.
+            empty ``var_list``, no gradient), a variable the loss reads has a
+            shape not fully defined, or the optimizer's apply creates a
+            variable from a tensor computed there (or, with ``fused=True``,
+            different state each build).
     """
     _validate.check_graph_mode("build_accumulation")
     _validate.check_loss(loss)
-    optimizer, options = prepare(
-        "build_accumulation",
-        optimizer,
-        cross_replica,
-        weighted=weight is not None,
-        average=average,
-        clip_norm=clip_norm,
-        transform=transform,
-        skip_nonfinite=skip_nonfinite,
-        update_ops=update_ops,
-        statistics=statistics,
-        micro_batch_size=micro_batch_size,
-    )
+    optimizer, options = prepare("build_accumulation", optimizer, cross_replica, locals())
     _validate.check_bool("fused", fused)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
@@ -218,8 +199,7 @@ def build_accumulation(
                     name="accumulate_and_apply",
                 )
     ops = {"zero_op": zero_op, "accum_op": accum_op, "apply_op": apply_op}
-    ops["accum_apply_op"] = accum_apply_op
-    _one_per_run(ops)
+    _one_per_run({**ops, "accum_apply_op": accum_apply_op})
     return Accumulation(
         zero_op=zero_op,
         accum_op=accum_op,
@@ -241,17 +221,22 @@ def build_accumulation(
 def prepare(
     what: str,
     optimizer: object,
-    cross_replica: object = None,
-    options: WindowOptions | None = None,
-    **keywords: typing.Any,
+    cross_replica: object,
+    arguments: typing.Mapping[str, typing.Any] | WindowOptions,
 ) -> tuple[tf.compat.v1.train.Optimizer, WindowOptions]:
     """The checks every way in runs first; the optimizer checked and the `WindowOptions`.
 
-    ``keywords`` are the options, unless ``options`` gives them whole.
+    ``arguments``: the `WindowOptions` whole, or the way in's arguments
+    (its ``locals()``), of which the options and ``weight`` are read.
     """
     optimizer = _validate.check_optimizer(optimizer)
     _migration.refuse_accumulating_optimizer(optimizer, what)
-    options = WindowOptions(**keywords) if options is None else options
+    if isinstance(arguments, WindowOptions):
+        options = arguments
+    else:
+        names = {field.name for field in dataclasses.fields(WindowOptions)}
+        given = {key: value for key, value in arguments.items() if key in names}
+        options = WindowOptions(weighted=arguments.get("weight") is not None, **given)
     _distributed.check_cross_replica(cross_replica)
     return optimizer, options
 

@@ -37,14 +37,12 @@ class DatasetAccumulation(typing.NamedTuple):
             ``weight``), fetched with ``train_op``.
         micro_batches: ``int64``: micro-batches the window applied (with any a
             failed run left in it).
-        global_norm: float64 global norm of the window's gradient before
-            clipping, fetched with ``train_op``.
-        skipped_windows: ``int64`` variable: windows skipped as non-finite.
+        global_norm: As `Accumulation`'s, fetched with ``train_op``.
+        skipped_windows: As `Accumulation`'s.
         counter: The window's counter (0 between runs).
-        accumulators: Accumulator variables, aligned with ``var_list``.
-        var_list: The variables trained.
-        statistics: With ``statistics=True``, the `GradientStatistics` of the
-            window the run drew, fetched with ``train_op``; None otherwise.
+        accumulators: As `Accumulation`'s.
+        var_list: As `Accumulation`'s.
+        statistics: As `Accumulation`'s, fetched with ``train_op``.
         applied: bool tensor, fetched with ``train_op``: whether the run gave
             the optimizer its window (False if skipped as non-finite).
     """
@@ -131,22 +129,18 @@ def build_dataset_accumulation(
             in `build_accumulation`; every worker runs ``train_op`` equally often.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
-    Returns:
-        A `DatasetAccumulation`.
-
     The arguments are checked before anything is built; if ``loss_fn`` or
     ``weight`` fails, the graph's collections are put back.
 
     Raises:
         RuntimeError: If eager execution is active.
-        TypeError, ValueError: What `build_accumulation` refuses (of
-            ``optimizer``, ``var_list``, ``global_step``, ``cross_replica``, the
-            options, the loss and weight ``loss_fn`` and ``weight`` return, the
-            optimizer's apply and the transforms); ``loss_fn``, ``weight`` or
-            ``dataset`` of the wrong type; ``steps`` not an int of at least 1;
-            ``update_ops`` a non-empty list; ``loss_fn`` creating a variable
-            from a tensor that reads a value of the loop; or ``dataset``
-            capturing a placeholder.
+        TypeError, ValueError: What `build_accumulation` refuses (of the
+            arguments, the loss and weight that ``loss_fn`` and ``weight``
+            return, the optimizer's apply and the transforms); ``loss_fn``,
+            ``weight`` or ``dataset`` of the wrong type; ``steps`` not an int
+            of at least 1; ``update_ops`` a non-empty list; ``loss_fn``
+            creating a variable from a tensor that reads a value of the loop;
+            or ``dataset`` capturing a placeholder.
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
@@ -156,19 +150,7 @@ def build_dataset_accumulation(
         )
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_validate.describe(dataset)}.")
-    optimizer, options = prepare(
-        "build_dataset_accumulation",
-        optimizer,
-        cross_replica,
-        weighted=weight is not None,
-        average=average,
-        clip_norm=clip_norm,
-        transform=transform,
-        skip_nonfinite=skip_nonfinite,
-        update_ops=update_ops,
-        statistics=statistics,
-        micro_batch_size=micro_batch_size,
-    )
+    optimizer, options = prepare("build_dataset_accumulation", optimizer, cross_replica, locals())
     _validate.check_steps(steps)
     _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
     if weight is not None and not callable(weight):
@@ -378,21 +360,10 @@ def _initialized_outside_the_loop(
 # Ops that carry values into, around or out of a loop or conditional, or call
 # a function: an initial value computed through one reads the loop.
 _LOOP_OP_TYPES = frozenset(
-    [
-        "Placeholder",  # a value captured by a function graph, or the micro-batch
-        "Enter",
-        "RefEnter",
-        "Exit",
-        "RefExit",
-        "Switch",
-        "RefSwitch",
-        "Merge",
-        "RefMerge",
-        "NextIteration",
-        "RefNextIteration",
-        "LoopCond",
-        "ControlTrigger",
-    ]
+    # Placeholder: a value captured by a function graph, or the micro-batch.
+    ["Placeholder", "LoopCond", "ControlTrigger"]
+    + [ref + kind for ref in ("", "Ref") for kind in ("Enter", "Exit", "Switch", "Merge")]
+    + ["NextIteration", "RefNextIteration"]
 )
 
 

@@ -33,11 +33,8 @@ if typing.TYPE_CHECKING:
 else:
     _LegacyOptimizer = tf_keras.optimizers.legacy.Optimizer
 
-_SAVE_FORMATS = (
-    "Save the model in the HDF5 format, model.save('model.h5') (or "
-    "save_format='h5'), which keeps this optimizer's state; or save Keras' session "
-    "with a tf.compat.v1.train.Saver."
-)
+# The `WindowOptions` this optimizer takes, kept in its config.
+_OPTIONS = ("average", "clip_norm", "skip_nonfinite")
 
 
 def _in_saved_model_save() -> bool:
@@ -83,6 +80,15 @@ def _check_wrapped(optimizer: typing.Any) -> None:
     )
 
 
+def _wrapped(name: str, doc: str) -> property:
+    """A property read from, and set on, the wrapped optimizer."""
+    return property(
+        lambda self: getattr(self._optimizer, name),
+        lambda self, value: setattr(self._optimizer, name, value),
+        doc=doc,
+    )
+
+
 @tf_keras.saving.register_keras_serializable(package="tf1_accum")
 class KerasAccumulationOptimizer(_LegacyOptimizer):
     """A tf_keras legacy optimizer that accumulates ``steps`` micro-batches per update.
@@ -116,13 +122,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         name: Name of the optimizer and of the accumulation's name scope.
 
     Raises:
-        TypeError: If ``optimizer`` is not a tf_keras legacy optimizer (a
-            ``tf.compat.v1.train`` optimizer, a Keras 3 or a new tf_keras
-            optimizer, tf_keras's ``LossScaleOptimizer``, or a
-            KerasAccumulationOptimizer), ``steps`` is not an int, or a Keras
-            option (``clipnorm``, ...) is given here instead of to ``optimizer``.
-        ValueError: If ``steps`` is less than 1.
-        TypeError, ValueError: An option that `WindowOptions` refuses.
+        TypeError: If ``optimizer`` is not a tf_keras legacy optimizer, or a
+            Keras option (``clipnorm``, ...) is given here instead of to it.
+        TypeError, ValueError: ``steps`` that is not an int of at least 1, or
+            an option that `WindowOptions` refuses.
     """
 
     _tf1_accum_accumulates = True  # recognized by the other ways in, which refuse it
@@ -142,12 +145,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         _validate.check_steps(steps)
         # Keras runs the model's updates itself: update_ops=[].
         _, self._options = prepare(
-            "KerasAccumulationOptimizer",
-            optimizer,
-            average=average,
-            clip_norm=clip_norm,
-            skip_nonfinite=skip_nonfinite,
-            update_ops=[],
+            "KerasAccumulationOptimizer", optimizer, None, {**locals(), "update_ops": []}
         )
         if kwargs:
             raise TypeError(
@@ -173,24 +171,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         """Micro-batches per update."""
         return self._steps
 
-    @property
-    def iterations(self) -> tf.Variable:
-        """The wrapped optimizer's ``iterations``: the number of updates applied."""
-        return self._optimizer.iterations
-
-    @iterations.setter
-    def iterations(self, variable: tf.Variable) -> None:
-        self._optimizer.iterations = variable
-
-    @property
-    def learning_rate(self) -> typing.Any:
-        """The wrapped optimizer's learning rate (for Keras callbacks that read or set it)."""
-        return self._optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: typing.Any) -> None:
-        self._optimizer.learning_rate = value
-
+    iterations = _wrapped("iterations", "The wrapped optimizer's: the number of updates applied.")
+    learning_rate = _wrapped("learning_rate", "The wrapped optimizer's (for Keras callbacks).")
     lr = learning_rate
 
     def _accumulation(self, what: str) -> AccumulationOptimizer:
@@ -317,8 +299,11 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             raise ValueError(
                 "model.save() in the SavedModel format would drop the state of "
                 "KerasAccumulationOptimizer (the wrapped optimizer's slots, iterations "
-                f"and the window) in a TF1 graph. {_SAVE_FORMATS} Or pass "
-                "include_optimizer=False to save the model for inference only."
+                "and the window) in a TF1 graph. Save the model in the HDF5 format, "
+                "model.save('model.h5') (or save_format='h5'), which keeps this "
+                "optimizer's state; or save Keras' session with a "
+                "tf.compat.v1.train.Saver. Or pass include_optimizer=False to save the "
+                "model for inference only."
             )
         if self._pending is not None:
             raise ValueError(
@@ -331,9 +316,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             "name": self._name,
             "optimizer": tf_keras.optimizers.serialize(self._optimizer),
             "steps": self._steps,
-            "average": self._options.average,
-            "clip_norm": self._options.clip_norm,
-            "skip_nonfinite": self._options.skip_nonfinite,
+            **{key: getattr(self._options, key) for key in _OPTIONS},
         }
 
     @classmethod

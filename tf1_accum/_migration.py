@@ -31,29 +31,24 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
         (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
         for c in type(optimizer).__mro__
     ):
-        kind, alone = (
-            "an AccumulationOptimizer",
-            (
-                "use the AccumulationOptimizer alone, as a drop-in: "
-                "train_op = opt.minimize(loss, global_step=global_step)."
-            ),
+        kind, how = (
+            "AccumulationOptimizer",
+            "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)",
         )
     elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
         # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
-        kind, alone = (
-            "a KerasAccumulationOptimizer",
-            ("use the KerasAccumulationOptimizer alone, compiled into a tf_keras model."),
-        )
+        kind, how = "KerasAccumulationOptimizer", "compiled into a tf_keras model"
     else:
         return
     inner = type(optimizer.optimizer).__name__
     raise TypeError(
-        f"{what} accumulates by itself, but its optimizer is {kind} "
-        f"(steps={optimizer.steps}) wrapping {inner}: each update of {what} would only "
-        "add to the wrapper's window, which applies nothing until it is full, so the "
-        "weights would not change while global_step advances. Give "
+        f"{what} accumulates by itself, but its optimizer is "
+        f"{'an' if kind[0] == 'A' else 'a'} {kind} (steps={optimizer.steps}) wrapping "
+        f"{inner}: each update of {what} would only add to the wrapper's window, which "
+        "applies nothing until it is full, so the weights would not change while "
+        "global_step advances. Give "
         f"{what} the wrapped optimizer (opt.optimizer, the {inner}) and let it "
-        f"accumulate, or {alone}"
+        f"accumulate, or use the {kind} alone, {how}."
     )
 
 
@@ -188,12 +183,9 @@ class WindowStart:
             "tf1_accum: global_step moved in the middle of an accumulation window. "
             f"AccumulationOptimizer advances it once per update (every {steps} runs of "
             "the train op), but something else incremented it since the window's first "
-            "micro-batch: typically a hand-written global_step.assign(global_step + 1) "
-            "grouped with the train op (BERT's create_optimizer), which now counts "
-            "micro-batches, so a learning-rate schedule runs ahead. Delete that "
-            "increment; or keep it, run it only when an update was applied "
-            "(tf.cond(opt.window.applied, ...), see the Real programs guide) and give the "
-            "wrapper no global_step. This micro-batch was not accumulated. Values: "
+            f"micro-batch: {_HAND_WRITTEN}, which now counts micro-batches, so a "
+            f"learning-rate schedule runs ahead. {_DELETE_IT} This micro-batch was not "
+            "accumulated. Values: "
             "global_step at the window's start, global_step now, micro-batches in the "
             "window:"
         )
@@ -220,16 +212,21 @@ def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
             raise ValueError(
                 f"tf1_accum: {found[0]!r} adds to global_step ({step.op.name}, shared by "
                 f"the workers on {step.device}) besides AccumulationOptimizer, which "
-                "advances it once per update: typically a hand-written "
-                "global_step.assign(global_step + 1) grouped with the train op (BERT's "
-                "create_optimizer), which would count every micro-batch of every worker. "
-                "Delete that increment; or keep it, run it only when an update was "
-                "applied (tf.cond(opt.window.applied, ...), see the Real programs guide) and give "
-                "the wrapper no global_step. The updates of the other workers move the "
-                "step inside this worker's windows, as they should."
+                f"advances it once per update: {_HAND_WRITTEN}, which would count every "
+                f"micro-batch of every worker. {_DELETE_IT} The updates of the other "
+                "workers move the step inside this worker's windows, as they should."
             )
 
 
+_HAND_WRITTEN = (
+    "typically a hand-written global_step.assign(global_step + 1) grouped with the "
+    "train op (BERT's create_optimizer)"
+)
+_DELETE_IT = (
+    "Delete that increment; or keep it, run it only when an update was applied "
+    "(tf.cond(opt.window.applied, ...), see the Real programs guide) and give the "
+    "wrapper no global_step."
+)
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 
 

@@ -142,15 +142,8 @@ def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None
     for update in update_ops:
         # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
         op = getattr(update, "op", update)
-        seen, stack, fed = {op}, [op], []
-        while stack:
-            current = stack.pop()
-            if current.type == "Placeholder":
-                fed.append(current.name)
-            for tensor in current.inputs:
-                if tensor.op not in seen and tensor.op.name not in reach.reads:
-                    seen.add(tensor.op)
-                    stack.append(tensor.op)
+        ops = _validate._ancestors(op, known=reach.reads)
+        fed = [o.name for o in ops if o.type == "Placeholder"]
         if fed:
             warnings.warn(
                 f"tf1_accum: the update op {op.name} is in "
@@ -168,10 +161,6 @@ def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None
             return
 
 
-def _gradient_tensors(pairs: Pairs) -> list[tf.Tensor]:
-    return [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
-
-
 class TrainOpWindow(typing.NamedTuple):
     """The window of a train op an `AccumulationOptimizer` built: its ``window``.
 
@@ -182,19 +171,17 @@ class TrainOpWindow(typing.NamedTuple):
         applied: bool tensor: whether this run of the train op applied an
             update (not ``flush_op``'s); per-update work hangs on it
             (:doc:`real_programs`).
-        global_norm: float64 global norm before clipping of the window
-            applied in this run (else 0).
-        skipped_windows: ``int64`` variable: windows skipped as non-finite.
-        statistics: With ``statistics=True``, the `GradientStatistics` of the
-            window applied in this run (in a run that only accumulates, the
-            floats are NaN and ``micro_batches`` is 0); None otherwise.
+        global_norm: As `Accumulation`'s, of the window applied in this run (else 0).
+        skipped_windows: As `Accumulation`'s.
+        statistics: As `Accumulation`'s, of the window applied in this run (in
+            a run that only accumulates, NaN and 0 ``micro_batches``).
         flush_op: Applies this window if partial (after the flushes of the
             train ops built before it in the graph), and resets.
         flush_statistics: With ``statistics=True``, the `GradientStatistics`
             of the window ``flush_op`` applies, fetched with it; None otherwise.
-        accumulators: Accumulator variables, aligned with ``var_list``.
-        var_list: The variables trained.
-        options: The `WindowOptions`.
+        accumulators: As `Accumulation`'s.
+        var_list: As `Accumulation`'s.
+        options: As `Accumulation`'s.
     """
 
     counter: tf.Variable
@@ -323,17 +310,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         _check_weight(weight)
         self._weight, self._cross_replica = weight, cross_replica
         prepared = _accumulation.prepare(
-            "AccumulationOptimizer",
-            optimizer,
-            cross_replica,
-            weighted=weight is not None,
-            average=average,
-            clip_norm=clip_norm,
-            transform=transform,
-            skip_nonfinite=skip_nonfinite,
-            update_ops=update_ops,
-            statistics=statistics,
-            micro_batch_size=micro_batch_size,
+            "AccumulationOptimizer", optimizer, cross_replica, locals()
         )
         self._start(steps, name, *prepared)
 
@@ -344,7 +321,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """One with ``options`` made (the Keras wrapper's); no weight, no cross_replica."""
         wrapper = cls.__new__(cls)
         wrapper._weight = wrapper._cross_replica = None
-        prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, options=options)
+        prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, None, options)
         wrapper._start(steps, name, *prepared)
         return wrapper
 
@@ -408,19 +385,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
 
-        Arguments are checked as in `minimize`.
-
-        Args:
-            grads_and_vars: ``(gradient, variable)`` pairs, as from
-                `compute_gradients`; pairs whose gradient is None are skipped,
-                with a warning.
-            global_step: Optional integer variable, incremented once per update;
-                nothing else may move it in the middle of a window.
-            name: Name scope of the ops; defaults to the optimizer's name.
-
-        Returns:
-            The train op. Each run accumulates one micro-batch and runs
-            ``update_ops``; every ``steps``-th run also applies and resets.
+        As `minimize`, from the pairs of `compute_gradients` (those whose
+        gradient is None are skipped, with a warning).
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -431,7 +397,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         pairs = _checked_pairs(self, grads_and_vars, global_step)
         graph = tf.compat.v1.get_default_graph()
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
-            return _build(self, pairs, global_step, name, _gradient_tensors(pairs))
+            roots = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
+            return _build(self, pairs, global_step, name, roots)
 
     def minimize(
         self,
@@ -446,9 +413,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         """Computes the gradients of ``loss`` and returns the accumulating train op.
 
-        As ``tf.compat.v1.train.Optimizer.minimize``; every argument is checked
-        before a gradient is built, and a later failure puts the graph's
-        collections back.
+        As ``tf.compat.v1.train.Optimizer.minimize``; checked as `build_accumulation`.
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -504,15 +469,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         For ``MonitoredTrainingSession`` and ``tf.estimator``, on the chief
         (:doc:`real_programs`): at ``end()``, a partial window is saved with the
         graph's saver to the last checkpoint's path, or, with
-        ``flush_at_end=True``, applied by `flush_op` and then saved.
-
-        Args:
-            flush_at_end: False (the default) keeps the partial window for a
-                resumed run; True applies it at the end of the session.
-
-        Returns:
-            A ``tf.compat.v1.train.SessionRunHook``. Its ``begin()`` raises
-            ``ValueError`` if no train op of this optimizer is in the graph.
+        ``flush_at_end=True``, applied by `flush_op` and then saved. Its
+        ``begin()`` raises ``ValueError`` if no train op of this optimizer is
+        in the graph.
 
         Raises:
             TypeError: If ``flush_at_end`` is not a bool.
@@ -529,10 +488,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         and starts an empty window (:ref:`real-programs-plain-checkpoint`). Make
         it after the train op, before any other saver is added to ``SAVERS``.
 
-        Args:
-            max_to_keep: Checkpoints kept, as ``tf.compat.v1.train.Saver``'s.
-            **scaffold_kwargs: Any other ``tf.compat.v1.train.Scaffold``
-                argument (``init_op``, ``local_init_op``...), except ``saver``.
+        ``max_to_keep`` is the ``tf.compat.v1.train.Saver``'s; ``scaffold_kwargs``
+        any other ``tf.compat.v1.train.Scaffold`` argument but ``saver``.
 
         Raises:
             TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.

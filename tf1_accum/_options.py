@@ -53,9 +53,6 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
         clip_norm: A positive, finite number (``clip_norm=None`` in a way in
             does not clip).
 
-    Returns:
-        A gradient transform (see ``transform=`` in the window options).
-
     Raises:
         TypeError, ValueError: If ``clip_norm`` is not a positive, finite
             number.
@@ -79,20 +76,10 @@ class WindowOptions:
     """The window options, the same in every way in, checked when made.
 
     Every way in takes them as keywords and makes one `WindowOptions`
-    (`Accumulation.options`, `TrainOpWindow.options`); :ref:`window-options` explains them and
-    :ref:`api-options` says which way in takes which. Options of the ways in
-    that are not kept here:
-
-    - ``weight=None``: each micro-batch's scalar weight; the mean is
-      sum(weight_i * gradient_i) / sum(weight_i). What it is (a tensor, a
-      callable) depends on the way in (:ref:`window-options`).
-    - ``cross_replica=None``: a `CollectiveAllReduce` or `HorovodAllReduce`
-      that sums each window over the workers in one all-reduce; every worker
-      runs every apply (:doc:`distributed`).
-    - ``fused=False``: `build_accumulation` only: also build
-      ``accum_apply_op``, for windows of N runs (:ref:`api-options`).
-
-    The options cannot change; a deep copy is the options themselves.
+    (`Accumulation.options`, `TrainOpWindow.options`); :ref:`window-options`
+    explains them (and ``weight``, ``cross_replica`` and ``fused``, which are
+    not kept here) and :ref:`api-options` says which way in takes which. The
+    options cannot change; a deep copy is the options themselves.
 
     Raises:
         TypeError: If ``average``, ``skip_nonfinite`` or ``statistics`` is not
@@ -105,26 +92,21 @@ class WindowOptions:
             without ``statistics=True``, or with ``weight``.
     """
 
-    #: Apply the window's mean (True, the default) or its sum (:ref:`window-options`).
+    #: Apply the window's mean (True) or its sum.
     average: bool = True
-    #: Whether a ``weight`` was given (False by default); the weight is each micro-batch's.
+    #: Whether each micro-batch has a ``weight``.
     weighted: bool = False
-    #: Clip the window's gradient to this global norm before the apply (None, the
-    #: default, does not clip; :ref:`window-options`).
+    #: Clip the window's gradient to this global norm before the apply (None: no clipping).
     clip_norm: typing.Optional[float] = None
-    #: Gradient transforms run in order on each variable's mean, after ``clip_norm``'s
-    #: (None by default, kept as a tuple; :ref:`window-options`).
+    #: Gradient transforms run in order on each variable's mean, after ``clip_norm``'s.
     transform: typing.Union[GradientTransform, typing.Sequence[GradientTransform], None] = None
-    #: Skip a window whose gradient holds a NaN or an Inf and count it (True by
-    #: default; :ref:`window-options`).
+    #: Skip, and count, a window whose gradient holds a NaN or an Inf.
     skip_nonfinite: bool = True
-    #: Ops run once with each micro-batch, kept as a tuple; None (the default) takes
-    #: the graph's ``UPDATE_OPS``, ``[]`` none (:ref:`window-options`).
+    #: Ops run with each micro-batch (a tuple); None: the graph's ``UPDATE_OPS``.
     update_ops: typing.Optional[typing.Sequence[typing.Any]] = None
-    #: Also build the window's `GradientStatistics` (False by default; :doc:`statistics`).
+    #: Also build the window's `GradientStatistics` (:doc:`statistics`).
     statistics: bool = False
-    #: Examples per micro-batch, for ``statistics`` (None by default); needed unless
-    #: ``weight`` is given (:ref:`window-options`).
+    #: Examples per micro-batch, for ``statistics``; needed unless ``weight`` is given.
     micro_batch_size: typing.Optional[float] = None
 
     def __post_init__(self) -> None:

@@ -78,11 +78,7 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
                 tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES
             )
         # Resource variables can sit in both collections.
-        var_list, seen = [], set()
-        for v in found:
-            if id(v) not in seen:
-                seen.add(id(v))
-                var_list.append(v)
+        var_list = list({id(v): v for v in found}.values())
         if not var_list:
             raise ValueError(
                 "No variables to train: var_list is None and the loss's graph has "
@@ -320,8 +316,11 @@ def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
             )
 
 
-def _ancestors(op: tf.Operation) -> set[tf.Operation]:
-    """Every op whose outputs reach ``op`` through data inputs (and function captures)."""
+def _ancestors(op: tf.Operation, known: typing.Container[str] = ()) -> set[tf.Operation]:
+    """Every op whose outputs reach ``op`` through data inputs (and function captures).
+
+    The walk does not go past an op named in ``known`` (nor include it).
+    """
     seen = {op}
     stack = [op]
     captured = {}  # per function graph: placeholder op -> the outer tensor
@@ -335,7 +334,7 @@ def _ancestors(op: tf.Operation) -> set[tf.Operation]:
             if current in captured[graph]:
                 inputs.append(captured[graph][current].op)
         for input_op in inputs:
-            if input_op not in seen:
+            if input_op not in seen and input_op.name not in known:
                 seen.add(input_op)
                 stack.append(input_op)
     return seen
