@@ -216,18 +216,13 @@ class WindowStatistics(Part):
     def idle(self) -> GradientStatistics:
         """The statistics of a run that applies nothing: NaN, 0 micro-batches, an empty summary."""
         nan = lambda: tf.constant(np.nan, tf.float64)  # noqa: E731
-        return GradientStatistics(
-            global_norm=nan(),
+        special = dict(
             variable_norms=[nan() for _ in self.variables],
-            micro_batch_square_norm=nan(),
-            micro_batch_size=nan(),
             micro_batches=tf.constant(0, tf.int64),
-            gradient_square=nan(),
-            noise_trace=nan(),
-            noise_scale=nan(),
-            noise_scale_ema=nan(),
             summary_op=tf.constant(b""),
         )
+        fields = GradientStatistics._fields
+        return GradientStatistics(**{f: special[f] if f in special else nan() for f in fields})
 
     def pack(self, flat: typing.Iterable[tf.Tensor]) -> GradientStatistics:
         """`GradientStatistics` from the flat outputs of a conditional (``tf.nest`` order)."""

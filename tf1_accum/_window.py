@@ -266,9 +266,7 @@ class Window:
             else:
                 checks = [
                     tf.debugging.Assert(
-                        tf.greater(totals.count, 0),
-                        [_NOTHING_ACCUMULATED],
-                        name="nothing_accumulated",
+                        totals.count > 0, [_NOTHING_ACCUMULATED], name="nothing_accumulated"
                     )
                 ]
             total = count = totals.count
