@@ -58,18 +58,6 @@ class GradientStatistics(typing.NamedTuple):
     whatever ``average`` says, norms before any clipping, ``micro_batches``
     int64 (with ``weight``, those of positive weight), ``summary_op`` a
     string, the rest float64.
-
-    Attributes:
-        global_norm: ``|G_big|``, the norm of the window's mean gradient.
-        variable_norms: The norm of each variable's part of it, as ``var_list``.
-        micro_batch_square_norm: ``|G_small|^2``.
-        micro_batch_size: ``B_small``: ``micro_batch_size``, or the mean weight.
-        micro_batches: ``N``, the micro-batches in the window.
-        gradient_square: Unbiased estimate of ``|G|^2``.
-        noise_trace: Unbiased estimate of ``tr(Sigma)``.
-        noise_scale: ``noise_trace / gradient_square``; NaN for one micro-batch.
-        noise_scale_ema: The ratio of their moving averages across windows.
-        summary_op: A ``tf.compat.v1.summary`` string tensor of them all.
     """
 
     global_norm: tf.Tensor
