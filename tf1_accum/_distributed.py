@@ -66,29 +66,7 @@ class CollectiveAllReduce(Engine):
     same graph, in the same order, with its own ``task_index``, and applies
     the update of large-batch training on all W x N micro-batches. Servers and
     sessions need ``session_config()``; run `broadcast_variables` once after
-    initialization. See :doc:`distributed`.
-
-    Example (one worker, so that it runs in a plain session; with W workers,
-    each runs this against its ``server.target``):
-
-    >>> import numpy as np
-    >>> with tf.Graph().as_default():
-    ...     x = tf.compat.v1.placeholder(tf.float32, [None])
-    ...     w = tf.compat.v1.get_variable("w", initializer=1.0)
-    ...     loss = tf.reduce_mean((w * x - 2.0 * x) ** 2)
-    ...     cross = tf1_accum.CollectiveAllReduce(num_workers=1, task_index=0)
-    ...     acc = tf1_accum.build_accumulation(
-    ...         loss, tf.compat.v1.train.GradientDescentOptimizer(0.1),
-    ...         cross_replica=cross)
-    ...     sync = tf1_accum.broadcast_variables(cross)
-    ...     with tf.compat.v1.Session(config=cross.session_config()) as sess:
-    ...         sess.run(tf.compat.v1.global_variables_initializer())
-    ...         sess.run(sync)
-    ...         for batch in ([1.0, 2.0], [3.0, 4.0]):
-    ...             _ = sess.run(acc.accum_op, {x: np.array(batch)})
-    ...         sess.run(acc.apply_op)
-    ...         print(round(float(sess.run(w)), 4))
-    2.5
+    initialization. See :doc:`distributed` for a complete program.
 
     Args:
         num_workers: W, the number of workers (tasks of ``job_name``) taking
@@ -259,13 +237,11 @@ class _WindowReducer:
         ]
         values = iter(tf.unstack(next(splits)))
         got = []
-        for (s, exact), sent in zip(scalars, tail):
-            value = [next(values) for _ in sent]
-            if exact:
-                value = [_join_weight_pieces(value)]
-            elif s.dtype.is_integer:
-                value = [tf.round(value[0])]
-            got.append(tf.cast(value[0], s.dtype.base_dtype))
+        for (s, _), sent in zip(scalars, tail):
+            value = _join_weight_pieces([next(values) for _ in sent])
+            got.append(
+                tf.cast(tf.round(value) if s.dtype.is_integer else value, s.dtype.base_dtype)
+            )
         rest = iter(got[1:])
         sums = [tuple(next(rest) for _ in part) for part in added.parts]
         check = tf.compat.v1.assert_positive(got[0], message=_NOTHING_ACCUMULATED_ANYWHERE)
@@ -316,18 +292,6 @@ def broadcast_variables(
 
     Run it once on every worker, after initialization (on worker 0, after
     restoring a checkpoint, if any), before the first window.
-
-    Example:
-
-    >>> with tf.Graph().as_default():
-    ...     w = tf.compat.v1.get_variable("w", initializer=[1.0, 2.0])
-    ...     cross = tf1_accum.CollectiveAllReduce(num_workers=1, task_index=0)
-    ...     sync = tf1_accum.broadcast_variables(cross, [w])
-    ...     with tf.compat.v1.Session(config=cross.session_config()) as sess:
-    ...         sess.run(tf.compat.v1.global_variables_initializer())
-    ...         sess.run(sync)
-    ...         print(sess.run(w))
-    [1. 2.]
 
     Args:
         collective: The engine of this worker: a `CollectiveAllReduce` or a

@@ -36,8 +36,8 @@ class HorovodAllReduce(_distributed.Engine):
     `broadcast_variables` in the same order; run `broadcast_variables` (or
     add `broadcast_hook`) after initialization. See :doc:`distributed`.
 
-    Used as `CollectiveAllReduce` is (its example), with ``cross =
-    tf1_accum.HorovodAllReduce()`` after ``hvd.init()`` and no session config.
+    Used as `CollectiveAllReduce` is, with ``cross = tf1_accum.HorovodAllReduce()``
+    after ``hvd.init()`` and no session config.
 
     Args:
         name: Prefix of the names of the Horovod ops this object builds, the

@@ -37,8 +37,8 @@ def exclusive(
     graph = tf.compat.v1.get_default_graph()
     before = {op.name for op in graph.get_operations()}
     # On the mutex's device, the window's (the placer keeps it there too).
-    on_device = tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
-    with tf.compat.v1.name_scope(scope), on_device:
+    on_device = lambda: tf.device(mutex.device) if mutex.device else contextlib.nullcontext()  # noqa: E731
+    with tf.compat.v1.name_scope(scope), on_device():
         lock = tf.raw_ops.MutexLock(mutex=mutex, name="lock")
     with tf.control_dependencies([lock]):
         done, other = build()
@@ -47,18 +47,13 @@ def exclusive(
     section = _section(created, finished, lock.op)
     _lock_before_state_reads(lock.op, section, state())
 
-    def after_release(
-        t: tf.Tensor | tf.Operation | None,
-    ) -> tf.Tensor | tf.Operation | None:
-        if t is None:
-            return None
+    def after_release(t: tf.Tensor | tf.Operation | None) -> tf.Tensor | tf.Operation | None:
         if isinstance(t, tf.Operation):
             return tf.group(t, name=name)
-        return tf.identity(t)
+        return None if t is None else tf.identity(t)
 
     with tf.compat.v1.name_scope(scope):
-        on_device = tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
-        with tf.control_dependencies(finished), on_device:
+        with tf.control_dependencies(finished), on_device():
             release = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name="unlock")
         with tf.control_dependencies([release]):
             done = tf.nest.map_structure(after_release, done)

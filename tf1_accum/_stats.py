@@ -28,18 +28,11 @@ def at_least_float32(values: tf.Tensor) -> tf.Tensor:
 
 
 def square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
-    """The float64 squared L2 norm of each of ``values``, whatever their dtypes.
+    """The float64 squared L2 norm of each of ``values`` (a sparse gradient's rows once each).
 
-    Pass a sparse gradient's values with each row once (as a window's sums
-    hold them): the norm of those values is then the norm of the dense
-    gradient.
-
-    Each sum of squares is taken in one pass, in its tensor's own dtype
-    (float32 at least), with no squared or float64 copy: ``l2_loss`` is
-    sum(t ** 2) / 2, and doubling it is exact. Only if that overflows (the
-    sum is Inf) is it taken again in float64, so finite values whose norm
-    exceeds the float32 range still have a finite norm. A NaN is not taken
-    again: it would be NaN in float64 too.
+    One pass in each tensor's dtype (float32 at least), with no squared or
+    float64 copy (2 x ``l2_loss`` is exact); taken again in float64 only if
+    that overflows to Inf.
     """
 
     def squares(widen: typing.Callable[[tf.Tensor], tf.Tensor]) -> list[tf.Tensor]:
@@ -65,18 +58,6 @@ class GradientStatistics(typing.NamedTuple):
     whatever ``average`` says, norms before any clipping, ``micro_batches``
     int64 (with ``weight``, those of positive weight), ``summary_op`` a
     string, the rest float64.
-
-    Attributes:
-        global_norm: ``|G_big|``, the norm of the window's mean gradient.
-        variable_norms: The norm of each variable's part of it, as ``var_list``.
-        micro_batch_square_norm: ``|G_small|^2``.
-        micro_batch_size: ``B_small``: ``micro_batch_size``, or the mean weight.
-        micro_batches: ``N``, the micro-batches in the window.
-        gradient_square: Unbiased estimate of ``|G|^2``.
-        noise_trace: Unbiased estimate of ``tr(Sigma)``.
-        noise_scale: ``noise_trace / gradient_square``; NaN for one micro-batch.
-        noise_scale_ema: The ratio of their moving averages across windows.
-        summary_op: A ``tf.compat.v1.summary`` string tensor of them all.
     """
 
     global_norm: tf.Tensor
@@ -223,18 +204,13 @@ class WindowStatistics(Part):
     def idle(self) -> GradientStatistics:
         """The statistics of a run that applies nothing: NaN, 0 micro-batches, an empty summary."""
         nan = lambda: tf.constant(np.nan, tf.float64)  # noqa: E731
-        return GradientStatistics(
-            global_norm=nan(),
+        special = dict(
             variable_norms=[nan() for _ in self.variables],
-            micro_batch_square_norm=nan(),
-            micro_batch_size=nan(),
             micro_batches=tf.constant(0, tf.int64),
-            gradient_square=nan(),
-            noise_trace=nan(),
-            noise_scale=nan(),
-            noise_scale_ema=nan(),
             summary_op=tf.constant(b""),
         )
+        fields = GradientStatistics._fields
+        return GradientStatistics(**{f: special[f] if f in special else nan() for f in fields})
 
     def pack(self, flat: typing.Iterable[tf.Tensor]) -> GradientStatistics:
         """`GradientStatistics` from the flat outputs of a conditional (``tf.nest`` order)."""
@@ -252,14 +228,7 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
     """Returns how many micro-batches make the window's batch reach the noise scale.
 
     The smallest N with N x ``micro_batch_size`` >= ``noise_scale``, at least
-    1 (see :doc:`statistics`). Feed it ``noise_scale_ema``.
-
-    Example:
-
-    >>> tf1_accum.recommend_micro_batches(1000.0, 64)
-    16
-    >>> tf1_accum.recommend_micro_batches(10.0, 64)
-    1
+    1 (see :doc:`statistics`): ``(1000.0, 64)`` gives 16. Feed it ``noise_scale_ema``.
 
     Args:
         noise_scale: The estimated noise scale, in examples: a finite number
@@ -373,8 +342,7 @@ def build_running_average(
             defined, or ``horizon`` is less than 1.
     """
     _validate.check_graph_mode("build_running_average")
-    single = isinstance(values, (tf.Tensor, tf.IndexedSlices))
-    values = [values] if single else values
+    values = [values] if isinstance(values, (tf.Tensor, tf.IndexedSlices)) else values
     if not isinstance(values, (list, tuple)):
         raise TypeError(
             f"values must be a tensor or a list of tensors, got {_validate.describe(values)}."
@@ -393,24 +361,24 @@ def build_running_average(
                 f"values[{i}] must be a floating-point tensor, got {value.name} of dtype "
                 f"{value.dtype.base_dtype.name}."
             )
+        shape = value.shape
         if isinstance(value, tf.IndexedSlices):
             shape = tf.TensorShape(tf.get_static_value(value.dense_shape))
-        else:
-            shape = value.shape
         if not shape.is_fully_defined():
             raise ValueError(
                 f"values[{i}] ({value.name}) has shape {shape}, which is not fully "
                 "defined; the average needs a static shape for its variable."
             )
         shapes.append(shape)
-    if horizon is not None:
-        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
-            raise TypeError(
-                f"horizon must be an int (updates per average) or None, got "
-                f"{_validate.describe(horizon)}."
-            )
-        if horizon < 1:
-            raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
+    if horizon is not None and (
+        isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer))
+    ):
+        raise TypeError(
+            f"horizon must be an int (updates per average) or None, got "
+            f"{_validate.describe(horizon)}."
+        )
+    if horizon is not None and horizon < 1:
+        raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
     graph = values[0].graph
     with graph.as_default(), tf.compat.v1.name_scope(name, "running_average", values=values):
         count = state_variable(lambda: tf.constant(0, tf.int64), "count")

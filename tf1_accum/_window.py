@@ -18,6 +18,7 @@ from tf1_accum._locking import exclusive
 from tf1_accum._locking import reference_control_flow
 from tf1_accum._locking import values_of
 from tf1_accum._options import Gradient
+from tf1_accum._options import GradientTransform
 from tf1_accum._options import Pairs
 from tf1_accum._options import WindowMean
 from tf1_accum._options import WindowOptions
@@ -110,41 +111,32 @@ class _Weighting(Part):
         weight = tf.cast(weight, tf.float64)
         narrowest = min(self.dtypes, key=lambda d: d.size)
         low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
-        finite = tf.math.is_finite(weight)
-        in_range = tf.logical_or(
-            tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high)
-        )
-        what = tf.where(
+        # False for NaN, Inf and negatives too.
+        valid = tf.logical_or(tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high))
+        case = tf.where(
             tf.math.is_nan(weight),
-            "NaN",
-            tf.where(
-                tf.math.is_inf(weight),
-                "infinite",
-                tf.where(weight < 0, "negative", f"outside the range of {narrowest.name}"),
-            ),
+            0,
+            tf.where(tf.math.is_inf(weight), 1, tf.where(weight < 0, 2, 3)),
         )
-        rule = tf.where(
-            tf.logical_and(finite, weight > 0),
+        finite_rule = "a weight must be finite and non-negative."
+        range_rule = (
             f"a positive weight must be a normal {narrowest.name} number, in [{low:g}, {high:g}], "
             "as the accumulators are; with average=True only the weights' ratios matter: "
-            "scale them all by one factor.",
-            "a weight must be finite and non-negative.",
+            "scale them all by one factor."
         )
         message = tf.strings.join(
             [
                 "tf1_accum: a micro-batch weight is ",
-                what,
+                tf.gather(
+                    ["NaN", "infinite", "negative", f"outside the range of {narrowest.name}"], case
+                ),
                 " (",
                 tf.strings.as_string(weight, shortest=True),
                 "): ",
-                rule,
+                tf.gather([finite_rule] * 3 + [range_rule], case),
             ]
         )
-        check = tf.debugging.Assert(
-            tf.logical_and(finite, tf.logical_and(weight >= 0, in_range)),
-            [message],
-            name="check_weight",
-        )
+        check = tf.debugging.Assert(valid, [message], name="check_weight")
         with tf.control_dependencies([check]):
             return tf.identity(weight)
 
@@ -239,10 +231,19 @@ class Window:
                 count = self.counter.assign_add(1, use_locking=True)
             return Added(op=tf.group(count, name=name), per_slot=totals, count=count, parts=sums)
 
-    def reset(self, name: str | None = None) -> tf.Operation:
-        """Empties the window (a dense accumulator keeps its values: the next add assigns)."""
+    def reset(self, name: str | None = None, rows: list | None = None) -> tf.Operation:
+        """Empties the window (a dense accumulator keeps its values: the next add assigns).
+
+        ``rows``: each slot's rows to clear, as `mean` gives them (None: read them).
+        """
         with tf.compat.v1.name_scope(self.scope):
-            return tf.group(*[slot.reset() for slot in self.slots], self._reset_sums(), name=name)
+            zero = self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
+            return tf.group(
+                *[slot.reset(r) for slot, r in zip(self.slots, rows or [None] * len(self.slots))],
+                zero,
+                *[op for part in self.parts for op in part.reset()],
+                name=name,
+            )
 
     def mean(self, after: Added | None = None, nonempty: bool = False) -> Mean:
         """The window's mean (sum with ``average=False``), norm and statistics: a `Mean`.
@@ -251,10 +252,9 @@ class Window:
         ``nonempty``: the caller's predicate implies a micro-batch (no check).
         """
         with tf.compat.v1.name_scope(self.scope):
-            read = Added(
+            totals = after or Added(
                 None, [None] * len(self.slots), self.counter, [p.read() for p in self.parts]
             )
-            totals = read if after is None else after
             # Values, not references.
             sums = [tuple(tf.identity(s) for s in part) for part in totals.parts]
             totals = totals._replace(count=tf.identity(totals.count), parts=sums)
@@ -266,9 +266,7 @@ class Window:
             else:
                 checks = [
                     tf.debugging.Assert(
-                        tf.greater(totals.count, 0),
-                        [_NOTHING_ACCUMULATED],
-                        name="nothing_accumulated",
+                        totals.count > 0, [_NOTHING_ACCUMULATED], name="nothing_accumulated"
                     )
                 ]
             total = count = totals.count
@@ -295,13 +293,7 @@ class Window:
         def grads() -> list[Gradient]:
             with tf.compat.v1.name_scope(self.scope):
                 return [
-                    slot.finish(
-                        s,
-                        denominator,
-                        functools.partial(
-                            transformed, variable=slot.var, window=window, transforms=transforms
-                        ),
-                    )
+                    slot.finish(s, denominator, window, transforms)
                     for slot, (s, _) in zip(self.slots, window_sums)
                 ]
 
@@ -333,34 +325,23 @@ class Window:
         """
         if when is None:
             return self._apply(optimizer, global_step, after, name=name)
-        caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
 
         def apply() -> tuple[tf.Tensor, ...]:
-            # The caller's name scope, not the cond's, for Adam's beta powers.
-            branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
-            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-                result = self._apply(optimizer, global_step, after, nonempty=True)
+            result = self._apply(optimizer, global_step, after, nonempty=True)
             outcome = [result.applied, result.norm] + tf.nest.flatten(result.statistics or ())
             with tf.control_dependencies([result.op]):
                 return tuple(tf.identity(t) for t in outcome)
 
         def idle() -> tuple[tf.Tensor, ...]:
             with tf.control_dependencies(otherwise() if otherwise else []):
+                statistics = () if self.statistics is None else self.statistics.idle()
                 outcome = (tf.constant(False), tf.constant(0.0, tf.float64))
-                if self.statistics is not None:
-                    outcome += tuple(tf.nest.flatten(self.statistics.idle()))
-                return outcome
+                return outcome + tuple(tf.nest.flatten(statistics))
 
+        applied, norm, *rest = _cond(self.scope, when, apply, idle, "apply_when")
+        statistics = None if self.statistics is None else self.statistics.pack(rest)
         with tf.compat.v1.name_scope(self.scope):
-            applied, norm, *rest = tf.cond(when, apply, idle, name="apply_when")
-            statistics = None if self.statistics is None else self.statistics.pack(rest)
-            return Applied(
-                grads_and_vars=None,
-                op=tf.group(applied, name=name),
-                norm=norm,
-                applied=applied,
-                statistics=statistics,
-            )
+            return Applied(None, tf.group(applied, name=name), norm, applied, statistics)
 
     def _apply(
         self,
@@ -388,19 +369,11 @@ class Window:
         # In the caller's name scope: Adam's beta powers get minimize()'s names.
         with tf.control_dependencies(mean.after):
             update, applied = self._apply_if_finite(optimizer, make_grads, global_step, finite)
+        with tf.control_dependencies([update] + mean.observed):
+            reset = self.reset(rows=mean.rows)
         with tf.compat.v1.name_scope(self.scope):
-            with tf.control_dependencies([update] + mean.observed):
-                reset = tf.group(
-                    *[slot.reset(rows) for slot, rows in zip(self.slots, mean.rows)],
-                    self._reset_sums(),
-                )
-            return Applied(
-                grads_and_vars=grads_and_vars,
-                op=tf.group(update, reset, name=name),
-                norm=mean.norm,
-                applied=applied,
-                statistics=mean.statistics,
-            )
+            op = tf.group(update, reset, name=name)
+        return Applied(grads_and_vars, op, mean.norm, applied, mean.statistics)
 
     def _apply_if_finite(
         self,
@@ -416,9 +389,10 @@ class Window:
         push): there a non-finite window is counted, not skipped.
         ``make_grads()`` builds the gradients inside the conditional.
         """
-        shared = self._shared_applies.get(id(optimizer))
-        if shared is None:
-            shared = self._shared_applies[id(optimizer)] = SharedApply(optimizer)
+        shared = self._shared_applies.setdefault(id(optimizer), SharedApply(optimizer))
+        update = functools.partial(
+            apply_one_at_a_time, shared, make_grads, self.var_list, global_step
+        )
         count_skip = lambda: self.skipped.assign_add(  # noqa: E731
             tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
         )
@@ -427,34 +401,44 @@ class Window:
             or _scales_loss(optimizer)
             or isinstance(optimizer, (tf.compat.v1.train.SyncReplicasOptimizer, SyncPush))
         ):
-            update = tf.group(
-                apply_one_at_a_time(shared, make_grads, self.var_list, global_step), count_skip()
-            )
+            op = tf.group(update(), count_skip())
             # A dynamic loss scale applies exactly the finite windows.
             applied = finite if self.options.skip_nonfinite and _scales_loss(optimizer) else True
-            with tf.control_dependencies([update]):
-                return update, tf.identity(applied)
-        caller_scope = tf.compat.v1.get_default_graph().get_name_scope()
+            with tf.control_dependencies([op]):
+                return op, tf.identity(applied)
 
         def apply() -> tf.Tensor:
-            # The caller's name scope, not the cond's, for Adam's beta powers.
-            branch_graph = tf.compat.v1.get_default_graph()
-            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
-                op = apply_one_at_a_time(shared, make_grads, self.var_list, global_step)
-            with tf.control_dependencies([op]):
+            with tf.control_dependencies([update()]):
                 return tf.constant(True)
 
         def skip() -> tf.Tensor:
             with tf.control_dependencies([count_skip()]):
                 return tf.constant(False)
 
-        with tf.compat.v1.name_scope(self.scope):
-            applied = tf.cond(finite, apply, skip, name="apply_if_finite")
-            return applied.op, applied
+        applied = _cond(self.scope, finite, apply, skip, "apply_if_finite")
+        return applied.op, applied
 
-    def _reset_sums(self) -> tf.Operation:
-        zero = self.counter.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
-        return tf.group(zero, *[op for part in self.parts for op in part.reset()])
+
+def _cond(
+    scope: str,
+    pred: tf.Tensor,
+    apply: typing.Callable[[], typing.Any],
+    otherwise: typing.Callable[[], typing.Any],
+    name: str,
+) -> typing.Any:
+    """``tf.cond`` in the name scope ``scope``, building ``apply`` in the caller's name scope.
+
+    There Adam's beta powers get minimize()'s names.
+    """
+    caller = tf.compat.v1.get_default_graph().get_name_scope()
+
+    def in_caller_scope() -> typing.Any:
+        branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
+        with branch_graph.name_scope(caller + "/" if caller else ""):
+            return apply()
+
+    with tf.compat.v1.name_scope(scope):
+        return tf.cond(pred, in_caller_scope, otherwise, name=name)
 
 
 def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
@@ -504,6 +488,13 @@ def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
     A read of a scattered-into resource variable copies it (an embedding table).
     """
     return getattr(total, "_parent_op", total)
+
+
+def _map_values(function: typing.Callable[[tf.Tensor], tf.Tensor], gradient: Gradient) -> Gradient:
+    """``function`` of a dense gradient, or of an ``IndexedSlices``' values."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(function(gradient.values), gradient.indices, gradient.dense_shape)
+    return function(gradient)
 
 
 def _inverse(denominator: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -571,12 +562,16 @@ class _VariableAccumulator:
         self,
         total: Gradient,
         denominator: tf.Tensor | None,
-        transform: typing.Callable[[Gradient], Gradient],
+        window: WindowMean,
+        transforms: typing.Sequence[GradientTransform],
     ) -> Gradient:
-        """The gradient the optimizer takes: ``transform(total / denominator)``, in its dtype."""
+        """The gradient the optimizer takes: ``total / denominator``, transformed, in its dtype."""
         if denominator is not None:
-            total = total * _inverse(denominator, self.dtype)
-        return tf.cast(transform(total), self.var.dtype.base_dtype)
+            inverse = _inverse(denominator, self.dtype)
+            total = _map_values(lambda values: values * inverse, total)
+        total = transformed(total, variable=self.var, window=window, transforms=transforms)
+        dtype = self.var.dtype.base_dtype
+        return _map_values(lambda values: tf.cast(values, dtype), total)
 
     def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
         """``totals`` where the window ``holds`` a micro-batch, else zeros (even for NaN)."""
@@ -650,19 +645,6 @@ class _SparseAccumulator(_VariableAccumulator):
         rows = self._rows(touched)
         dense_shape = tf.constant(self.shape, tf.int64)
         return tf.IndexedSlices(tf.gather(accumulator, rows), rows, dense_shape), rows
-
-    def finish(
-        self,
-        total: Gradient,
-        denominator: tf.Tensor | None,
-        transform: typing.Callable[[Gradient], Gradient],
-    ) -> Gradient:
-        values = total.values
-        if denominator is not None:
-            values = values * _inverse(denominator, self.dtype)
-        result = transform(tf.IndexedSlices(values, total.indices, total.dense_shape))
-        dtype = self.var.dtype.base_dtype
-        return tf.IndexedSlices(tf.cast(result.values, dtype), result.indices, result.dense_shape)
 
     def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
         del holds  # untouched rows are zero, and an empty window touches none
