@@ -228,7 +228,10 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
     """Returns how many micro-batches make the window's batch reach the noise scale.
 
     The smallest N with N x ``micro_batch_size`` >= ``noise_scale``, at least
-    1 (see :doc:`statistics`): ``(1000.0, 64)`` gives 16. Feed it ``noise_scale_ema``.
+    1 (see :doc:`statistics`). Feed it ``noise_scale_ema``.
+
+    >>> tf1_accum.recommend_micro_batches(1000.0, 64)
+    16
 
     Args:
         noise_scale: The estimated noise scale, in examples: a finite number
