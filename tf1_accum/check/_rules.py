@@ -288,8 +288,7 @@ def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]])
     found: dict[int, Run] = {}
     short_loops = [
         (block, i, statement) for block in blocks for i, statement in enumerate(block)
-        if isinstance(statement, ast.For) and type(statement) is ast.For
-        and _short_range(statement.iter)
+        if type(statement) is ast.For and _short_range(statement.iter)
     ]  # fmt: skip
     for block, index, loop in short_loops:
         if not any(_accumulates(facts, tags) for _, tags in _runs(module, loop.body)):
@@ -474,16 +473,13 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
             if tag[0] == APPLY
         ]
         raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
-        fields = [
+        fields = {  # (window, op): two ops of one window
             (ast.unparse(item.value), item.attr)
             for item in items
             if isinstance(item, ast.Attribute)
             and item.attr in _WINDOW_OPS
             and not module.stored(item)
-        ]
-        two = any(
-            a[0] == b[0] and a[1] != b[1] for i, a in enumerate(fields) for b in fields[i + 1 :]
-        )
-        if raced or two:
+        }
+        if raced or len({window for window, _ in fields}) < len(fields):
             found.add((run.lineno, run.col_offset + 1, "TFA010"))
     return found

@@ -329,17 +329,14 @@ class Module(Stores):
     def accumulation(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
         """(variables added to, tags of what is added) of ``v.assign_add(g)``,
         ``add_fn(v, g)`` or ``v.assign(v + g)``; None for any other call."""
-        name = called_name(call)
-        func = call.func
-        target, value = operands(call)
-        if target is None or value is None:
-            return None
+        name, func = called_name(call), call.func
         if name in ADDS or (
             isinstance(func, ast.Name) and ADD_FUNCTION in self.tags(func) and len(call.args) > 1
         ):
-            return kinds_of(self.tags(target), VAR), self.tags(value)
-        if name in ASSIGNS and self.holds(value, _addition):
-            vids, tags = kinds_of(self.tags(target), VAR), self.tags(value)
+            return self.assigned(call)
+        value = operands(call)[1]
+        if name in ASSIGNS and value is not None and self.holds(value, _addition):
+            vids, tags = self.assigned(call) or (set(), frozenset())
             added = vids & (kinds_of(tags, VAR) | kinds_of(tags, SUM))
             if added:
                 return added, tags
