@@ -76,9 +76,9 @@ def check_source(
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
         return []  # nothing any rule looks at: parsing was the whole check
-    grafted = _parents.graft(tree, path, modules) if modules else []
+    tables = _parents.graft(tree, path, modules) if modules else []
     try:
-        found = _rules.findings(tree, parsed, path, _parents.tables(grafted))
+        found = _rules.findings(tree, parsed, path, tables)
     except RecursionError:
         message = "cannot check this file (its names are chained too deeply to follow); "
         message += "check it by hand"

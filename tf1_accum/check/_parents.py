@@ -6,6 +6,7 @@ there belong to the other file, checked on its own, and are dropped).
 from __future__ import annotations
 
 import ast
+import contextlib
 import copy
 import functools
 import os
@@ -13,6 +14,7 @@ import symtable
 from collections.abc import Iterable
 
 from tf1_accum.check import _source
+from tf1_accum.check._flow import Table
 
 #: Lines of a copied parent start past this: a module longer than it is not real code.
 OFFSET = 10_000_000
@@ -20,8 +22,6 @@ _DEPTH = 3  # a parent's parent in a third file, and one more
 
 #: The files of a check by module name (see `index`).
 Modules = dict[str, list[str]]
-#: A copied parent's file: (its source, its path, the line offset of the copy).
-Grafted = tuple[str, str, int]
 
 
 def index(paths: Iterable[str]) -> Modules:
@@ -36,27 +36,29 @@ def index(paths: Iterable[str]) -> Modules:
     return modules
 
 
-def graft(tree: ast.Module, path: str, modules: Modules) -> list[Grafted]:
+def graft(tree: ast.Module, path: str, modules: Modules) -> list[Table]:
     """Appends to ``tree`` each parent class it imports from ``modules`` (a few
-    levels); returns the (source, path, line offset) of each copy."""
+    levels); returns the symbol table and line offset of each copy's file."""
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
-    grafted: list[Grafted] = []
+    tables: list[Table] = []
+    copies = 0
     defined = {node.name for node in classes}
     pending: list[tuple[ast.Module, list[ast.ClassDef], str]] = [(tree, classes, path)]
-    while pending and len(grafted) < _DEPTH:
+    while pending and copies < _DEPTH:
         module_tree, children, home = pending.pop(0)
         for module, name in _imported_bases(module_tree, children, defined):
             found = _class_in(module, name, modules, home)
-            if found is None or len(grafted) >= _DEPTH:
+            if found is None or copies >= _DEPTH:
                 continue
             node, parent_tree, source, where = found
-            offset = OFFSET * (len(grafted) + 1)
-            node = ast.increment_lineno(copy.deepcopy(node), offset)
+            copies += 1
+            node = ast.increment_lineno(copy.deepcopy(node), OFFSET * copies)
             tree.body.append(node)
             defined.add(name)
-            grafted.append((source, where, offset))
+            with contextlib.suppress(SyntaxError, ValueError):
+                tables.append((symtable.symtable(source, where, "exec"), OFFSET * copies))
             pending.append((parent_tree, [node], where))
-    return grafted
+    return tables
 
 
 def _imported_bases(
@@ -114,13 +116,3 @@ def _parsed_version(path: str, mtime: int, size: int) -> tuple[ast.Module, str] 
         return _source.parse(_source.decode(_source.read(path)), path)
     except (OSError, _source.Unreadable, SyntaxError, ValueError, RecursionError, MemoryError):
         return None
-
-
-def tables(grafted: list[Grafted]) -> list[tuple[symtable.SymbolTable, int]]:
-    found = []
-    for source, path, offset in grafted:
-        try:
-            found.append((symtable.symtable(source, path, "exec"), offset))
-        except (SyntaxError, ValueError):
-            pass
-    return found
