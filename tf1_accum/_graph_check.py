@@ -324,26 +324,15 @@ class _Graph:
                 o.type in _VARIABLE_OPS or o in self.writes or self.is_data(o) for o in reached
             ):
                 self.constant_adds.add(op)
-        self.accumulators: set[tf.Operation] = set()
-        self.summing: set[tf.Operation] = set()
-        for op in self.fresh:
-            var = self.accumulates[op]
-            if not tf.as_dtype(var.get_attr("dtype")).is_floating:
-                continue
-            if var in self.trainable or var in self.metrics:
-                continue
-            self.accumulators.add(var)
-            if op.type in _ADDED:
-                self.summing.add(var)
-        self.counters: set[tf.Operation] = set()  # floating-point: not an int global_step
-        for op in self.constant_adds:
-            var = self.accumulates[op]
-            if (
-                tf.as_dtype(var.get_attr("dtype")).is_floating
-                and var not in self.accumulators
-                and var not in self.trainable | self.metrics | self.owned | self.steps
-            ):
-                self.counters.add(var)
+        # Floating-point (a counter is not an int global_step), not a weight nor a metric.
+        dtypes = {v: tf.as_dtype(v.get_attr("dtype")) for v in self.accumulates.values()}
+        kept = (
+            {v for v, dtype in dtypes.items() if dtype.is_floating} - self.trainable - self.metrics
+        )
+        self.accumulators = {self.accumulates[op] for op in self.fresh} & kept
+        self.summing = {self.accumulates[op] for op in self.fresh if op.type in _ADDED} & kept
+        others = self.accumulators | self.owned | self.steps
+        self.counters = {self.accumulates[op] for op in self.constant_adds} & kept - others
 
     def conditional(self, op: tf.Operation) -> bool:
         """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
