@@ -331,7 +331,7 @@ class Module(Stores):
         ``add_fn(v, g)`` or ``v.assign(v + g)``; None for any other call."""
         name, func = called_name(call), call.func
         if name in ADDS or (
-            isinstance(func, ast.Name) and ADD_FUNCTION in self.tags(func) and len(call.args) > 1
+            isinstance(func, ast.Name) and len(call.args) > 1 and ADD_FUNCTION in self.tags(func)
         ):
             return self.assigned(call)
         value = operands(call)[1]
