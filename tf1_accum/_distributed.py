@@ -75,8 +75,7 @@ class CollectiveAllReduce(Engine):
             leader and the source of `broadcast_variables`.
         job_name: The cluster job the workers belong to.
         timeout: Optional positive number of seconds after which a collective
-            op fails with ``tf.errors.DeadlineExceededError`` instead of
-            waiting forever (``session_config()`` sets twice it for the rest).
+            op fails instead of waiting forever (see :doc:`distributed`).
         group_key: The collective group's key; the same on every worker.
         instance_key: The first collective instance key this object hands
             out, one per accumulation and per dtype `broadcast_variables`
@@ -274,13 +273,8 @@ def _weight_pieces(weight: tf.Tensor, dtype: tf.DType) -> list[tf.Tensor]:
 
 def _join_weight_pieces(pieces: typing.Sequence[tf.Tensor]) -> tf.Tensor:
     """The float64 weight total from what `_weight_pieces` sent, summed."""
-    pieces = [tf.cast(p, tf.float64) for p in pieces]
-    if len(pieces) == 1:
-        return pieces[0]
-    total = pieces[0]
-    for k, chunk in enumerate(pieces[1:]):
-        total += chunk * 2.0 ** (_CHUNK_BITS * k)
-    return total
+    head, *chunks = [tf.cast(p, tf.float64) for p in pieces]
+    return sum((c * 2.0 ** (_CHUNK_BITS * k) for k, c in enumerate(chunks)), head)
 
 
 def broadcast_variables(
@@ -326,9 +320,9 @@ def broadcast_variables(
     else:
         var_list = _validate.check_var_list(var_list, graph)
     by_dtype: dict[tf.DType, list[tf.Variable]] = {}
+    supported = collective._broadcast_dtypes
     for var in var_list:
         dtype = var.dtype.base_dtype
-        supported = collective._broadcast_dtypes
         if dtype not in supported:
             raise ValueError(
                 f"Variable {var.op.name} has dtype {dtype.name}, which the "

@@ -34,10 +34,8 @@ class HorovodAllReduce(_distributed.Engine):
     large-batch training on every worker's micro-batches. Horovod matches ops
     by name, so every worker builds the accumulations and
     `broadcast_variables` in the same order; run `broadcast_variables` (or
-    add `broadcast_hook`) after initialization. See :doc:`distributed`.
-
-    Used as `CollectiveAllReduce` is, with ``cross = tf1_accum.HorovodAllReduce()``
-    after ``hvd.init()`` and no session config.
+    add `broadcast_hook`) after initialization; no session config. See
+    :doc:`distributed`.
 
     Args:
         name: Prefix of the names of the Horovod ops this object builds, the
@@ -93,17 +91,9 @@ class HorovodAllReduce(_distributed.Engine):
     def broadcast_hook(
         self, var_list: typing.Sequence[tf.Variable] | None = None
     ) -> tf.compat.v1.train.SessionRunHook:
-        """Returns a hook that broadcasts worker 0's variables when a session is made.
+        """A hook running `broadcast_variables` (of ``var_list``) once each session is created.
 
-        It builds `broadcast_variables` at ``begin()`` and runs it once each
-        session is created; it replaces ``hvd.BroadcastGlobalVariablesHook``,
-        which TensorFlow after 2.15 lacks.
-
-        Args:
-            var_list: As in `broadcast_variables` (taken when the session begins).
-
-        Returns:
-            A ``tf.compat.v1.train.SessionRunHook``.
+        It replaces ``hvd.BroadcastGlobalVariablesHook``, which TensorFlow after 2.15 lacks.
         """
         return _BroadcastHook(self, var_list)
 

@@ -23,16 +23,11 @@ def exclusive(
     state: typing.Callable[[], typing.Iterable[tf.Variable]],
     name: str | None = None,
 ) -> tuple[typing.Any, typing.Any]:
-    """Builds what ``build()`` makes so that its runs hold a window's mutex.
+    """Builds ``build()`` so that its runs hold a window's mutex (see :doc:`performance`).
 
-    Runs from several threads then take turns on the window. The lock is
-    taken when the run starts (see :doc:`performance`) and released when
-    ``done`` has run, or the run fails.
-
-    ``build()`` returns ``(done, other)``: ``done`` a structure of ops and
-    tensors finishing after everything built, returned made to finish after
-    the release (each op named ``name``); ``other`` as it is. ``state()``
-    gives the window's variables.
+    ``build()`` returns ``(done, other)``; ``done``'s ops and tensors come
+    back made to finish after the release (ops named ``name``), ``other`` as
+    it is. ``state()`` gives the window's variables.
     """
     graph = tf.compat.v1.get_default_graph()
     before = {op.name for op in graph.get_operations()}
@@ -153,12 +148,10 @@ def apply_one_at_a_time(
     var_list: typing.Sequence[tf.Variable],
     global_step: tf.Variable | None,
 ) -> tf.Operation:
-    """Builds the optimizer's apply of ``make_grads()``, one large gradient alive at a time.
+    """Builds the apply of ``make_grads()``, one large gradient alive at a time; returns its op.
 
-    Left to the executor, every mean would be alive at once (a parameter
-    copy): each large one waits for the optimizer's ops reading the one
-    before. An op reading two gradients (a global norm) would deadlock that
-    order, so then the executor decides. Returns the update op.
+    Each large gradient waits for the ops reading the one before, unless an
+    op reads two of them (a global norm), which would deadlock.
     """
     graph = tf.compat.v1.get_default_graph()
     first = len(graph.get_operations())
@@ -171,15 +164,8 @@ def apply_one_at_a_time(
         return [t.op for t in op.inputs] + list(op.control_inputs)
 
     # The ops each gradient needs, and those only it needs (safe to hold back).
-    needs: typing.List[typing.Set[tf.Operation]] = []
-    for grad in grads:
-        found, stack = set(), [values_of(grad).op]
-        while stack:
-            op = stack.pop()
-            if op in inside and op not in found:
-                found.add(op)
-                stack.extend(before(op))
-        needs.append(found)
+    names = {op.name for op in built}
+    needs = [set(_ancestors([values_of(g).op], names).values()) for g in grads]
     shared_ops = {op for k, a in enumerate(needs) for b in needs[k + 1 :] for op in a & b}
     own = [a - shared_ops for a in needs]
     owner = {op: k for k, ops in enumerate(own) for op in ops}
@@ -194,7 +180,8 @@ def apply_one_at_a_time(
     if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
         return update
     # Only large gradients wait: a small one is cheaper run at once.
-    large = [k for k, var in enumerate(var_list) if _elements(var) >= _ONE_AT_A_TIME_FROM]
+    sizes = [var.shape.num_elements() or 0 for var in var_list]  # 0: not static
+    large = [k for k, size in enumerate(sizes) if size >= _ONE_AT_A_TIME_FROM]
     for k, following in zip(large, large[1:]):
         waited = users[k]
         starts = [op for op in own[following] if not any(d in own[following] for d in before(op))]
@@ -205,9 +192,3 @@ def apply_one_at_a_time(
 
 # Gradients of this many elements (256 KiB of float32) or more are made one at a time.
 _ONE_AT_A_TIME_FROM = 1 << 16
-
-
-def _elements(var: tf.Variable) -> int:
-    """The variable's element count (0 if its shape is not static)."""
-    count = var.shape.num_elements()
-    return 0 if count is None else count

@@ -30,11 +30,8 @@ def plain_variables(graph: tf.Graph | None = None) -> list[tf.Variable]:
     """
     graph = graph or tf.compat.v1.get_default_graph()
     owned = {id(v) for v in graph.get_collection(STATE_COLLECTION)}
-    return [
-        v
-        for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-        if id(v) not in owned
-    ]
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    return [v for v in variables if id(v) not in owned]
 
 
 def new_mutex() -> tf.Tensor:

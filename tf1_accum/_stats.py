@@ -6,6 +6,7 @@ each micro-batch adds one float64 scalar to the window.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import typing
@@ -75,9 +76,8 @@ class GradientStatistics(typing.NamedTuple):
 class WindowStatistics(Part):
     """The window's part behind `GradientStatistics`: its sums and moving averages.
 
-    Per micro-batch it adds the squared norm (times the weight) and, in a
-    weighted window, whether the weight is positive; `observe` builds the
-    statistics in the window's apply.
+    Per micro-batch it adds the squared norm (times the weight) and, weighted,
+    whether the weight is positive.
     """
 
     def __init__(self, variables: typing.Iterable[tf.Variable], options: WindowOptions) -> None:
@@ -136,7 +136,6 @@ class WindowStatistics(Part):
         `GradientStatistics` and the moving averages' updates, which the
         reset must wait for.
         """
-        square_total = sums[0]
         with tf.compat.v1.name_scope("statistics"):
             # The tensors in a scope of their own: the summaries take their names.
             with tf.compat.v1.name_scope("values"):
@@ -146,7 +145,7 @@ class WindowStatistics(Part):
                     squares = [s / tf.square(total) for s in squares]
                 variable_norms = [tf.sqrt(s) for s in squares]
                 big = tf.add_n(squares, name="gradient_square_norm")
-                small = tf.identity(tf.cast(square_total, tf.float64) / total, name="micro_batch")
+                small = tf.identity(tf.cast(sums[0], tf.float64) / total, name="micro_batch")
                 if self.micro_batch_size is None:
                     b_small = total / n
                 else:
@@ -169,10 +168,8 @@ class WindowStatistics(Part):
                 )
                 trace_ema = self._moving(self.noise_trace_ema, noise_trace, valid)
                 square_ema = self._moving(self.gradient_square_ema, gradient_square, valid)
-                updates = [
-                    self.noise_trace_ema.assign(trace_ema, use_locking=True, read_value=False),
-                    self.gradient_square_ema.assign(square_ema, use_locking=True, read_value=False),
-                ]
+                emas = [(self.noise_trace_ema, trace_ema), (self.gradient_square_ema, square_ema)]
+                updates = [v.assign(x, use_locking=True, read_value=False) for v, x in emas]
                 noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
             fields = dict(
@@ -188,16 +185,16 @@ class WindowStatistics(Part):
                 noise_scale=noise_scale,
                 noise_scale_ema=noise_scale_ema,
             )
-            summaries = [
-                tf.compat.v1.summary.scalar(k, v, collections=[])
-                for k, v in fields.items()
-                if k not in ("variable_norms", "micro_batches")
+            named = [
+                (k, v) for k, v in fields.items() if k not in ("variable_norms", "micro_batches")
             ]
-            summaries += [
-                tf.compat.v1.summary.scalar(f"gradient_norm/{v.op.name}", norm, collections=[])
-                for v, norm in zip(self.variables, variable_norms)
+            named += [
+                (f"gradient_norm/{v.op.name}", n) for v, n in zip(self.variables, variable_norms)
             ]
-            summary_op = tf.compat.v1.summary.merge(summaries, collections=[])
+            scalar = functools.partial(tf.compat.v1.summary.scalar, collections=[])
+            summary_op = tf.compat.v1.summary.merge(
+                [scalar(k, v) for k, v in named], collections=[]
+            )
             statistics = GradientStatistics(**fields, summary_op=summary_op)
         return statistics, updates
 
@@ -261,26 +258,19 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
     return max(1, math.ceil(float(noise_scale) / float(micro_batch_size)))
 
 
-def log_recommendation(
-    noise_scale: float, noise_scale_ema: float, micro_batch_size: float
-) -> int | None:
+def log_recommendation(noise_scale: float, noise_scale_ema: float, micro_batch_size: float) -> None:
     """Logs a window's noise scale and the recommendation (tf.compat.v1.logging.info)."""
+    args: tuple[float, ...]
     try:
         n = recommend_micro_batches(float(noise_scale_ema), float(micro_batch_size))
     except ValueError:
-        tf.compat.v1.logging.info(
-            "tf1_accum: gradient noise scale: no estimate yet (this window: %s).", noise_scale
+        message, args = ": no estimate yet (this window: %s).", (noise_scale,)
+    else:
+        message = (
+            " %.4g (moving average; this window %.4g): recommend %d micro-batches of %g examples."
         )
-        return None
-    tf.compat.v1.logging.info(
-        "tf1_accum: gradient noise scale %.4g (moving average; this window %.4g): "
-        "recommend %d micro-batches of %g examples.",
-        noise_scale_ema,
-        noise_scale,
-        n,
-        micro_batch_size,
-    )
-    return n
+        args = (noise_scale_ema, noise_scale, n, micro_batch_size)
+    tf.compat.v1.logging.info("tf1_accum: gradient noise scale" + message, *args)
 
 
 class RunningAverage(typing.NamedTuple):
@@ -373,15 +363,14 @@ def build_running_average(
                 "defined; the average needs a static shape for its variable."
             )
         shapes.append(shape)
-    if horizon is not None and (
-        isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer))
-    ):
-        raise TypeError(
-            f"horizon must be an int (updates per average) or None, got "
-            f"{_validate.describe(horizon)}."
-        )
-    if horizon is not None and horizon < 1:
-        raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
+    if horizon is not None:
+        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
+            raise TypeError(
+                "horizon must be an int (updates per average) or None, got "
+                f"{_validate.describe(horizon)}."
+            )
+        if horizon < 1:
+            raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
     graph = values[0].graph
     with graph.as_default(), tf.compat.v1.name_scope(name, "running_average", values=values):
         count = state_variable(lambda: tf.constant(0, tf.int64), "count")

@@ -113,28 +113,20 @@ class _Weighting(Part):
         low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
         # False for NaN, Inf and negatives too.
         valid = tf.logical_or(tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high))
-        case = tf.where(
-            tf.math.is_nan(weight),
-            0,
-            tf.where(tf.math.is_inf(weight), 1, tf.where(weight < 0, 2, 3)),
-        )
+        # The first of NaN, infinite, negative, else 3: out of range.
+        flags = tf.stack([tf.math.is_nan(weight), tf.math.is_inf(weight), weight < 0])
+        case = tf.reduce_min(tf.where(flags, [0, 1, 2], 3))
         finite_rule = "a weight must be finite and non-negative."
         range_rule = (
             f"a positive weight must be a normal {narrowest.name} number, in [{low:g}, {high:g}], "
             "as the accumulators are; with average=True only the weights' ratios matter: "
             "scale them all by one factor."
         )
+        reason = ["NaN", "infinite", "negative", f"outside the range of {narrowest.name}"]
+        value = tf.strings.as_string(weight, shortest=True)
         message = tf.strings.join(
-            [
-                "tf1_accum: a micro-batch weight is ",
-                tf.gather(
-                    ["NaN", "infinite", "negative", f"outside the range of {narrowest.name}"], case
-                ),
-                " (",
-                tf.strings.as_string(weight, shortest=True),
-                "): ",
-                tf.gather([finite_rule] * 3 + [range_rule], case),
-            ]
+            ["tf1_accum: a micro-batch weight is ", tf.gather(reason, case), " (", value, "): "]
+            + [tf.gather([finite_rule] * 3 + [range_rule], case)]
         )
         check = tf.debugging.Assert(valid, [message], name="check_weight")
         with tf.control_dependencies([check]):
@@ -426,10 +418,7 @@ def _cond(
     otherwise: typing.Callable[[], typing.Any],
     name: str,
 ) -> typing.Any:
-    """``tf.cond`` in the name scope ``scope``, building ``apply`` in the caller's name scope.
-
-    There Adam's beta powers get minimize()'s names.
-    """
+    """``tf.cond`` in the name scope ``scope``, ``apply`` in the caller's (for Adam's names)."""
     caller = tf.compat.v1.get_default_graph().get_name_scope()
 
     def in_caller_scope() -> typing.Any:
