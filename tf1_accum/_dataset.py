@@ -37,12 +37,9 @@ class DatasetAccumulation(typing.NamedTuple):
             ``weight``), fetched with ``train_op``.
         micro_batches: ``int64``: micro-batches the window applied (with any a
             failed run left in it).
-        global_norm: As `Accumulation`'s, fetched with ``train_op``.
-        skipped_windows: As `Accumulation`'s.
         counter: The window's counter (0 between runs).
-        accumulators: As `Accumulation`'s.
-        var_list: As `Accumulation`'s.
-        statistics: As `Accumulation`'s, fetched with ``train_op``.
+        global_norm, statistics: As `Accumulation`'s, fetched with ``train_op``.
+        skipped_windows, accumulators, var_list: As `Accumulation`'s.
         applied: bool tensor, fetched with ``train_op``: whether the run gave
             the optimizer its window (False if skipped as non-finite).
     """
@@ -81,10 +78,9 @@ def build_dataset_accumulation(
     """Builds a train op that runs a whole window inside the graph.
 
     One ``session.run`` draws up to ``steps`` micro-batches from ``dataset``
-    (a one-shot iterator: no placeholders; repeat it for several epochs) and
-    applies the window. ``loss_fn`` builds the model once, with the variable
-    names it has without accumulation; what it adds to ``SUMMARIES`` and
-    ``LOSSES`` is left out of them. See :doc:`ways_in` ("In-graph loop").
+    (a one-shot iterator) and applies them; ``loss_fn`` builds the model once
+    (what it adds to ``SUMMARIES`` and ``LOSSES`` is left out of them). See
+    :doc:`ways_in` ("In-graph loop").
 
     Example:
 
@@ -122,12 +118,9 @@ def build_dataset_accumulation(
             or ``[]``; ops built outside the loop cannot run inside it.
         average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size:
             See `WindowOptions` (:ref:`window-options`).
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`, as
-            in `build_accumulation`; every worker runs ``train_op`` equally often.
+        cross_replica: As in `build_accumulation`; every worker runs
+            ``train_op`` equally often.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
-
-    The arguments are checked before anything is built; if ``loss_fn`` or
-    ``weight`` fails, the graph's collections are put back.
 
     Raises:
         RuntimeError: If eager execution is active.

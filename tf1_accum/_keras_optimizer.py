@@ -93,12 +93,9 @@ def _wrapped(name: str, doc: str) -> property:
 class KerasAccumulationOptimizer(_LegacyOptimizer):
     """A tf_keras legacy optimizer that accumulates ``steps`` micro-batches per update.
 
-    For tf_keras models trained in a TF1 graph: ``fit(batch_size=B)`` updates
-    as ``fit(batch_size=steps * B)`` does with ``optimizer`` alone, and
-    ``model.save('model.h5')`` keeps the window with the optimizer's state
-    (HDF5 only: see :ref:`real-programs-keras-save`). ``iterations`` counts
-    updates; run `flush_op` in ``on_epoch_end`` to apply an epoch's short last
-    window.
+    ``fit(batch_size=B)`` updates as ``fit(batch_size=steps * B)`` with
+    ``optimizer`` alone; ``model.save('model.h5')`` keeps the window
+    (:ref:`real-programs-keras-save`); ``iterations`` counts updates.
 
     Example:
 
@@ -191,7 +188,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return [w for g, acc, _ in self._built if g is graph for w in acc._built_windows(graph)]
 
     def _state(self) -> list[tf.Variable]:
-        """The window's variables in the default graph, in the order they are saved."""
+        """The window's variables in the default graph, in saved order."""
         graph = tf.compat.v1.get_default_graph()
         return [v for g, _, state in self._built if g is graph for v in state]
 

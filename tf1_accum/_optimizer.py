@@ -165,23 +165,18 @@ class TrainOpWindow(typing.NamedTuple):
     """The window of a train op an `AccumulationOptimizer` built: its ``window``.
 
     Attributes:
-        counter: ``int64`` variable: micro-batches accumulated since the last
-            update. Fetch it in a run of its own: with the train op it is
-            read unordered with that run's increment (fetch ``applied``).
+        counter: ``int64`` variable: micro-batches since the last update; fetch
+            it in a run of its own (with the train op, fetch ``applied``).
         applied: bool tensor: whether this run of the train op applied an
-            update (not ``flush_op``'s); per-update work hangs on it
-            (:doc:`real_programs`).
-        global_norm: As `Accumulation`'s, of the window applied in this run (else 0).
-        skipped_windows: As `Accumulation`'s.
-        statistics: As `Accumulation`'s, of the window applied in this run (in
-            a run that only accumulates, NaN and 0 ``micro_batches``).
+            update; per-update work hangs on it (:doc:`real_programs`).
+        global_norm: As `Accumulation`'s, of this run's update (else 0).
+        statistics: As `Accumulation`'s, of this run's update (else NaN and
+            0 ``micro_batches``).
         flush_op: Applies this window if partial (after the flushes of the
             train ops built before it in the graph), and resets.
-        flush_statistics: With ``statistics=True``, the `GradientStatistics`
-            of the window ``flush_op`` applies, fetched with it; None otherwise.
-        accumulators: As `Accumulation`'s.
-        var_list: As `Accumulation`'s.
-        options: As `Accumulation`'s.
+        flush_statistics: The `GradientStatistics` ``flush_op`` applies
+            (``statistics=True``; else None).
+        skipped_windows, accumulators, var_list, options: As `Accumulation`'s.
     """
 
     counter: tf.Variable
@@ -241,14 +236,11 @@ class _Builds:
 class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps an optimizer so that its train op accumulates ``steps`` micro-batches.
 
-    Each run of the train op adds its micro-batch's gradients; every
-    ``steps``-th run also applies their mean (or sum) through the wrapped
-    optimizer and resets, in that same ``session.run``. ``global_step``, if
-    given, counts updates (a run that finds it moved by something else, or a
-    coupled window partly full, stops with an ``InvalidArgumentError``: see
-    :doc:`concepts`); `flush_op` applies the micro-batches left over. Wrap it
-    outermost (around a loss-scale or ``SyncReplicasOptimizer``). See
-    :doc:`ways_in`, :doc:`real_programs` and :ref:`parameter-servers`.
+    Every ``steps``-th run of the train op also applies the window through
+    the wrapped optimizer; ``global_step`` counts updates (a run finding it
+    moved by something else, or a coupled window partly full, stops:
+    :doc:`concepts`); `flush_op` applies what is left over. Wrap it
+    outermost. See :doc:`ways_in`, :doc:`real_programs`, :ref:`parameter-servers`.
 
     Example:
 
@@ -272,16 +264,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     2.5
 
     Args:
-        optimizer: The ``tf.compat.v1.train.Optimizer`` that applies the updates,
-            or a tf_keras legacy ``OptimizerV2`` (resource variables only).
+        optimizer: As in `build_accumulation`.
         steps: Micro-batches per update, an int of at least 1.
         weight: A micro-batch's scalar weight tensor, or a callable with no
             argument that returns one when the train op is built.
         average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size, update_ops:
             See `WindowOptions` (:ref:`window-options`).
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`, as
-            in `build_accumulation`; every worker runs the train op (and
-            ``flush_op``) the same number of times.
+        cross_replica: As in `build_accumulation`; every worker runs the train
+            op (and ``flush_op``) equally often.
         name: Name scope of the accumulation ops.
 
     Raises:
@@ -357,10 +347,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     @property
     def flush_op(self) -> tf.Operation:
-        """Applies a partial window with its true count, and resets (else a no-op).
-
-        Run it at the end of training, with no feed; it flushes every train op
-        built in the graph, and runs no ``update_ops``.
+        """Applies a partial window of every train op in the graph (no feed, no ``update_ops``).
 
         Raises:
             ValueError: If no train op was built yet.
@@ -383,10 +370,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         global_step: tf.Variable | None = None,
         name: str | None = None,
     ) -> tf.Operation:
-        """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
-
-        As `minimize`, from the pairs of `compute_gradients` (those whose
-        gradient is None are skipped, with a warning).
+        """As `minimize`, from the pairs of `compute_gradients` (None gradients skipped, warned).
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -411,9 +395,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str | None = None,
         grad_loss: tf.Tensor | None = None,
     ) -> tf.Operation:
-        """Computes the gradients of ``loss`` and returns the accumulating train op.
-
-        As ``tf.compat.v1.train.Optimizer.minimize``; checked as `build_accumulation`.
+        """As ``tf.compat.v1.train.Optimizer.minimize``, returning the accumulating train op.
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -452,11 +434,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.get_slot_names()
 
     def variables(self) -> list[tf.Variable]:
-        """The optimizer's state in the default graph: the wrapped optimizer's, then tf1_accum's.
-
-        tf1_accum's are the accumulators and counters of each train op built (also
-        in `STATE_COLLECTION`); `plain_variables` leaves them out.
-        """
+        """The wrapped optimizer's variables, then each window's (not in `plain_variables`)."""
         state = [v for b in self._builds.of() for v in b.window._state()]
         state += [b.start.variable for b in self._builds.of() if b.start is not None]
         return list(self._optimizer.variables()) + state
@@ -464,14 +442,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def make_session_run_hook(
         self, flush_at_end: bool = False
     ) -> tf.compat.v1.train.SessionRunHook:
-        """A hook that keeps a partial window in the final checkpoint, or flushes it.
+        """A hook that saves a partial window at the end, or flushes it (:doc:`real_programs`).
 
-        For ``MonitoredTrainingSession`` and ``tf.estimator``, on the chief
-        (:doc:`real_programs`): at ``end()``, a partial window is saved with the
-        graph's saver to the last checkpoint's path, or, with
-        ``flush_at_end=True``, applied by `flush_op` and then saved. Its
-        ``begin()`` raises ``ValueError`` if no train op of this optimizer is
-        in the graph.
+        Its ``begin()`` raises ``ValueError`` if no train op of this optimizer is in the graph.
 
         Raises:
             TypeError: If ``flush_at_end`` is not a bool.
@@ -484,12 +457,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.compat.v1.train.Scaffold:
         """A ``Scaffold`` that starts from a checkpoint of plain training, or resumes one.
 
-        From a checkpoint without tf1_accum's state it restores `plain_variables`
-        and starts an empty window (:ref:`real-programs-plain-checkpoint`). Make
-        it after the train op, before any other saver is added to ``SAVERS``.
-
-        ``max_to_keep`` is the ``tf.compat.v1.train.Saver``'s; ``scaffold_kwargs``
-        any other ``tf.compat.v1.train.Scaffold`` argument but ``saver``.
+        See :ref:`real-programs-plain-checkpoint`; make it after the train op.
+        ``max_to_keep`` is the saver's; ``scaffold_kwargs`` the ``Scaffold``'s but ``saver``.
 
         Raises:
             TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.
