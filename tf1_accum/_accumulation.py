@@ -122,6 +122,9 @@ def build_accumulation(
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
+    Returns:
+        An `Accumulation`.
+
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``

@@ -122,6 +122,9 @@ def build_dataset_accumulation(
             ``train_op`` equally often.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
+    Returns:
+        A `DatasetAccumulation`.
+
     Raises:
         RuntimeError: If eager execution is active.
         TypeError, ValueError: What `build_accumulation` refuses (of the
@@ -186,11 +189,8 @@ def build_dataset_accumulation(
                 loss = loss_fn(batch)
                 w = None if weight is None else weight(batch)
             before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
-            added = [
-                op
-                for op in branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-                if id(op) not in before and run_updates
-            ]
+            updates = branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+            added = [op for op in updates if id(op) not in before and run_updates]
             for g in {graph, branch_graph}:
                 for key, items in kept.items():
                     g.get_collection_ref(key)[:] = items
@@ -302,12 +302,7 @@ def build_dataset_accumulation(
 def _initialized_outside_the_loop(
     graph: tf.Graph, next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
 ) -> tf.Variable:
-    """Builds a variable's initial value outside the loop, as its initializer needs.
-
-    A tensor that loss_fn computed lives inside the loop, where the initializer
-    cannot read it: it is copied out when it reads nothing of the loop
-    (``tf.zeros``, ``tf.random.normal``), and refused otherwise.
-    """
+    """Builds a variable's initial value outside the loop: copied out if it reads none of it."""
     initial_value = kwargs.get("initial_value")
     if isinstance(initial_value, tf.Tensor) and (
         initial_value.graph is not graph or initial_value.op._get_control_flow_context() is not None
@@ -340,11 +335,7 @@ _LOOP_OP_TYPES = frozenset(
 
 
 def _copied_out_of_the_loop(tensor: tf.Tensor, graph: tf.Graph) -> tf.Tensor | None:
-    """``tensor`` built again in ``graph``, clear of the loop, or None if it reads the loop.
-
-    Its ops are copied with their attributes (a random op keeps its seeds) if
-    none reads a variable, a value from outside loss_fn, or the micro-batch.
-    """
+    """``tensor`` built again in ``graph`` (random seeds kept); None if it reads the loop."""
     order, seen, stack = [], set(), [(tensor.op, False)]
     while stack:
         op, inputs_done = stack.pop()

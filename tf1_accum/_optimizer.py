@@ -25,7 +25,6 @@ from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 
 if typing.TYPE_CHECKING:
-    from tf1_accum._options import Gradient
     from tf1_accum._options import Pairs
     from tf1_accum._window import Applied
 
@@ -98,11 +97,7 @@ def _reaches(graph: tf.Graph) -> list[_Reach]:
 
 
 def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
-    """Stops a run of ``this`` train op while a window coupled with it is partly full.
-
-    Coupled: an update of one changes the other's gradients (a GAN). Only the
-    later train op checks: a scalar read of each coupled counter per run.
-    """
+    """Stops a run of ``this`` train op while a window coupled with it (a GAN's) is partly full."""
     checks = []
     for other in earlier:
         why = this.coupling(other)
@@ -134,11 +129,7 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
 
 
 def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None:
-    """Warns of an op of ``UPDATE_OPS`` that needs a placeholder fed that the loss does not read.
-
-    It belongs to another model (a GAN's other network): every run would fail
-    for want of its feed, unless the program feeds it on purpose.
-    """
+    """Warns of an op of ``UPDATE_OPS`` needing a feed the loss does not read (another model's)."""
     for update in update_ops:
         # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
         op = getattr(update, "op", update)
@@ -330,10 +321,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """The wrapped optimizer, as given (a Keras optimizer stays a Keras optimizer)."""
         return _keras.given(self._optimizer)
 
-    @property
-    def steps(self) -> int:
-        """Micro-batches per update."""
-        return self._steps
+    steps = property(lambda self: self._steps, doc="Micro-batches per update.")
 
     @property
     def window(self) -> TrainOpWindow:
@@ -378,7 +366,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 a ``SyncReplicasOptimizer`` wrapping this one (which would hang).
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
-        pairs = _checked_pairs(self, grads_and_vars, global_step)
+        # Inside a loss-scale optimizer's conditional, the default graph is the
+        # branch's function graph, and global_step a variable of the graph outside.
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
+        _validate.check_global_step(global_step, outer)
+        grads_and_vars = list(grads_and_vars)
+        _validate.check_not_under_sync_replicas(grads_and_vars)
+        pairs = _validate.usable_gradients(grads_and_vars)
+        _migration.warn_if_clipped(pairs, self._options.clip_norm)
+        _validate.check_shapes([v for _, v in pairs])
+        _keras.check_variables(self._optimizer, [v for _, v in pairs])
+        if not callable(self._weight):
+            _validate.check_weight(self._weight, outer)
+        _options.update_ops_in(self._options, outer)
         graph = tf.compat.v1.get_default_graph()
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
             roots = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
@@ -472,29 +473,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """(counter, flush op) of each train op in ``graph``; refuses a hand-written increment."""
         _migration.refuse_hand_written([b.start for b in self._builds.of(graph)])
         return [(b.window.counter, b.record.flush_op) for b in self._builds.of(graph)]
-
-
-def _checked_pairs(
-    wrapper: AccumulationOptimizer,
-    grads_and_vars: typing.Iterable[tuple[Gradient | None, tf.Variable]],
-    global_step: tf.Variable | None,
-) -> Pairs:
-    """The pairs given to `AccumulationOptimizer.apply_gradients` with a gradient, checked."""
-    # Inside a loss-scale optimizer's conditional, the default graph is the
-    # branch's function graph, and global_step a variable of the graph outside.
-    with tf.init_scope():
-        outer = tf.compat.v1.get_default_graph()
-    _validate.check_global_step(global_step, outer)
-    grads_and_vars = list(grads_and_vars)
-    _validate.check_not_under_sync_replicas(grads_and_vars)
-    pairs = _validate.usable_gradients(grads_and_vars)
-    _migration.warn_if_clipped(pairs, wrapper._options.clip_norm)
-    _validate.check_shapes([v for _, v in pairs])
-    _keras.check_variables(wrapper._optimizer, [v for _, v in pairs])
-    if not callable(wrapper._weight):
-        _validate.check_weight(wrapper._weight, outer)
-    _options.update_ops_in(wrapper._options, outer)
-    return pairs
 
 
 def _build(
