@@ -31,10 +31,8 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
         (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
         for c in type(optimizer).__mro__
     ):
-        kind, how = (
-            "AccumulationOptimizer",
-            "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)",
-        )
+        kind = "AccumulationOptimizer"
+        how = "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)"
     elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
         # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
         kind, how = "KerasAccumulationOptimizer", "compiled into a tf_keras model"

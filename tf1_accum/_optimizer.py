@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 import warnings
@@ -53,19 +54,15 @@ class _Reach:
     def __init__(self, window: Window, roots: list[tf.Tensor]) -> None:
         self.window, self._roots = window, roots
         self.trains = {v.op.name for v in window.var_list}
-        self._reads: set[str] | None = None
 
-    @property
+    @functools.cached_property
     def reads(self) -> set[str]:
         """Names of the ops the loss (or the gradients given) reads: variables, placeholders..."""
-        if self._reads is None:
-            ops: set[tf.Operation] = set()
-            for root in self._roots:
-                if root.op not in ops:
-                    ops |= _validate._ancestors(root.op)
-            self._reads = {op.name for op in ops}
-            self._roots = []
-        return self._reads
+        ops: set[tf.Operation] = set()
+        for root in self._roots:
+            if root.op not in ops:
+                ops |= _validate._ancestors(root.op)
+        return {op.name for op in ops}
 
     @property
     def name(self) -> str:
