@@ -34,28 +34,21 @@ class Accumulation(typing.NamedTuple):
 
     Attributes:
         zero_op: Discards a partial window (not needed between windows).
-        accum_op: Adds the fed micro-batch's gradients, increments
-            ``counter`` and runs ``update_ops``.
-        apply_op: Applies ``grads_and_vars``, increments ``global_step`` once
-            and resets the window. Raises ``tf.errors.InvalidArgumentError``
-            when nothing was accumulated, changing nothing.
+        accum_op: Adds the fed micro-batch, increments ``counter``, runs ``update_ops``.
+        apply_op: Applies ``grads_and_vars``, increments ``global_step``, resets;
+            ``InvalidArgumentError`` (changing nothing) on an empty window.
         counter: ``int64`` variable: micro-batches accumulated in the window.
-        accumulators: Accumulator variables, ``accumulators[i]`` for
-            ``var_list[i]`` (float32 for float16 and bfloat16 variables).
+        accumulators: ``accumulators[i]`` for ``var_list[i]`` (float32 for
+            float16 and bfloat16 variables).
         var_list: The variables trained (those with a gradient).
-        grads_and_vars: ``(gradient, variable)`` pairs ``apply_op`` gives the
-            optimizer, after ``clip_norm`` and ``transform``; a sparse
-            gradient is a ``tf.IndexedSlices`` of the rows touched.
-        global_norm: float64 global norm of the window's gradient before any
-            clipping; fetch it only with ``apply_op``.
-        skipped_windows: ``int64`` variable: windows skipped for a NaN or an
-            Inf (``skip_nonfinite``).
-        accum_apply_op: With ``fused=True``, adds the fed micro-batch then
-            applies, in one run (N runs per window); None otherwise.
-        statistics: With ``statistics=True``, the window's
-            `GradientStatistics`, fetched with ``apply_op``; None otherwise.
-        accum_apply_statistics: With ``statistics=True`` and ``fused=True``,
-            those of ``accum_apply_op``'s window; None otherwise.
+        grads_and_vars: The pairs ``apply_op`` gives the optimizer, after
+            ``clip_norm`` and ``transform`` (sparse: the rows touched).
+        global_norm: float64 global norm before clipping; fetch with ``apply_op``.
+        skipped_windows: ``int64`` variable: windows skipped (``skip_nonfinite``).
+        accum_apply_op: With ``fused=True``, adds then applies in one run; else None.
+        statistics: With ``statistics=True``, the `GradientStatistics` fetched
+            with ``apply_op``; else None.
+        accum_apply_statistics: Those of ``accum_apply_op`` (``fused=True``); else None.
         options: The `WindowOptions` the window was built with.
         weight: The scalar ``weight`` it was built with, or None.
     """
@@ -96,10 +89,8 @@ def build_accumulation(
 ) -> Accumulation:
     """Builds the ops that accumulate gradients over micro-batches and apply once.
 
-    N runs of ``accum_op`` (each fed one micro-batch) then one of ``apply_op``
-    make the update of one ``optimizer.minimize(loss)`` step on the N
-    micro-batches together, when ``loss`` is the micro-batch's mean (see
-    :doc:`concepts`).
+    N runs of ``accum_op`` then one of ``apply_op`` make one
+    ``optimizer.minimize(loss)`` step on the N micro-batches (:doc:`concepts`).
 
     >>> import numpy as np
     >>> with tf.Graph().as_default():
@@ -124,33 +115,29 @@ def build_accumulation(
             included, :doc:`real_programs`) or a tf_keras legacy optimizer
             (resource variables only). Keras 3 optimizers are refused.
         var_list: Variables to train; defaults to the graph's trainable ones.
-        global_step: Optional integer variable, incremented once per applied
-            window.
+        global_step: Optional integer variable, incremented once per update.
         weight: Optional scalar tensor computed from each micro-batch (e.g.
-            its number of examples); a negative or non-finite weight fails the
-            run with ``InvalidArgumentError``.
+            its number of examples); a negative or non-finite one fails the run.
         average, clip_norm, transform, skip_nonfinite, update_ops: see `WindowOptions`.
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
 
-    An argument error leaves the graph as it was; a later failure puts the
-    graph's collections back and says which ops remain.
+    Returns:
+        An `Accumulation`.
 
     Raises:
         RuntimeError: If eager execution is active.
         TypeError: If ``optimizer`` is not a ``tf.compat.v1.train.Optimizer``
             or a tf_keras legacy optimizer, is tf_keras's ``LossScaleOptimizer``,
             or accumulates by itself (`AccumulationOptimizer`).
-        TypeError, ValueError: If an argument has the wrong type, is not a
-            scalar or not of the loss's graph; an option `WindowOptions`
-            refuses; ``fused=True`` with a ``SyncReplicasOptimizer``; a
-            tf_keras optimizer given a reference variable; a transform
-            returning another shape or dtype than the gradient's.
-        ValueError: If there is nothing to train (no trainable variable, an
-            empty ``var_list``, no gradient), a variable the loss reads has a
-            shape not fully defined, or the optimizer's apply creates a
-            variable from a tensor computed there (or, with ``fused=True``,
-            different state each build).
+        TypeError, ValueError: An argument of the wrong type, not a scalar or
+            not of the loss's graph; an option `WindowOptions` refuses;
+            ``fused=True`` with a ``SyncReplicasOptimizer``; a tf_keras
+            optimizer given a reference variable; a transform returning
+            another shape or dtype than the gradient's.
+        ValueError: Nothing to train (no variable or no gradient), a shape not
+            fully defined, or the optimizer's apply creating a variable from a
+            tensor computed there (or, ``fused=True``, other state each build).
     """
     _validate.check_graph_mode("build_accumulation")
     _validate.check_loss(loss)
@@ -224,11 +211,7 @@ def prepare(
     cross_replica: object,
     arguments: typing.Mapping[str, typing.Any] | WindowOptions,
 ) -> tuple[tf.compat.v1.train.Optimizer, WindowOptions]:
-    """The checks every way in runs first; the optimizer checked and the `WindowOptions`.
-
-    ``arguments``: the `WindowOptions` whole, or the way in's arguments
-    (its ``locals()``), of which the options and ``weight`` are read.
-    """
+    """The checks every way in runs first: the optimizer and the options (or its ``locals()``)."""
     optimizer = _validate.check_optimizer(optimizer)
     _migration.refuse_accumulating_optimizer(optimizer, what)
     if isinstance(arguments, WindowOptions):
@@ -290,8 +273,7 @@ def window_op_of(op: tf.Operation) -> tuple[object, str] | None:
 def _one_per_run(ops: dict[str, tf.Operation | None]) -> None:
     """Makes ``session.run`` refuse two of a window's ``ops`` (by field) in one run.
 
-    Checked in Python as ``session.run`` sorts its fetches, since the ops of a
-    run run in no fixed order; an op grouping two is `check_graph`'s to find.
+    Ops of a run run in no fixed order; one grouping two is `check_graph`'s to find.
     """
     window = object()
     for field, op in ops.items():

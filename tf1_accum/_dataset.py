@@ -37,12 +37,9 @@ class DatasetAccumulation(typing.NamedTuple):
             ``weight``), fetched with ``train_op``.
         micro_batches: ``int64``: micro-batches the window applied (with any a
             failed run left in it).
-        global_norm: As `Accumulation`'s, fetched with ``train_op``.
-        skipped_windows: As `Accumulation`'s.
         counter: The window's counter (0 between runs).
-        accumulators: As `Accumulation`'s.
-        var_list: As `Accumulation`'s.
-        statistics: As `Accumulation`'s, fetched with ``train_op``.
+        global_norm, statistics: As `Accumulation`'s, fetched with ``train_op``.
+        skipped_windows, accumulators, var_list: As `Accumulation`'s.
         applied: bool tensor, fetched with ``train_op``: whether the run gave
             the optimizer its window (False if skipped as non-finite).
     """
@@ -81,10 +78,9 @@ def build_dataset_accumulation(
     """Builds a train op that runs a whole window inside the graph.
 
     One ``session.run`` draws up to ``steps`` micro-batches from ``dataset``
-    (a one-shot iterator: no placeholders; repeat it for several epochs) and
-    applies the window. ``loss_fn`` builds the model once, with the variable
-    names it has without accumulation; what it adds to ``SUMMARIES`` and
-    ``LOSSES`` is left out of them. See :doc:`ways_in` ("In-graph loop").
+    (a one-shot iterator) and applies them; ``loss_fn`` builds the model once
+    (what it adds to ``SUMMARIES`` and ``LOSSES`` is left out of them). See
+    :doc:`ways_in` ("In-graph loop").
 
     Example:
 
@@ -112,25 +108,22 @@ def build_dataset_accumulation(
     Args:
         loss_fn: Callable taking one dataset element, returning a scalar
             floating-point loss tensor.
-        optimizer: A ``tf.compat.v1.train.Optimizer``, or a tf_keras legacy
-            optimizer (resource variables only).
         dataset: A ``tf.data.Dataset`` of micro-batches.
         steps: Micro-batches per update, an int of at least 1.
-        var_list: Variables to train; defaults to the trainable variables
-            after ``loss_fn`` has built them.
-        global_step: Optional integer variable, incremented once per update.
+        optimizer, var_list, global_step: As in `build_accumulation`
+            (``var_list`` defaults to the trainable variables ``loss_fn`` built).
         weight: Optional callable taking one dataset element and returning its
             scalar weight; ``loss`` is weighted the same way.
         update_ops: None (the default: the ``UPDATE_OPS`` that ``loss_fn`` adds)
             or ``[]``; ops built outside the loop cannot run inside it.
         average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size:
             See `WindowOptions` (:ref:`window-options`).
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`, as
-            in `build_accumulation`; every worker runs ``train_op`` equally often.
+        cross_replica: As in `build_accumulation`; every worker runs
+            ``train_op`` equally often.
         name: Name scope of the ops; defaults to ``"dataset_accumulation"``.
 
-    The arguments are checked before anything is built; if ``loss_fn`` or
-    ``weight`` fails, the graph's collections are put back.
+    Returns:
+        A `DatasetAccumulation`.
 
     Raises:
         RuntimeError: If eager execution is active.
@@ -181,7 +174,7 @@ def build_dataset_accumulation(
             mutex = new_mutex()
         kept = {key: list(graph.get_collection(key)) for key in _OP_COLLECTIONS}
         # The body is traced once and returns only tensors: the window leaves it through this list.
-        made: list[_MadeInLoop] = []
+        made: list[tuple[Window, tf.DType]] = []
 
         def build_window(batch: typing.Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor | None]:
             """Calls loss_fn (and weight) on a micro-batch, builds the window; (count, loss, w)."""
@@ -196,11 +189,8 @@ def build_dataset_accumulation(
                 loss = loss_fn(batch)
                 w = None if weight is None else weight(batch)
             before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
-            added = [
-                op
-                for op in branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
-                if id(op) not in before and run_updates
-            ]
+            updates = branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+            added = [op for op in updates if id(op) not in before and run_updates]
             for g in {graph, branch_graph}:
                 for key, items in kept.items():
                     g.get_collection_ref(key)[:] = items
@@ -211,15 +201,11 @@ def build_dataset_accumulation(
             pairs = optimizer.compute_gradients(loss, var_list=trainable)
             pairs = _validate.usable_gradients(pairs, loss)
             window = make_window(pairs, options, scope, cross_replica, mutex)
-            made.append(_MadeInLoop(window, loss.dtype.base_dtype))
+            made.append((window, loss.dtype.base_dtype))
             grads = [g for g, _ in pairs]
             with tf.control_dependencies(added):
                 count = window.add(grads, w).count
             return count, loss, w
-
-        def keep_drawing(*state: typing.Any) -> tf.Tensor:
-            # The element drawn: empty at the end of the data, and after the window's last draw.
-            return state[1].has_value()
 
         def draw_one(
             count: tf.Tensor,
@@ -230,7 +216,7 @@ def build_dataset_accumulation(
         ) -> tuple[tf.Tensor, tf.experimental.Optional, tf.Tensor, tf.Tensor, tf.Tensor]:
             del count
             new_count, loss, w = build_window(element.get_value())
-            dtype = made[0].loss_dtype
+            dtype = made[0][1]
             if w is None:
                 # weight_sum stays 0: the mean loss divides by ``drawn``.
                 loss_sum = _plus(loss_sum, tf.cast(loss, dtype))
@@ -253,8 +239,9 @@ def build_dataset_accumulation(
             with tf.compat.v1.name_scope(scope):
                 # float64 sums: the loss's dtype is unknown before loss_fn runs.
                 zero = tf.constant(0.0, tf.float64)
+                # Until the element drawn is empty: the data ended, or the window is full.
                 count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
-                    keep_drawing,
+                    lambda *state: state[1].has_value(),
                     draw_one,
                     [
                         tf.constant(0, tf.int64),
@@ -266,7 +253,7 @@ def build_dataset_accumulation(
                     back_prop=False,
                     name="draw",
                 )
-            window = made[0].window
+            window = made[0][0]
             with tf.compat.v1.name_scope(scope):
                 # Nothing drawn (the data has ended): what a run that failed
                 # midway left in the window is applied, if anything.
@@ -280,16 +267,8 @@ def build_dataset_accumulation(
                         when=count > 0,
                         otherwise=lambda: tf.nest.flatten(iterator.get_next()),
                     )
-            done = (
-                applied.applied,
-                applied.norm,
-                applied.statistics,
-                loss_sum,
-                weight_sum,
-                drawn,
-                count,
-            )
-            return done, None
+            # The op is left out: what the lock waits for is the flag, norm and statistics.
+            return (applied._replace(op=None), loss_sum, weight_sum, drawn, count), None
 
         # The whole window, drawing included, holds the window's mutex; v1 control
         # flow if the variables it adds into are references.
@@ -297,45 +276,33 @@ def build_dataset_accumulation(
             graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
             + list(var_list or [])
             + [global_step],
-            references=_makes_references(variable_scope),
+            references=not _uses_resource(variable_scope),
         ):
-            done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0].window._state())
-        applied, norm, window_statistics, loss_sum, weight_sum, drawn, count = done
+            done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0][0]._state())
+        applied, loss_sum, weight_sum, drawn, count = done
         ((window, loss_dtype),) = made  # the body was traced once
         with tf.compat.v1.name_scope(scope):
-            train_op = tf.group(applied, name="train")
+            train_op = tf.group(applied.applied, name="train")
             weight_sum = tf.cast(drawn if weight is None else weight_sum, loss_dtype)
             mean_loss = tf.math.divide_no_nan(tf.cast(loss_sum, loss_dtype), weight_sum)
         return DatasetAccumulation(
             train_op=train_op,
             loss=mean_loss,
             micro_batches=count,
-            global_norm=norm,
+            global_norm=applied.norm,
             skipped_windows=window.skipped,
             counter=window.counter,
             accumulators=window.accumulators,
             var_list=window.var_list,
-            statistics=window_statistics,
-            applied=applied,
+            statistics=applied.statistics,
+            applied=applied.applied,
         )
-
-
-class _MadeInLoop(typing.NamedTuple):
-    """What the loop's one call of ``loss_fn`` built, for the apply after the loop."""
-
-    window: Window
-    loss_dtype: tf.DType
 
 
 def _initialized_outside_the_loop(
     graph: tf.Graph, next_creator: typing.Callable[..., tf.Variable], **kwargs: typing.Any
 ) -> tf.Variable:
-    """Builds a variable's initial value outside the loop, as its initializer needs.
-
-    A tensor that loss_fn computed lives inside the loop, where the initializer
-    cannot read it: it is copied out when it reads nothing of the loop
-    (``tf.zeros``, ``tf.random.normal``), and refused otherwise.
-    """
+    """Builds a variable's initial value outside the loop: copied out if it reads none of it."""
     initial_value = kwargs.get("initial_value")
     if isinstance(initial_value, tf.Tensor) and (
         initial_value.graph is not graph or initial_value.op._get_control_flow_context() is not None
@@ -368,11 +335,7 @@ _LOOP_OP_TYPES = frozenset(
 
 
 def _copied_out_of_the_loop(tensor: tf.Tensor, graph: tf.Graph) -> tf.Tensor | None:
-    """``tensor`` built again in ``graph``, clear of the loop, or None if it reads the loop.
-
-    Its ops are copied with their attributes (a random op keeps its seeds) if
-    none reads a variable, a value from outside loss_fn, or the micro-batch.
-    """
+    """``tensor`` built again in ``graph`` (random seeds kept); None if it reads the loop."""
     order, seen, stack = [], set(), [(tensor.op, False)]
     while stack:
         op, inputs_done = stack.pop()
@@ -414,9 +377,8 @@ def _plus(total: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
     return total + tf.cast(value, tf.float64)
 
 
-def _makes_references(variable_scope: tf.compat.v1.VariableScope) -> bool:
-    """Whether ``tf.compat.v1.Variable`` makes reference variables in ``variable_scope``."""
-    use_resource = variable_scope.use_resource
-    if use_resource is None:
-        use_resource = tf.compat.v1.resource_variables_enabled()
-    return not use_resource
+def _uses_resource(variable_scope: tf.compat.v1.VariableScope) -> bool:
+    """Whether ``tf.compat.v1.Variable`` makes resource variables in ``variable_scope``."""
+    if variable_scope.use_resource is None:
+        return tf.compat.v1.resource_variables_enabled()
+    return variable_scope.use_resource

@@ -44,16 +44,13 @@ def _is_keras_3(optimizer: object) -> bool:
 def refusal_hint(optimizer: object) -> str:
     """What to use instead of a Keras optimizer that builds no graph-mode ops; "" if not Keras."""
     name = type(optimizer).__name__
-    module = type(optimizer).__module__
-    if "keras" not in module:
+    if "keras" not in type(optimizer).__module__:
         return ""
     v1 = _KERAS_TO_V1.get(name, "the matching tf.compat.v1.train optimizer")
     legacy = "its tf_keras.optimizers.legacy counterpart"
-    if name in _KERAS_TO_V1:
-        legacy = f"tf_keras.optimizers.legacy.{name}"
+    legacy = f"tf_keras.optimizers.legacy.{name}" if name in _KERAS_TO_V1 else legacy
     what = "Keras optimizers other than the legacy ones"
-    if _is_keras_3(optimizer):
-        what = "Keras 3 optimizers"
+    what = "Keras 3 optimizers" if _is_keras_3(optimizer) else what
     return (
         f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} "
         f"(from the tf_keras package; tf.keras.optimizers.legacy.{name} with "

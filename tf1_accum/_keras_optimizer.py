@@ -1,8 +1,4 @@
-"""A tf_keras legacy optimizer that accumulates, and whose state ``model.save()`` keeps.
-
-The accumulation is `AccumulationOptimizer`'s; this module (loaded on first
-use, as it imports tf_keras) gives it the Keras interface.
-"""
+"""A tf_keras legacy optimizer accumulating with `AccumulationOptimizer`'s window."""
 
 from __future__ import annotations
 
@@ -93,12 +89,9 @@ def _wrapped(name: str, doc: str) -> property:
 class KerasAccumulationOptimizer(_LegacyOptimizer):
     """A tf_keras legacy optimizer that accumulates ``steps`` micro-batches per update.
 
-    For tf_keras models trained in a TF1 graph: ``fit(batch_size=B)`` updates
-    as ``fit(batch_size=steps * B)`` does with ``optimizer`` alone, and
-    ``model.save('model.h5')`` keeps the window with the optimizer's state
-    (HDF5 only: see :ref:`real-programs-keras-save`). ``iterations`` counts
-    updates; run `flush_op` in ``on_epoch_end`` to apply an epoch's short last
-    window.
+    ``fit(batch_size=B)`` updates as ``fit(batch_size=steps * B)`` with
+    ``optimizer`` alone; ``model.save('model.h5')`` keeps the window
+    (:ref:`real-programs-keras-save`); ``iterations`` counts updates.
 
     Example:
 
@@ -161,16 +154,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         # Weights set before the window existed (load_model).
         self._pending: list[np.ndarray] | None = None
 
-    @property
-    def optimizer(self) -> typing.Any:
-        """The wrapped tf_keras legacy optimizer."""
-        return self._optimizer
-
-    @property
-    def steps(self) -> int:
-        """Micro-batches per update."""
-        return self._steps
-
+    optimizer = property(lambda self: self._optimizer, doc="The wrapped tf_keras legacy optimizer.")
+    steps = property(lambda self: self._steps, doc="Micro-batches per update.")
     iterations = _wrapped("iterations", "The wrapped optimizer's: the number of updates applied.")
     learning_rate = _wrapped("learning_rate", "The wrapped optimizer's (for Keras callbacks).")
     lr = learning_rate
@@ -191,7 +176,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return [w for g, acc, _ in self._built if g is graph for w in acc._built_windows(graph)]
 
     def _state(self) -> list[tf.Variable]:
-        """The window's variables in the default graph, in the order they are saved."""
+        """The window's variables in the default graph, in saved order."""
         graph = tf.compat.v1.get_default_graph()
         return [v for g, _, state in self._built if g is graph for v in state]
 
@@ -215,13 +200,12 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         name: str | None = None,
         experimental_aggregate_gradients: bool = True,
     ) -> tf.Operation:
-        """Builds the accumulating train op; what ``model.fit`` runs for each micro-batch.
+        """Builds the accumulating train op that ``model.fit`` runs for each micro-batch.
 
         Raises:
             RuntimeError: If eager execution is active.
-            ValueError: If this optimizer already built a train op in the
-                graph, or weights set before (by ``load_model``) do not match
-                the window.
+            ValueError: If it built a train op in the graph already, or weights
+                set before (by ``load_model``) do not match the window.
         """
         _validate.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
         graph = tf.compat.v1.get_default_graph()
@@ -288,12 +272,11 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         self._pending = weights
 
     def get_config(self) -> dict[str, typing.Any]:
-        """The optimizer's config: the wrapped optimizer's and the options.
+        """The wrapped optimizer's config and the options.
 
         Raises:
-            ValueError: If asked for by ``model.save()`` in the SavedModel
-                format, or before ``fit`` built the train op of a model
-                ``load_model`` returned.
+            ValueError: If asked for by ``model.save()`` in the SavedModel format,
+                or before ``fit`` built the train op of a model ``load_model`` returned.
         """
         if _in_saved_model_save():
             raise ValueError(

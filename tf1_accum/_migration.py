@@ -31,10 +31,8 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
         (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
         for c in type(optimizer).__mro__
     ):
-        kind, how = (
-            "AccumulationOptimizer",
-            "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)",
-        )
+        kind = "AccumulationOptimizer"
+        how = "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)"
     elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
         # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
         kind, how = "KerasAccumulationOptimizer", "compiled into a tf_keras model"
@@ -78,10 +76,7 @@ def _clipped_by(gradient: Gradient) -> str | None:
 
 
 def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
-    """Warns when the gradients given to `AccumulationOptimizer.apply_gradients` were clipped.
-
-    That clips each micro-batch, not the window's mean as ``clip_norm=`` does.
-    """
+    """Warns of gradients clipped per micro-batch before `AccumulationOptimizer.apply_gradients`."""
     found: dict[str, list[str]] = {}
     for gradient, var in pairs:
         how = _clipped_by(gradient)
@@ -120,12 +115,10 @@ def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
 
 
 class WindowStart:
-    """The value ``global_step`` had when a window's first micro-batch was added.
+    """``global_step`` at a window's first micro-batch: `check` stops a run where it moved.
 
-    `check` stops a run in which the step moved mid-window (a hand-written
-    increment: schedules would run ahead), before the micro-batch is added.
-    Saved with the counter. A step shared on a parameter server moves with
-    the other workers' updates: there `hand_written` looks in the graph.
+    A step shared on a parameter server moves with the other workers' updates:
+    there `hand_written` looks in the graph instead.
     """
 
     def __init__(self, global_step: tf.Variable, counter: tf.Variable, scope: str) -> None:
@@ -241,10 +234,7 @@ def _reads(tensor: tf.Tensor, target: tf.Operation, depth: int = 8) -> bool:
 
 
 def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
-    """A hint for an error of a run that read tf1_accum's state uninitialized; "" otherwise.
-
-    Typically the initializer was made before the accumulation was built.
-    """
+    """A hint for a run that read tf1_accum's state uninitialized; "" otherwise."""
     if not isinstance(error, (tf.errors.NotFoundError, tf.errors.FailedPreconditionError)):
         return ""
     state = {v.op.name for v in graph.get_collection(STATE_COLLECTION)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import typing
 import warnings
@@ -25,7 +26,6 @@ from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 
 if typing.TYPE_CHECKING:
-    from tf1_accum._options import Gradient
     from tf1_accum._options import Pairs
     from tf1_accum._window import Applied
 
@@ -54,19 +54,15 @@ class _Reach:
     def __init__(self, window: Window, roots: list[tf.Tensor]) -> None:
         self.window, self._roots = window, roots
         self.trains = {v.op.name for v in window.var_list}
-        self._reads: set[str] | None = None
 
-    @property
+    @functools.cached_property
     def reads(self) -> set[str]:
         """Names of the ops the loss (or the gradients given) reads: variables, placeholders..."""
-        if self._reads is None:
-            ops: set[tf.Operation] = set()
-            for root in self._roots:
-                if root.op not in ops:
-                    ops |= _validate._ancestors(root.op)
-            self._reads = {op.name for op in ops}
-            self._roots = []
-        return self._reads
+        ops: set[tf.Operation] = set()
+        for root in self._roots:
+            if root.op not in ops:
+                ops |= _validate._ancestors(root.op)
+        return {op.name for op in ops}
 
     @property
     def name(self) -> str:
@@ -98,11 +94,7 @@ def _reaches(graph: tf.Graph) -> list[_Reach]:
 
 
 def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
-    """Stops a run of ``this`` train op while a window coupled with it is partly full.
-
-    Coupled: an update of one changes the other's gradients (a GAN). Only the
-    later train op checks: a scalar read of each coupled counter per run.
-    """
+    """Stops a run of ``this`` train op while a window coupled with it (a GAN's) is partly full."""
     checks = []
     for other in earlier:
         why = this.coupling(other)
@@ -134,11 +126,7 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
 
 
 def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None:
-    """Warns of an op of ``UPDATE_OPS`` that needs a placeholder fed that the loss does not read.
-
-    It belongs to another model (a GAN's other network): every run would fail
-    for want of its feed, unless the program feeds it on purpose.
-    """
+    """Warns of an op of ``UPDATE_OPS`` needing a feed the loss does not read (another model's)."""
     for update in update_ops:
         # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
         op = getattr(update, "op", update)
@@ -165,23 +153,18 @@ class TrainOpWindow(typing.NamedTuple):
     """The window of a train op an `AccumulationOptimizer` built: its ``window``.
 
     Attributes:
-        counter: ``int64`` variable: micro-batches accumulated since the last
-            update. Fetch it in a run of its own: with the train op it is
-            read unordered with that run's increment (fetch ``applied``).
+        counter: ``int64`` variable: micro-batches since the last update; fetch
+            it in a run of its own (with the train op, fetch ``applied``).
         applied: bool tensor: whether this run of the train op applied an
-            update (not ``flush_op``'s); per-update work hangs on it
-            (:doc:`real_programs`).
-        global_norm: As `Accumulation`'s, of the window applied in this run (else 0).
-        skipped_windows: As `Accumulation`'s.
-        statistics: As `Accumulation`'s, of the window applied in this run (in
-            a run that only accumulates, NaN and 0 ``micro_batches``).
+            update; per-update work hangs on it (:doc:`real_programs`).
+        global_norm: As `Accumulation`'s, of this run's update (else 0).
+        statistics: As `Accumulation`'s, of this run's update (else NaN and
+            0 ``micro_batches``).
         flush_op: Applies this window if partial (after the flushes of the
             train ops built before it in the graph), and resets.
-        flush_statistics: With ``statistics=True``, the `GradientStatistics`
-            of the window ``flush_op`` applies, fetched with it; None otherwise.
-        accumulators: As `Accumulation`'s.
-        var_list: As `Accumulation`'s.
-        options: As `Accumulation`'s.
+        flush_statistics: The `GradientStatistics` ``flush_op`` applies
+            (``statistics=True``; else None).
+        skipped_windows, accumulators, var_list, options: As `Accumulation`'s.
     """
 
     counter: tf.Variable
@@ -241,14 +224,11 @@ class _Builds:
 class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     """Wraps an optimizer so that its train op accumulates ``steps`` micro-batches.
 
-    Each run of the train op adds its micro-batch's gradients; every
-    ``steps``-th run also applies their mean (or sum) through the wrapped
-    optimizer and resets, in that same ``session.run``. ``global_step``, if
-    given, counts updates (a run that finds it moved by something else, or a
-    coupled window partly full, stops with an ``InvalidArgumentError``: see
-    :doc:`concepts`); `flush_op` applies the micro-batches left over. Wrap it
-    outermost (around a loss-scale or ``SyncReplicasOptimizer``). See
-    :doc:`ways_in`, :doc:`real_programs` and :ref:`parameter-servers`.
+    Every ``steps``-th run of the train op also applies the window through
+    the wrapped optimizer; ``global_step`` counts updates (a run finding it
+    moved by something else, or a coupled window partly full, stops:
+    :doc:`concepts`); `flush_op` applies what is left over. Wrap it
+    outermost. See :doc:`ways_in`, :doc:`real_programs`, :ref:`parameter-servers`.
 
     Example:
 
@@ -272,16 +252,14 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     2.5
 
     Args:
-        optimizer: The ``tf.compat.v1.train.Optimizer`` that applies the updates,
-            or a tf_keras legacy ``OptimizerV2`` (resource variables only).
+        optimizer: As in `build_accumulation`.
         steps: Micro-batches per update, an int of at least 1.
         weight: A micro-batch's scalar weight tensor, or a callable with no
             argument that returns one when the train op is built.
         average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size, update_ops:
             See `WindowOptions` (:ref:`window-options`).
-        cross_replica: Optional `CollectiveAllReduce` or `HorovodAllReduce`, as
-            in `build_accumulation`; every worker runs the train op (and
-            ``flush_op``) the same number of times.
+        cross_replica: As in `build_accumulation`; every worker runs the train
+            op (and ``flush_op``) equally often.
         name: Name scope of the accumulation ops.
 
     Raises:
@@ -340,10 +318,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """The wrapped optimizer, as given (a Keras optimizer stays a Keras optimizer)."""
         return _keras.given(self._optimizer)
 
-    @property
-    def steps(self) -> int:
-        """Micro-batches per update."""
-        return self._steps
+    steps = property(lambda self: self._steps, doc="Micro-batches per update.")
 
     @property
     def window(self) -> TrainOpWindow:
@@ -357,10 +332,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     @property
     def flush_op(self) -> tf.Operation:
-        """Applies a partial window with its true count, and resets (else a no-op).
-
-        Run it at the end of training, with no feed; it flushes every train op
-        built in the graph, and runs no ``update_ops``.
+        """Applies a partial window of every train op in the graph (no feed, no ``update_ops``).
 
         Raises:
             ValueError: If no train op was built yet.
@@ -383,10 +355,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         global_step: tf.Variable | None = None,
         name: str | None = None,
     ) -> tf.Operation:
-        """Accumulates ``grads_and_vars``; applies their mean every ``steps`` runs.
-
-        As `minimize`, from the pairs of `compute_gradients` (those whose
-        gradient is None are skipped, with a warning).
+        """As `minimize`, from the pairs of `compute_gradients` (None gradients skipped, warned).
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -394,7 +363,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
                 a ``SyncReplicasOptimizer`` wrapping this one (which would hang).
         """
         _validate.check_graph_mode("AccumulationOptimizer.apply_gradients")
-        pairs = _checked_pairs(self, grads_and_vars, global_step)
+        # Inside a loss-scale optimizer's conditional, the default graph is the
+        # branch's function graph, and global_step a variable of the graph outside.
+        with tf.init_scope():
+            outer = tf.compat.v1.get_default_graph()
+        _validate.check_global_step(global_step, outer)
+        grads_and_vars = list(grads_and_vars)
+        _validate.check_not_under_sync_replicas(grads_and_vars)
+        pairs = _validate.usable_gradients(grads_and_vars)
+        _migration.warn_if_clipped(pairs, self._options.clip_norm)
+        _validate.check_shapes([v for _, v in pairs])
+        _keras.check_variables(self._optimizer, [v for _, v in pairs])
+        if not callable(self._weight):
+            _validate.check_weight(self._weight, outer)
+        _options.update_ops_in(self._options, outer)
         graph = tf.compat.v1.get_default_graph()
         with _validate.restored_on_failure(graph, "AccumulationOptimizer.apply_gradients"):
             roots = [g.values if isinstance(g, tf.IndexedSlices) else g for g, _ in pairs]
@@ -411,9 +393,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str | None = None,
         grad_loss: tf.Tensor | None = None,
     ) -> tf.Operation:
-        """Computes the gradients of ``loss`` and returns the accumulating train op.
-
-        As ``tf.compat.v1.train.Optimizer.minimize``; checked as `build_accumulation`.
+        """As ``tf.compat.v1.train.Optimizer.minimize``, returning the accumulating train op.
 
         Raises:
             RuntimeError: If eager execution is active.
@@ -452,11 +432,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return self._optimizer.get_slot_names()
 
     def variables(self) -> list[tf.Variable]:
-        """The optimizer's state in the default graph: the wrapped optimizer's, then tf1_accum's.
-
-        tf1_accum's are the accumulators and counters of each train op built (also
-        in `STATE_COLLECTION`); `plain_variables` leaves them out.
-        """
+        """The wrapped optimizer's variables, then each window's (not in `plain_variables`)."""
         state = [v for b in self._builds.of() for v in b.window._state()]
         state += [b.start.variable for b in self._builds.of() if b.start is not None]
         return list(self._optimizer.variables()) + state
@@ -464,14 +440,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def make_session_run_hook(
         self, flush_at_end: bool = False
     ) -> tf.compat.v1.train.SessionRunHook:
-        """A hook that keeps a partial window in the final checkpoint, or flushes it.
+        """A hook that saves a partial window at the end, or flushes it (:doc:`real_programs`).
 
-        For ``MonitoredTrainingSession`` and ``tf.estimator``, on the chief
-        (:doc:`real_programs`): at ``end()``, a partial window is saved with the
-        graph's saver to the last checkpoint's path, or, with
-        ``flush_at_end=True``, applied by `flush_op` and then saved. Its
-        ``begin()`` raises ``ValueError`` if no train op of this optimizer is
-        in the graph.
+        Its ``begin()`` raises ``ValueError`` if no train op of this optimizer is in the graph.
 
         Raises:
             TypeError: If ``flush_at_end`` is not a bool.
@@ -484,12 +455,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     ) -> tf.compat.v1.train.Scaffold:
         """A ``Scaffold`` that starts from a checkpoint of plain training, or resumes one.
 
-        From a checkpoint without tf1_accum's state it restores `plain_variables`
-        and starts an empty window (:ref:`real-programs-plain-checkpoint`). Make
-        it after the train op, before any other saver is added to ``SAVERS``.
-
-        ``max_to_keep`` is the ``tf.compat.v1.train.Saver``'s; ``scaffold_kwargs``
-        any other ``tf.compat.v1.train.Scaffold`` argument but ``saver``.
+        See :ref:`real-programs-plain-checkpoint`; make it after the train op.
+        ``max_to_keep`` is the saver's; ``scaffold_kwargs`` the ``Scaffold``'s but ``saver``.
 
         Raises:
             TypeError: If ``saver`` is given, or ``max_to_keep`` is not an int.
@@ -503,29 +470,6 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         """(counter, flush op) of each train op in ``graph``; refuses a hand-written increment."""
         _migration.refuse_hand_written([b.start for b in self._builds.of(graph)])
         return [(b.window.counter, b.record.flush_op) for b in self._builds.of(graph)]
-
-
-def _checked_pairs(
-    wrapper: AccumulationOptimizer,
-    grads_and_vars: typing.Iterable[tuple[Gradient | None, tf.Variable]],
-    global_step: tf.Variable | None,
-) -> Pairs:
-    """The pairs given to `AccumulationOptimizer.apply_gradients` with a gradient, checked."""
-    # Inside a loss-scale optimizer's conditional, the default graph is the
-    # branch's function graph, and global_step a variable of the graph outside.
-    with tf.init_scope():
-        outer = tf.compat.v1.get_default_graph()
-    _validate.check_global_step(global_step, outer)
-    grads_and_vars = list(grads_and_vars)
-    _validate.check_not_under_sync_replicas(grads_and_vars)
-    pairs = _validate.usable_gradients(grads_and_vars)
-    _migration.warn_if_clipped(pairs, wrapper._options.clip_norm)
-    _validate.check_shapes([v for _, v in pairs])
-    _keras.check_variables(wrapper._optimizer, [v for _, v in pairs])
-    if not callable(wrapper._weight):
-        _validate.check_weight(wrapper._weight, outer)
-    _options.update_ops_in(wrapper._options, outer)
-    return pairs
 
 
 def _build(

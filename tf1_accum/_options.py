@@ -53,6 +53,9 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
         clip_norm: A positive, finite number (``clip_norm=None`` in a way in
             does not clip).
 
+    Returns:
+        The `GradientTransform`.
+
     Raises:
         TypeError, ValueError: If ``clip_norm`` is not a positive, finite
             number.
@@ -164,12 +167,7 @@ def transformed(
     window: WindowMean,
     transforms: typing.Sequence[GradientTransform],
 ) -> Gradient:
-    """``gradient`` after each of ``transforms`` (`transforms_of`); checks what each returns.
-
-    A ``TypeError`` for another type or dtype than the gradient's, a
-    ``ValueError`` for another shape, or a variable made from a tensor
-    computed inside the apply's conditional (variables are made outside it).
-    """
+    """``gradient`` after each of ``transforms``, each checked to return the gradient's kind."""
     for transform in transforms:
         with tf.variable_creator_scope(_created_outside):
             result = transform(gradient, variable, window)

@@ -73,10 +73,9 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
 def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
     """Returns the variables to train (None: ``graph``'s trainable ones) as a list, checked."""
     if var_list is None:
-        with graph.as_default():
-            found = tf.compat.v1.trainable_variables() + graph.get_collection(
-                tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES
-            )
+        keys = tf.compat.v1.GraphKeys
+        found = graph.get_collection(keys.TRAINABLE_VARIABLES)
+        found += graph.get_collection(keys.TRAINABLE_RESOURCE_VARIABLES)
         # Resource variables can sit in both collections.
         var_list = list({id(v): v for v in found}.values())
         if not var_list:
@@ -231,12 +230,10 @@ def check_update_ops(
 
 
 def _graph_op(item: object) -> tf.Operation | None:
-    """The graph op of a tensor or an assign's result; None for anything else."""
-    if not isinstance(item, (tf.Tensor, tf.Variable)):
-        return None
+    """The graph op of a tensor or an assign's result; None for anything else (eager ones)."""
     try:
-        op = item.op
-    except (AttributeError, NotImplementedError):  # an eager tensor or variable
+        op = item.op if isinstance(item, (tf.Tensor, tf.Variable)) else None
+    except (AttributeError, NotImplementedError):
         return None
     return op if isinstance(op, tf.Operation) else None
 
@@ -288,10 +285,7 @@ def check_feed_dict(label: str, feed_dict: object) -> None:
 
 
 def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> list[tf.Variable]:
-    """Returns the variables of ``var_list`` that ``loss`` reads, checked; builds no gradient.
-
-    Each needs a fully defined shape (for its accumulator).
-    """
+    """Returns the variables of ``var_list`` that ``loss`` reads, with full shapes; no gradient."""
     read = _ancestors(loss.op)
     reached = [v for v in var_list if v.op in read]
     if not reached:
@@ -317,10 +311,7 @@ def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
 
 
 def _ancestors(op: tf.Operation, known: typing.Container[str] = ()) -> set[tf.Operation]:
-    """Every op whose outputs reach ``op`` through data inputs (and function captures).
-
-    The walk does not go past an op named in ``known`` (nor include it).
-    """
+    """Every op reaching ``op`` through data inputs and captures, stopping before ``known``."""
     seen = {op}
     stack = [op]
     captured = {}  # per function graph: placeholder op -> the outer tensor
@@ -385,11 +376,7 @@ def _caller_stacklevel() -> int:
 
 @contextlib.contextmanager
 def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
-    """Puts the graph's collections back if the build inside raises, and says what remains.
-
-    Ops cannot leave a ``tf.Graph``: they stay, unused, and the error says so
-    (and, for ``tf.compat.v1.layers`` under Keras 3, how to run Keras 2).
-    """
+    """Puts the graph's collections back if the build inside raises; the error says what stays."""
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
     try:
@@ -400,12 +387,8 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
             tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
         )
         kept_ids = {id(v) for key in variables for v in kept.get(key, ())}
-        made = [
-            v.op.name
-            for key in variables
-            for v in graph.get_collection(key)
-            if id(v) not in kept_ids
-        ]
+        made = [v for key in variables for v in graph.get_collection(key)]
+        made = [v.op.name for v in made if id(v) not in kept_ids]
         for key in graph.get_all_collection_keys():
             if key in kept:
                 graph.get_collection_ref(key)[:] = kept[key]
