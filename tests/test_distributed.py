@@ -218,8 +218,7 @@ def test_a_lost_worker_makes_the_others_fail_within_the_timeout(tmp_path, how, e
     # absl's mutex, or SIGSEGV after absl's mutex traces) while it cancels a
     # collective whose peer is gone, before the error reaches Python; that crash
     # is not the library's to test, so such a run is repeated in a fresh
-    # directory. Every completed run is held to the
-    # one outcome below.
+    # directory. Every completed run is held to the one outcome below.
     for attempt in range(3):
         run_dir = tmp_path / f"attempt{attempt}"
         run_dir.mkdir()
