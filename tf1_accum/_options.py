@@ -54,7 +54,7 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
             does not clip).
 
     Returns:
-        The `GradientTransform`.
+        A gradient transform, as ``transform=`` takes.
 
     Raises:
         TypeError, ValueError: If ``clip_norm`` is not a positive, finite
@@ -79,7 +79,7 @@ class WindowOptions:
     """The window options, the same in every way in, checked when made.
 
     Every way in takes them as keywords and makes one `WindowOptions`
-    (`Accumulation.options`, `TrainOpWindow.options`); :ref:`window-options`
+    (`Accumulation.options`, ``options`` of a `TrainOpWindow`); :ref:`window-options`
     explains them (and ``weight``, ``cross_replica`` and ``fused``, which are
     not kept here) and :ref:`api-options` says which way in takes which. The
     options cannot change; a deep copy is the options themselves.
