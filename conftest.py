@@ -6,7 +6,8 @@ process-wide, so one pytest run tests one of them, chosen by
 
 * ``v1`` (the default): ``disable_v2_behavior()``, reference variables as
   under TensorFlow 1.x. Every test runs.
-* ``resource``: only ``disable_eager_execution()``, resource variables. Tests
+* ``resource``: only ``disable_eager_execution()``, resource variables (on
+  TensorFlow 1.15, ``enable_resource_variables()`` as well). Tests
   marked ``graph_mode_independent`` (the source checker, the docs, scripts
   that start their own processes) are skipped: the ``v1`` run has them.
 * ``ref_v2``: ``disable_eager_execution()`` and
@@ -20,8 +21,12 @@ process-wide, so one pytest run tests one of them, chosen by
 pytest`` alone runs one, with ``-k``, ``-x`` and ``-n`` (pytest-xdist) as usual.
 """
 
-import importlib.metadata
 import os
+
+try:
+    import importlib.metadata as metadata
+except ImportError:  # Python 3.7, where pytest brings the backport
+    import importlib_metadata as metadata
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # tf.compat.v1.layers (batch normalization in tests/test_batch_norm.py) needs
@@ -63,6 +68,8 @@ def _enter_graph_mode():
         tf.compat.v1.disable_eager_execution()
         if GRAPH_MODE == "ref_v2":
             tf.compat.v1.disable_resource_variables()
+        else:
+            tf.compat.v1.enable_resource_variables()  # TensorFlow 1.15's default is reference
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)
 
 
@@ -81,9 +88,9 @@ def pytest_configure(config):
 def pytest_report_header(config):
     for distribution in ("tensorflow", "tensorflow-cpu"):
         try:
-            version = importlib.metadata.version(distribution)
+            version = metadata.version(distribution)
             break
-        except importlib.metadata.PackageNotFoundError:
+        except metadata.PackageNotFoundError:
             version = "not installed"
     return f"tf1_accum graph mode: {GRAPH_MODE} (TensorFlow {version})"
 

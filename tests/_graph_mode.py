@@ -22,4 +22,6 @@ def enter(eager=False):
         tf.compat.v1.disable_eager_execution()
         if mode == "ref_v2":
             tf.compat.v1.disable_resource_variables()
+        else:
+            tf.compat.v1.enable_resource_variables()  # TensorFlow 1.15's default is reference
     tf.compat.v1.logging.set_verbosity(tf.compat.v1.logging.ERROR)

@@ -6,6 +6,8 @@ the large batch. Public names are imported on first use (PEP 562): the source
 checker needs no TensorFlow.
 """
 
+from __future__ import annotations
+
 import importlib as _importlib
 import typing as _typing
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import typing
+import weakref
 
-import tensorflow as tf
-from tensorflow.python.client import session as _tf_session
+from tf1_accum._compat import fetch_handler
+from tf1_accum._compat import patch
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
@@ -186,7 +187,7 @@ def build_accumulation(
                     name="accumulate_and_apply",
                 )
     ops = {"zero_op": zero_op, "accum_op": accum_op, "apply_op": apply_op}
-    _one_per_run({**ops, "accum_apply_op": accum_apply_op})
+    _one_per_run(window.scope, {**ops, "accum_apply_op": accum_apply_op})
     return Accumulation(
         zero_op=zero_op,
         accum_op=accum_op,
@@ -261,43 +262,60 @@ def _op_first(applied: Applied) -> tuple[tf.Operation, Applied]:
     return applied.op, applied
 
 
-# The attribute that marks an op of `Accumulation` with its window and field.
-_WINDOW_OP = "_tf1_accum_window_op"
+#: Graph collection that marks each op of an `Accumulation` with its window and
+#: field (a string "op window field"): kept in the graph, so a graph exported
+#: with ``export_meta_graph`` and imported again keeps its refusal.
+WINDOW_OPS_COLLECTION = "tf1_accum_window_ops"
+
+# graph -> (collection size read, {op name: (window, field)}).
+_marks: weakref.WeakKeyDictionary[tf.Graph, tuple[int, dict[str, tuple[str, str]]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def window_op_of(op: tf.Operation) -> tuple[object, str] | None:
+def window_op_of(op: tf.Operation) -> tuple[str, str] | None:
     """``(window, field)`` of an op that `build_accumulation` returned, else None."""
-    return getattr(op, _WINDOW_OP, None)
+    return _window_ops(op.graph).get(op.name)
 
 
-def _one_per_run(ops: dict[str, tf.Operation | None]) -> None:
+def _window_ops(graph: tf.Graph) -> dict[str, tuple[str, str]]:
+    entries = graph.get_collection_ref(WINDOW_OPS_COLLECTION)
+    read, marks = _marks.get(graph, (0, {}))
+    if read != len(entries):
+        for entry in entries[read:]:
+            name, window, field = tf.compat.as_str(entry).split(" ")
+            marks[name] = (window, field)
+        _marks[graph] = (len(entries), marks)
+    return marks
+
+
+def _one_per_run(window: str, ops: dict[str, tf.Operation | None]) -> None:
     """Makes ``session.run`` refuse two of a window's ``ops`` (by field) in one run.
 
     Ops of a run run in no fixed order; one grouping two is `check_graph`'s to find.
     """
-    window = object()
     for field, op in ops.items():
         if op is not None:
-            setattr(op, _WINDOW_OP, (window, field))
-    handler = _tf_session._FetchHandler
-    if getattr(handler.__init__, "_tf1_accum_one_per_run", False):
-        return
-    original = handler.__init__
+            op.graph.add_to_collection(WINDOW_OPS_COLLECTION, f"{op.name} {window} {field}")
+    patch(fetch_handler(), "__init__", "self graph fetches feeds feed_handles", _refusing)
 
-    @functools.wraps(original)
-    def init(self: typing.Any, *args: typing.Any, **kwargs: typing.Any) -> None:
-        original(self, *args, **kwargs)
-        seen: dict[object, str] = {}
+
+def _refusing(original: typing.Callable[..., None]) -> typing.Callable[..., None]:
+    def init(self: typing.Any, graph: tf.Graph, *args: typing.Any, **kwargs: typing.Any) -> None:
+        original(self, graph, *args, **kwargs)
+        marks = _window_ops(graph)
+        if not marks:
+            return
+        seen: dict[str, str] = {}
         for op in self.targets():
-            mark = getattr(op, _WINDOW_OP, None)
+            mark = marks.get(op.name)
             if mark is None:
                 continue
             if mark[0] in seen:
                 raise ValueError(_two_in_one_run(seen[mark[0]], mark[1]))
             seen[mark[0]] = mark[1]
 
-    init.__dict__["_tf1_accum_one_per_run"] = True
-    handler.__init__ = init
+    return init
 
 
 def _two_in_one_run(first: str, second: str) -> str:

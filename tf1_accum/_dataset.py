@@ -5,7 +5,8 @@ from __future__ import annotations
 import functools
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
@@ -180,14 +181,11 @@ def build_dataset_accumulation(
             """Calls loss_fn (and weight) on a micro-batch, builds the window; (count, loss, w)."""
             branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
             # In the caller's name scope: variables get the names they have without accumulation.
-            with (
-                branch_graph.name_scope(caller_scope + "/" if caller_scope else ""),
-                tf.compat.v1.variable_creator_scope(
-                    functools.partial(_initialized_outside_the_loop, graph)
-                ),
-            ):
-                loss = loss_fn(batch)
-                w = None if weight is None else weight(batch)
+            creator = functools.partial(_initialized_outside_the_loop, graph)
+            with branch_graph.name_scope(caller_scope + "/" if caller_scope else ""):
+                with tf.compat.v1.variable_creator_scope(creator):
+                    loss = loss_fn(batch)
+                    w = None if weight is None else weight(batch)
             before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
             updates = branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
             added = [op for op in updates if id(op) not in before and run_updates]
@@ -305,7 +303,7 @@ def _initialized_outside_the_loop(
     """Builds a variable's initial value outside the loop: copied out if it reads none of it."""
     initial_value = kwargs.get("initial_value")
     if isinstance(initial_value, tf.Tensor) and (
-        initial_value.graph is not graph or initial_value.op._get_control_flow_context() is not None
+        initial_value.graph is not graph or control_flow_context(initial_value.op) is not None
     ):
         lifted = _copied_out_of_the_loop(initial_value, graph)
         if lifted is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._state import Part

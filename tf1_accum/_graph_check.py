@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import function_bodies
+from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _schedule_check
@@ -37,16 +39,18 @@ _READ_OPS = frozenset(
     {"ReadVariableOp", "Identity", "RefIdentity", "ResourceGather", "Gather", "GatherV2"}
 )
 # Accumulate ops and assigns (input 0 the variable) to the index of the value.
-_ADDED = {"AssignAdd": 1, "AssignAddVariableOp": 1} | dict.fromkeys(
-    ["ScatterAdd", "ResourceScatterAdd", "ScatterNdAdd", "ResourceScatterNdAdd"], 2
+_ADDED = {"AssignAdd": 1, "AssignAddVariableOp": 1}
+_ADDED.update(
+    dict.fromkeys(["ScatterAdd", "ResourceScatterAdd", "ScatterNdAdd", "ResourceScatterNdAdd"], 2)
 )
-_ASSIGNED = {"Assign": 1, "AssignVariableOp": 1} | dict.fromkeys(
-    ["ScatterUpdate", "ResourceScatterUpdate", "ScatterNdUpdate", "ResourceScatterNdUpdate"], 2
+_ASSIGNED = {"Assign": 1, "AssignVariableOp": 1}
+_ASSIGNED.update(
+    dict.fromkeys(
+        ["ScatterUpdate", "ResourceScatterUpdate", "ScatterNdUpdate", "ResourceScatterNdUpdate"], 2
+    )
 )
 # Other writes in place (a sparse window marks its rows touched): state, not data.
 _UPDATED = frozenset({"ScatterMax", "ResourceScatterMax", "ScatterMin", "ResourceScatterMin"})
-_BODY_GRAPHS = dict.fromkeys(["If", "StatelessIf"], ["_true_graph", "_false_graph"])
-_BODY_GRAPHS |= dict.fromkeys(["While", "StatelessWhile"], ["_cond_graph", "_body_graph"])
 # Ops that read a tensor's shape, not its values.
 _SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
 
@@ -189,9 +193,7 @@ def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
 
 def _bodies(op: tf.Operation) -> list[tuple[tf.Graph, list[tf.Tensor]]]:
     """(function graph, outer tensor of each of its inputs) of a version 2 ``If`` or ``While``."""
-    if op.type not in _BODY_GRAPHS:
-        return []
-    graphs = [getattr(op, name, None) for name in _BODY_GRAPHS[op.type]]
+    graphs = function_bodies(op)
     outer = list(op.inputs)[1:] if op.type in ("If", "StatelessIf") else list(op.inputs)
     return [(g, outer) for g in graphs if g is not None]
 
@@ -336,7 +338,7 @@ class _Graph:
 
     def conditional(self, op: tf.Operation) -> bool:
         """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
-        return op.graph is not self.graph or op._get_control_flow_context() is not None
+        return op.graph is not self.graph or control_flow_context(op) is not None
 
     def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:
         """The summing accumulator whose value ``op`` outputs unchanged, or None."""

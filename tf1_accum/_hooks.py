@@ -8,7 +8,7 @@ import typing
 import warnings
 import weakref
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _unhooked
 

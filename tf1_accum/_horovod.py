@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed

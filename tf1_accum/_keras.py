@@ -11,7 +11,7 @@ import re
 import sys
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 # Keras optimizer class name -> the tf.compat.v1.train optimizer doing the same job.
 _KERAS_TO_V1 = {

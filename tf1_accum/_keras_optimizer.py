@@ -6,7 +6,7 @@ import copy
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum import _keras

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import add_control_inputs
+from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import set_control_inputs
+from tf1_accum._compat import tf
 
 from tf1_accum._options import Gradient
 from tf1_accum._shared_apply import SharedApply
@@ -95,8 +98,7 @@ def _section(
     for op in created:
         if op.name not in section and lock_op in op.control_inputs:
             kept = [c for c in op.control_inputs if c is not lock_op]
-            op._remove_all_control_inputs()
-            op._add_control_inputs(kept)
+            set_control_inputs(op, kept)
     section.pop(lock_op.name, None)
     return list(section.values())
 
@@ -134,12 +136,12 @@ def _lock_before_state_reads(
     the lock's own control dependency does not reach.
     """
     sources = {v.op.name for v in state}
-    context = lock_op._get_control_flow_context()
+    context = control_flow_context(lock_op)
     for op in created:
-        if op is lock_op or op._get_control_flow_context() is not context:
+        if op is lock_op or control_flow_context(op) is not context:
             continue
         if lock_op not in op.control_inputs and any(t.op.name in sources for t in op.inputs):
-            op._add_control_input(lock_op)
+            add_control_inputs(op, [lock_op])
 
 
 def apply_one_at_a_time(
@@ -186,7 +188,7 @@ def apply_one_at_a_time(
         waited = users[k]
         starts = [op for op in own[following] if not any(d in own[following] for d in before(op))]
         for op in starts if waited else ():
-            op._add_control_inputs(waited)
+            add_control_inputs(op, waited)
     return update
 
 

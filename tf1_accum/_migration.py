@@ -10,7 +10,8 @@ import re
 import typing
 import warnings
 
-import tensorflow as tf
+from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
@@ -158,7 +159,7 @@ class WindowStart:
         for op in step.graph.get_operations():
             if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not target:
                 continue
-            if op._get_control_flow_context() is not None or op.name in self.own:
+            if control_flow_context(op) is not None or op.name in self.own:
                 continue
             if op is step.initializer:
                 continue

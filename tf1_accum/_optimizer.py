@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import typing
 import warnings
 
-import tensorflow as tf
+from tf1_accum._compat import cached_property
+from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _validate
@@ -55,7 +55,7 @@ class _Reach:
         self.window, self._roots = window, roots
         self.trains = {v.op.name for v in window.var_list}
 
-    @functools.cached_property
+    @cached_property
     def reads(self) -> set[str]:
         """Names of the ops the loss (or the gradients given) reads: variables, placeholders..."""
         ops: set[tf.Operation] = set()

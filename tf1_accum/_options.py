@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 
@@ -74,7 +75,7 @@ def clip_by_global_norm(clip_norm: float) -> GradientTransform:
     return clip
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True)
 class WindowOptions:
     """The window options, the same in every way in, checked when made.
 
@@ -205,7 +206,7 @@ def _created_outside(
     if isinstance(value, tf.Tensor):
         with tf.init_scope():
             outer = tf.compat.v1.get_default_graph()
-        if value.graph is not outer or value.op._get_control_flow_context() is not None:
+        if value.graph is not outer or control_flow_context(value.op) is not None:
             raise ValueError(
                 "A gradient transform creates a variable from a tensor computed where the "
                 f"apply is built ({value.name}), inside a conditional (it "

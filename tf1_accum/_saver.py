@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import add_control_inputs
+from tf1_accum._compat import tf
 
 from tf1_accum._state import MUTEX_COLLECTION
 
@@ -94,13 +95,13 @@ def _locked(
                         )
                     op._update_input(index, again)
                 elif lock not in op.control_inputs:
-                    op._add_control_input(lock)
+                    add_control_inputs(op, [lock])
         finished = [t.op for t in last.inputs] + list(last.control_inputs)
         releases = []
         for lock, mutex in zip(locks, mutexes):
             with on_device(mutex), tf.control_dependencies(finished):
                 releases.append(tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name=f"{name}_unlock"))
-    last._add_control_inputs(releases)
+    add_control_inputs(last, releases)
 
 
 def _ancestors(last: tf.Operation, created: typing.Container[str]) -> list[tf.Operation]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum._saver import Saver
 from tf1_accum._state import STATE_COLLECTION

@@ -6,7 +6,7 @@ import math
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum._window import APPLY_DUE_COLLECTION
 

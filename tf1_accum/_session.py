@@ -9,7 +9,7 @@ import typing
 import weakref
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _validate

@@ -6,12 +6,15 @@ optimizer creating its state inside it would fail or make a second state.
 them in ``init_scope`` and advances ``global_step`` once per update.
 """
 
+from __future__ import annotations
+
 import contextlib
 import functools
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import tf
 
 from tf1_accum._wrapping import counts_its_own_steps
 
@@ -197,7 +200,7 @@ def _check_liftable(optimizer: object, kwargs: typing.Mapping[str, typing.Any]) 
         return
     with tf.init_scope():
         outer = tf.compat.v1.get_default_graph()
-    inside = value.graph is not outer or value.op._get_control_flow_context() is not None
+    inside = value.graph is not outer or control_flow_context(value.op) is not None
     if inside:
         raise ValueError(
             _CANNOT_LIFT.format(

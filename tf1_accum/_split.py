@@ -10,7 +10,7 @@ import collections.abc
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 

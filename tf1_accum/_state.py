@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 #: Graph collection of every variable tf1_accum creates; global variables
 #: (saved), local ones under ``replica_device_setter`` (:doc:`distributed`).

@@ -12,7 +12,7 @@ import numbers
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._options import WindowOptions

@@ -10,7 +10,7 @@ from __future__ import annotations
 import typing
 import warnings
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 

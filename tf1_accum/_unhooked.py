@@ -6,13 +6,14 @@ there is in the concepts page, "Design notes".
 
 from __future__ import annotations
 
-import functools
-import sys
 import typing
 import warnings
 import weakref
 
-import tensorflow as tf
+from tf1_accum._compat import keras_callback_list
+from tf1_accum._compat import patch
+from tf1_accum._compat import saver_hook_state
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 
@@ -37,18 +38,15 @@ def keep_windows(session: tf.compat.v1.Session, counters: typing.Iterable[tf.Var
 
 def watch_checkpoint_saver_hook() -> None:
     """Makes ``CheckpointSaverHook.end`` warn of a partial window it would leave out (once)."""
-    hook_class = tf.compat.v1.train.CheckpointSaverHook
-    if getattr(hook_class.end, "_tf1_accum_watched", False):
-        return
-    original = hook_class.end
 
-    @functools.wraps(original)
-    def end(self: tf.compat.v1.train.CheckpointSaverHook, session: tf.compat.v1.Session) -> None:
-        _warn_if_left_out(self, session)
-        return original(self, session)
+    def watching(original: typing.Callable[..., None]) -> typing.Callable[..., None]:
+        def end(self: typing.Any, session: tf.compat.v1.Session) -> None:
+            _warn_if_left_out(self, session)
+            return original(self, session)
 
-    end.__dict__["_tf1_accum_watched"] = True
-    hook_class.end = end
+        return end
+
+    patch(tf.compat.v1.train.CheckpointSaverHook, "end", "self session", watching)
 
 
 def _warn_if_left_out(
@@ -57,15 +55,14 @@ def _warn_if_left_out(
     """Warns when ``session`` ends mid-window and no accumulation hook keeps the window."""
     kept = _kept.get(session, ())
     counters = [c for c in session.graph.get_collection(TRAIN_OP_COUNTERS) if c.name not in kept]
-    last_triggered = getattr(getattr(saver_hook, "_timer", None), "last_triggered_step", None)
-    step_tensor = getattr(saver_hook, "_global_step_tensor", None)
-    if not counters or step_tensor is None or last_triggered is None:
+    step_tensor, last_save = saver_hook_state(saver_hook)
+    if not counters or step_tensor is None:
         return
     pending = sum(int(count) for count in session.run(counters))
     if not pending:
         return
     step = int(session.run(step_tensor))
-    if last_triggered() == step:
+    if last_save == step:
         warnings.warn(
             f"tf1_accum: the session ends with {pending} micro-batches accumulated since "
             f"the last update (global_step {step}), and CheckpointSaverHook writes no "
@@ -87,14 +84,14 @@ def _warn_if_left_out(
 
 
 def watch_keras_fit() -> None:
-    """Makes tf_keras's ``fit`` warn of epochs that ended mid-window (one read an epoch)."""
-    callbacks = getattr(sys.modules.get("tf_keras"), "callbacks", None)
-    hook_class = getattr(callbacks, "CallbackList", None)
-    if hook_class is None or getattr(hook_class.on_epoch_end, "_tf1_accum_watched", False):
-        return
-    epoch_end, train_end = hook_class.on_epoch_end, hook_class.on_train_end
+    """Makes Keras's ``fit`` warn of epochs that ended mid-window (one read an epoch)."""
+    callback_list = keras_callback_list()
+    if callback_list is not None:
+        patch(callback_list, "on_epoch_end", "self epoch logs", _reading_epochs)
+        patch(callback_list, "on_train_end", "self logs", _warning_at_end)
 
-    @functools.wraps(epoch_end)
+
+def _reading_epochs(epoch_end: typing.Callable[..., None]) -> typing.Callable[..., None]:
     def on_epoch_end(self: typing.Any, epoch: int, logs: typing.Any = None) -> None:
         epoch_end(self, epoch, logs)
         # The model's optimizer if it accumulates (a TF1 one is behind ``.optimizer``).
@@ -108,7 +105,10 @@ def watch_keras_fit() -> None:
                 self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
                 break
 
-    @functools.wraps(train_end)
+    return on_epoch_end
+
+
+def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..., None]:
     def on_train_end(self: typing.Any, logs: typing.Any = None) -> None:
         train_end(self, logs)
         pending = self.__dict__.pop("_tf1_accum_epochs", [])
@@ -127,5 +127,4 @@ def watch_keras_fit() -> None:
             stacklevel=_validate._caller_stacklevel(),
         )
 
-    on_epoch_end.__dict__["_tf1_accum_watched"] = True
-    hook_class.on_epoch_end, hook_class.on_train_end = on_epoch_end, on_train_end
+    return on_train_end

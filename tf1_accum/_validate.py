@@ -1,5 +1,7 @@
 """Argument checks the ways in run before building anything (the graph stays as it was)."""
 
+from __future__ import annotations
+
 import collections.abc
 import contextlib
 import math
@@ -11,7 +13,7 @@ import typing
 import warnings
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _keras
 

@@ -10,7 +10,7 @@ import functools
 import typing
 
 import numpy as np
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._locking import apply_one_at_a_time
@@ -43,12 +43,14 @@ APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 Sums = typing.Sequence[tuple]  # each part's sums, aligned with `Window.parts`
 
 
-class Reducer(typing.Protocol):
-    """Sums a window across the workers (`_distributed._WindowReducer`)."""
+if typing.TYPE_CHECKING:  # typing.Protocol is Python 3.8's
 
-    def reduce(
-        self, slots: typing.Sequence[typing.Any], added: Added, parts: typing.Sequence[Part]
-    ) -> tuple[Added, list[tf.Operation]]: ...
+    class Reducer(typing.Protocol):
+        """Sums a window across the workers (`_distributed._WindowReducer`)."""
+
+        def reduce(
+            self, slots: typing.Sequence[typing.Any], added: Added, parts: typing.Sequence[Part]
+        ) -> tuple[Added, list[tf.Operation]]: ...
 
 
 class Added(typing.NamedTuple):

@@ -4,9 +4,11 @@ TensorFlow's wrappers keep the optimizer they wrap in ``_optimizer`` (the
 loss-scale optimizers) or ``_opt`` (``SyncReplicasOptimizer``).
 """
 
+from __future__ import annotations
+
 import typing
 
-import tensorflow as tf
+from tf1_accum._compat import tf
 
 
 def wrapping_chain(optimizer: object) -> typing.Iterator[object]:
