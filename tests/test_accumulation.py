@@ -453,3 +453,37 @@ def test_optimizer_wrapper_in_eager_mode_says_what_to_call():
     with context.eager_mode():
         with pytest.raises(RuntimeError, match=r"disable_eager_execution\(\)"):
             opt.apply_gradients([(tf.constant(1.0), None)])
+
+
+def test_an_exported_and_imported_graph_still_refuses_two_window_ops_in_one_run(tmp_path):
+    # The marks are in the graph (a collection), not on the Python objects.
+    window = make_batches(tf.float64, False, 3, 5)
+    (large_batch,) = plain_training("sgd", tf.float64, False, [window])
+    with tf.Graph().as_default():
+        model, opt = _sgd_model()
+        step = v1.train.get_or_create_global_step()
+        acc = tf1_accum.build_accumulation(model.loss, opt, global_step=step)
+        names = {field: getattr(acc, field).name for field in ("accum_op", "apply_op")}
+        feeds = [model.inputs.name, model.labels.name]
+        v1.train.export_meta_graph(str(tmp_path / "model.meta"))
+    with tf.Graph().as_default() as graph:
+        v1.train.import_meta_graph(str(tmp_path / "model.meta"))
+        accum_op, apply_op = (
+            graph.get_operation_by_name(names[f]) for f in ("accum_op", "apply_op")
+        )
+        x, y = (graph.get_tensor_by_name(name) for name in feeds)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in window[:-1]:
+                sess.run(accum_op, {x: batch[0], y: batch[1]})
+            before = values_by_name(sess, v1.global_variables())
+            with pytest.raises(
+                ValueError, match="accum_op and apply_op of one accumulation are fetched"
+            ):
+                sess.run([accum_op, apply_op], {x: window[-1][0], y: window[-1][1]})
+            for name, value in values_by_name(sess, v1.global_variables()).items():
+                np.testing.assert_array_equal(value, before[name], err_msg=name)
+            sess.run(accum_op, {x: window[-1][0], y: window[-1][1]})
+            sess.run(apply_op)
+            trained = values_by_name(sess, v1.global_variables())
+    assert_same_values(trained, large_batch, RTOL[tf.float64], "after the imported graph's window")

@@ -27,18 +27,26 @@ import tensorflow as _tensorflow
 
 #: The TensorFlow releases the test suite runs on.
 TESTED = "1.15 (Python 3.7) and 2.15 to 2.21"
-VERSION = tuple(int(part) for part in re.findall(r"\d+", _tensorflow.__version__)[:2])
 #: Whether this is TensorFlow 1.x.
-TF1 = VERSION[0] == 1
+TF1 = _tensorflow.__version__.startswith("1.")
 
 tf = _tensorflow.compat.v2 if TF1 else _tensorflow
 
-if VERSION != (1, 15) and not (2, 15) <= VERSION <= (2, 21):
-    warnings.warn(
-        f"tf1_accum is tested on TensorFlow {TESTED}; this is TensorFlow "
-        f"{_tensorflow.__version__}. It may work; if a build fails, install a tested release.",
-        stacklevel=2,
+
+def untested(version: str) -> str | None:
+    """The warning for a TensorFlow ``version`` outside the tested releases, else None."""
+    major_minor = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if major_minor == (1, 15) or (2, 15) <= major_minor <= (2, 21):
+        return None
+    return (
+        f"tf1_accum is tested on TensorFlow {TESTED}; this is TensorFlow {version}. "
+        "It may work; if a build fails, install a tested release."
     )
+
+
+_UNTESTED = untested(_tensorflow.__version__)
+if _UNTESTED:
+    warnings.warn(_UNTESTED, stacklevel=2)
 
 if sys.version_info >= (3, 8):
     cached_property = functools.cached_property
@@ -83,13 +91,23 @@ def set_control_inputs(
     op._add_control_inputs(inputs)
 
 
-_BODIES = dict.fromkeys(["If", "StatelessIf"], ("_true_graph", "_false_graph"))
-_BODIES.update(dict.fromkeys(["While", "StatelessWhile"], ("_cond_graph", "_body_graph")))
+# A version 2 If or While's function graphs: (attribute of the op, attribute naming the function).
+_BODIES = dict.fromkeys(
+    ["If", "StatelessIf"], [("_true_graph", "then_branch"), ("_false_graph", "else_branch")]
+)
+_BODIES.update(
+    dict.fromkeys(["While", "StatelessWhile"], [("_cond_graph", "cond"), ("_body_graph", "body")])
+)
 
 
 def function_bodies(op: _tensorflow.Operation) -> list[_tensorflow.Graph]:
     """The function graphs of a version 2 ``If`` or ``While`` built in this process, else []."""
-    graphs = [getattr(op, name, None) for name in _BODIES.get(op.type, ())]
+    if TF1:  # 1.15 keeps them in the graph's function library only
+        found = [
+            op.graph._get_function(op.get_attr(name).name) for _, name in _BODIES.get(op.type, ())
+        ]
+        return [function.graph for function in found if function is not None]
+    graphs = [getattr(op, name, None) for name, _ in _BODIES.get(op.type, ())]
     return [graph for graph in graphs if graph is not None]
 
 
