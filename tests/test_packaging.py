@@ -20,38 +20,58 @@ TENSORFLOW_PACKAGES = ("tensorflow", "tensorflow-cpu", "tf_keras")
 
 
 def _tensorflow_specifiers():
-    """Every (extra, package, specifier) that names a TensorFlow package."""
+    """Every (extra, package, specifier, marker) that names a TensorFlow package."""
     found = []
     for extra, requirements in PROJECT["optional-dependencies"].items():
         for requirement in requirements:
-            package, specifier = re.fullmatch(r"([\w.-]+)(.*)", requirement).groups()
+            package, specifier, marker = re.fullmatch(
+                r"([\w.-]+)([^;]*)(?:; (.*))?", requirement
+            ).groups()
             if package in TENSORFLOW_PACKAGES:
-                found.append((extra, package, specifier))
+                found.append((extra, package, specifier, marker))
     return found
 
 
-def test_every_extra_names_the_same_tensorflow_range():
+# The two supported ranges, and the Pythons an extra that installs both picks them by.
+TF2, TF1 = ">=2.15,<2.22", ">=1.15,<1.16"
+MARKERS = {TF2: "python_version >= '3.10'", TF1: "python_version < '3.8'"}
+
+
+def test_every_extra_names_one_of_the_two_tensorflow_ranges():
     found = _tensorflow_specifiers()
-    assert {package for _, package, _ in found} == set(TENSORFLOW_PACKAGES)
-    assert {extra for extra, _, _ in found} == {"cpu", "tensorflow", "test", "examples", "bench"}
-    specifiers = {specifier for _, _, specifier in found}
-    assert specifiers == {">=2.15,<2.22"}, found
+    assert {package for _, package, _, _ in found} == set(TENSORFLOW_PACKAGES)
+    assert {extra for extra, _, _, _ in found} == {
+        "cpu",
+        "tensorflow",
+        "tf1",
+        "test",
+        "examples",
+        "bench",
+        "docs",
+    }
+    assert {specifier for _, _, specifier, _ in found} == {TF2, TF1}, found
+    for extra, package, specifier, marker in found:
+        assert (package, specifier) != ("tf_keras", TF1), "TensorFlow 1.15 has its Keras inside"
+        both = extra in ("test", "examples")
+        assert marker == (MARKERS[specifier] if both else None), (extra, package, marker)
+    # The extras that install both pin 1.15's protobuf where they install 1.15.
+    for extra in ("tf1", "test", "examples"):
+        pins = [r for r in PROJECT["optional-dependencies"][extra] if r.startswith("protobuf")]
+        assert pins == ["protobuf<3.21" + ("; " + MARKERS[TF1] if extra != "tf1" else "")]
 
 
-def test_readme_and_missing_tensorflow_error_state_the_same_range():
-    # ">=2.15,<2.22" reads "2.15 to 2.21" in prose.
-    (specifier,) = {specifier for _, _, specifier in _tensorflow_specifiers()}
-    major, minor, end_major, end_minor = map(
-        int, re.fullmatch(r">=(\d+)\.(\d+),<(\d+)\.(\d+)", specifier).groups()
-    )
-    assert end_major == major, "a range across major releases needs other prose"
-    first, last = f"{major}.{minor}", f"{major}.{end_minor - 1}"
+def test_readme_and_missing_tensorflow_error_state_the_same_ranges():
     readme = " ".join((ROOT / "README.rst").read_text(encoding="utf-8").split())
-    assert f"TensorFlow {first} to {last}" in readme
-    assert f"TensorFlow ({first} to {last})" in tf1_accum._NO_TENSORFLOW
-    # The script that runs the suite on each end of the range.
+    assert (
+        "**TensorFlow 1.15 on Python 3.7**, and **TensorFlow 2.15 to 2.21 on Python 3.10" in readme
+    )
+    assert 'pip install -e ".[tf1]" # tensorflow 1.15 and protobuf<3.21' in readme
+    assert "TensorFlow (2.15 to 2.21, or 1.15 on Python 3.7)" in tf1_accum._NO_TENSORFLOW
+    assert f"pip install 'tensorflow{TF1}' 'protobuf<3.21'" in tf1_accum._NO_TENSORFLOW
+    assert PROJECT["requires-python"] == ">=3.7"
+    # The script that runs the suite on each end of the TensorFlow 2 range.
     script = (ROOT / "scripts" / "test_tf_versions.sh").read_text(encoding="utf-8")
-    assert f"versions=({first} {last})" in script
+    assert "versions=(2.15 2.21)" in script
 
 
 def test_missing_tensorflow_error_names_what_pip_can_install():
@@ -147,11 +167,11 @@ def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path
     def run(*command, cwd=tmp_path, **env):
         return _run(*command, cwd=cwd, **env)
 
-    (requirement,) = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
+    requirements = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))[
         "build-system"
     ]["requires"]
     pip = (sys.executable, "-m", "pip")
-    run(*pip, "install", "--quiet", "--target", str(tmp_path / "build"), requirement)
+    run(*pip, "install", "--quiet", "--target", str(tmp_path / "build"), *requirements)
     build = {"PYTHONPATH": str(tmp_path / "build")}
     version = run(sys.executable, "setup.py", "--version", cwd=source, **build)
     assert version.split()[-1] == tf1_accum.__version__
