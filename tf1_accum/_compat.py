@@ -177,3 +177,18 @@ def empty_optional(iterator: typing.Any) -> typing.Any:
     if TF1:
         return tf.data.experimental.Optional.none_from_structure(iterator.element_spec)
     return tf.experimental.Optional.empty(iterator.element_spec)
+
+
+# Where TensorFlow's frames are, skipped when a warning points at the caller's line.
+
+
+def tensorflow_dir() -> str:
+    """The directory TensorFlow's Python code runs from, ``tensorflow_core`` on 1.15.
+
+    1.15's ``tf.__file__`` is an API module inside it, and its ``tensorflow``
+    package only loads ``tensorflow_core``.
+    """
+    import os
+
+    framework = os.path.dirname(os.path.abspath(inspect.getfile(_tensorflow.Graph)))
+    return os.path.dirname(os.path.dirname(framework))  # .../python/framework
