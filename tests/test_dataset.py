@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-import tf_keras
 
 import tf1_accum
 from _helpers import FEATURES
@@ -17,6 +16,7 @@ from _helpers import loss_fn_of as _loss_fn
 from _helpers import make_batches
 from _helpers import plain_training
 from _helpers import values_by_name
+from _keras import keras
 from _statistics import assert_statistics
 from _statistics import dense
 from _statistics import numpy_ema
@@ -352,10 +352,10 @@ def _linear_loss(kind, kernel, bias):
     def loss_fn(batch):
         inputs, labels = batch
         if kind == "keras":
-            predictions = tf_keras.layers.Dense(
+            predictions = keras.layers.Dense(
                 1,
-                kernel_initializer=tf_keras.initializers.Constant(kernel),
-                bias_initializer=tf_keras.initializers.Constant(bias),
+                kernel_initializer=keras.initializers.Constant(kernel),
+                bias_initializer=keras.initializers.Constant(bias),
                 dtype=tf.float64,
             )(inputs)
         else:

@@ -177,3 +177,36 @@ def keras_callback_list() -> type | None:
     else:
         callbacks = getattr(sys.modules.get("tf_keras"), "callbacks", None)
     return getattr(callbacks, "CallbackList", None)
+
+
+# The in-graph dataset loop's draws: 1.15's iterator has no get_next_as_optional,
+# and its Optional is tf.data.experimental.Optional, made empty by none_from_structure.
+
+
+def next_as_optional(iterator: typing.Any) -> typing.Any:
+    """The iterator's next element as an ``Optional``, empty at the end of the data."""
+    if TF1:
+        return tf.data.experimental.get_next_as_optional(iterator)
+    return iterator.get_next_as_optional()
+
+
+def empty_optional(iterator: typing.Any) -> typing.Any:
+    """An empty ``Optional`` of the type of the iterator's elements."""
+    if TF1:
+        return tf.data.experimental.Optional.none_from_structure(iterator.element_spec)
+    return tf.experimental.Optional.empty(iterator.element_spec)
+
+
+# Where TensorFlow's frames are, skipped when a warning points at the caller's line.
+
+
+def tensorflow_dir() -> str:
+    """The directory TensorFlow's Python code runs from, ``tensorflow_core`` on 1.15.
+
+    1.15's ``tf.__file__`` is an API module inside it, and its ``tensorflow``
+    package only loads ``tensorflow_core``.
+    """
+    import os
+
+    framework = os.path.dirname(os.path.abspath(inspect.getfile(_tensorflow.Graph)))
+    return os.path.dirname(os.path.dirname(framework))  # .../python/framework

@@ -6,6 +6,8 @@ import functools
 import typing
 
 from tf1_accum._compat import control_flow_context
+from tf1_accum._compat import empty_optional
+from tf1_accum._compat import next_as_optional
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
@@ -227,8 +229,8 @@ def build_dataset_accumulation(
             # drawn after the window's last would be lost to it and to the next.
             following = tf.cond(
                 new_count < steps,
-                iterator.get_next_as_optional,
-                lambda: tf.experimental.Optional.empty(iterator.element_spec),
+                lambda: next_as_optional(iterator),
+                lambda: empty_optional(iterator),
                 name="draw_next",
             )
             return tf.identity(new_count), following, loss_sum, weight_sum, drawn + 1
@@ -243,7 +245,7 @@ def build_dataset_accumulation(
                     draw_one,
                     [
                         tf.constant(0, tf.int64),
-                        iterator.get_next_as_optional(),
+                        next_as_optional(iterator),
                         zero,
                         zero,
                         tf.constant(0, tf.int64),

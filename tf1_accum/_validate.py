@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 from tf1_accum._compat import tf
+from tf1_accum._compat import tensorflow_dir
 
 from tf1_accum import _keras
 
@@ -360,10 +361,8 @@ def usable_gradients(
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(tf.__file__)) + os.sep,
-    os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(tf.__file__))), "")
-    + "tf_keras"
-    + os.sep,
+    os.path.join(tensorflow_dir(), ""),
+    os.path.join(os.path.dirname(tensorflow_dir()), "tf_keras", ""),
 )
 
 
