@@ -306,12 +306,15 @@ def test_bad_loss_is_rejected_and_builds_nothing(make_loss, error, message):
 
 
 def test_keras_optimizer_is_rejected_with_the_class_to_use():
+    from _keras import LEGACY_NAME
+    from _keras import not_legacy  # tf_keras's new optimizers, 1.15's Keras 1 style ones
+
     with tf.Graph().as_default():
         _, _, loss = _scalar_model()
-        keras_adam = tf.keras.optimizers.Adam(0.1)
+        keras_adam = not_legacy.Adam(0.1)
         with pytest.raises(
             TypeError,
-            match=r"must be a tf.compat.v1.train.Optimizer.*Use tf_keras.optimizers.legacy.Adam "
+            match=rf"must be a tf.compat.v1.train.Optimizer.*Use {LEGACY_NAME}.Adam "
             r".*or tf.compat.v1.train.AdamOptimizer instead",
         ):
             tf1_accum.build_accumulation(loss, keras_adam)

@@ -330,7 +330,8 @@ def test_a_gradient_none_where_the_loss_reads_the_variable_in_minimize_says_what
 
 @pytest.mark.parametrize("way_in", ["build_accumulation", "minimize"])
 def test_a_keras_optimizer_refuses_a_reference_variable_before_building_anything(way_in):
-    legacy = pytest.importorskip("tf_keras").optimizers.legacy
+    from _keras import legacy  # Keras 2's optimizers: tf_keras's, or 1.15's tf.keras ones
+
     with tf.Graph().as_default() as graph:
         x = v1.placeholder(tf.float64, [None, 2], name="x")
         w = v1.get_variable("w", initializer=np.array([1.0, -2.0]), use_resource=False)

@@ -20,6 +20,7 @@ import functools
 import inspect
 import re
 import sys
+import traceback
 import typing
 import warnings
 
@@ -210,3 +211,104 @@ def tensorflow_dir() -> str:
 
     framework = os.path.dirname(os.path.abspath(inspect.getfile(_tensorflow.Graph)))
     return os.path.dirname(os.path.dirname(framework))  # .../python/framework
+
+
+# Keras 2: the tf_keras package on TensorFlow 2, TensorFlow 1.15's own tf.keras
+# (Keras 2.2.4-tf, whose tf.keras.optimizers are the OptimizerV2 ones that
+# tf_keras calls legacy). The callers name tf_keras's paths in their messages:
+# `keras_names` gives a 1.15 user the paths that exist there.
+
+
+def keras() -> typing.Any:
+    """The Keras 2 module: ``tf_keras`` on TensorFlow 2, ``tf.keras`` on 1.15.
+
+    Raises:
+        ImportError: On TensorFlow 2 without the tf_keras package.
+    """
+    if TF1:
+        return _tensorflow.keras
+    import tf_keras
+
+    return tf_keras
+
+
+def keras_optimizers() -> typing.Any:
+    """The module of Keras 2's ``OptimizerV2`` classes (``Optimizer``, ``Adam``, ...)."""
+    return keras().optimizers if TF1 else keras().optimizers.legacy
+
+
+def keras_track_variable(variable: typing.Any) -> None:
+    """Has Keras initialize ``variable`` in its session, as it does the model's."""
+    if TF1:
+        from tensorflow.python.keras import backend
+
+        backend.track_variable(variable)
+    else:
+        keras().__internal__.backend.track_variable(variable)
+
+
+def keras_serializable(cls: type) -> type:
+    """Registers ``cls`` with Keras, so that ``load_model`` finds it without ``custom_objects``."""
+    if TF1:  # 1.15 saves a class by its bare name
+        keras().utils.get_custom_objects()[cls.__name__] = cls
+        return cls
+    return keras().saving.register_keras_serializable(package="tf1_accum")(cls)
+
+
+def keras_deserialize_optimizer(config: typing.Any, custom_objects: typing.Any) -> typing.Any:
+    """The Keras 2 optimizer of ``config``, as ``keras().optimizers.serialize`` gave it."""
+    legacy = {} if TF1 else {"use_legacy_optimizer": True}
+    return keras().optimizers.deserialize(config, custom_objects=custom_objects, **legacy)
+
+
+def keras_inner_optimizer(loss_scale_optimizer: typing.Any) -> typing.Any:
+    """The optimizer a Keras ``LossScaleOptimizer`` wraps, or None."""
+    return getattr(loss_scale_optimizer, "_optimizer" if TF1 else "inner_optimizer", None)
+
+
+def keras_clip(optimizer: typing.Any, grads_and_vars: list[typing.Any]) -> list[typing.Any]:
+    """``grads_and_vars`` clipped as by ``optimizer``'s ``clipnorm`` and ``clipvalue``, on 1.15.
+
+    tf_keras clips in ``apply_gradients``; 1.15's Keras in ``get_gradients``
+    instead, which the window's mean does not go through.
+    """
+    norm, value = getattr(optimizer, "clipnorm", None), getattr(optimizer, "clipvalue", None)
+    if not TF1 or (norm is None and value is None):
+        return grads_and_vars
+    clipped = []
+    for grad, var in grads_and_vars:
+        grad = grad if norm is None else tf.clip_by_norm(grad, norm)
+        clipped.append((grad if value is None else tf.clip_by_value(grad, -value, value), var))
+    return clipped
+
+
+def in_keras_saved_model_save() -> bool:
+    """Whether Keras is saving a model in the SavedModel format right now."""
+    if TF1:  # no flag tells it: the caller is found on the stack
+        from tensorflow.python.keras.saving.saved_model import save
+
+        return any(frame.f_code is save.save.__code__ for frame, _ in traceback.walk_stack(None))
+    try:
+        from tf_keras.src.saving.legacy.saved_model import utils
+    except ImportError:  # pragma: no cover - a tf_keras that moved it
+        return False
+    return bool(utils.in_tf_saved_model_scope())
+
+
+_KERAS_1_15_NAMES = (
+    (r" \(from the tf_keras package[^)]*\)", ""),  # 1.15 has none: tf.keras is Keras 2
+    (r"tf_keras\.optimizers\.legacy", "tf.keras.optimizers"),
+    (r"tf_keras legacy", "tf.keras"),
+    (r"the legacy ones", "those of tf.keras.optimizers"),
+    (r"tf_keras", "tf.keras"),
+)
+
+
+def keras_names(message: str) -> str:
+    """``message``, with tf_keras's names of Keras 2 replaced by this TensorFlow's.
+
+    On 1.15, ``tf_keras.optimizers.legacy.Adam`` reads ``tf.keras.optimizers.Adam``.
+    """
+    for pattern, name in _KERAS_1_15_NAMES if TF1 else ():
+        message = re.sub(pattern, name, message)
+    return message

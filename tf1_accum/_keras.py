@@ -11,6 +11,9 @@ import re
 import sys
 import typing
 
+from tf1_accum._compat import keras_clip
+from tf1_accum._compat import keras_inner_optimizer
+from tf1_accum._compat import keras_names
 from tf1_accum._compat import tf
 
 # Keras optimizer class name -> the tf.compat.v1.train optimizer doing the same job.
@@ -51,7 +54,7 @@ def refusal_hint(optimizer: object) -> str:
     legacy = f"tf_keras.optimizers.legacy.{name}" if name in _KERAS_TO_V1 else legacy
     what = "Keras optimizers other than the legacy ones"
     what = "Keras 3 optimizers" if _is_keras_3(optimizer) else what
-    return (
+    return keras_names(
         f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} "
         f"(from the tf_keras package; tf.keras.optimizers.legacy.{name} with "
         f"TF_USE_LEGACY_KERAS=1) or {v1} instead."
@@ -64,16 +67,18 @@ def adapt(optimizer: object) -> tf.compat.v1.train.Optimizer | None:
         return optimizer
     if is_legacy_keras_optimizer(optimizer):
         if _scales_loss(optimizer):
-            inner = getattr(optimizer, "inner_optimizer", None)
+            inner = keras_inner_optimizer(optimizer)
             inner = type(inner).__name__ if inner is not None else "the optimizer"
             raise TypeError(
-                f"optimizer is a Keras {type(optimizer).__name__} (tf_keras."
-                "mixed_precision), which tf1_accum does not support: it scales no loss "
-                "in a TF1 graph (it has no compute_gradients) and would check each "
-                "micro-batch instead of the window. Use the TF1 loss-scale optimizer "
-                "instead, which tf1_accum hands the window's mean: tf.compat.v1.mixed_"
-                "precision.MixedPrecisionLossScaleOptimizer(tf.compat.v1.train.<Optimizer>"
-                f"(...), 'dynamic') (in place of {inner})."
+                keras_names(
+                    f"optimizer is a Keras {type(optimizer).__name__} (tf_keras."
+                    "mixed_precision), which tf1_accum does not support: it scales no loss "
+                    "in a TF1 graph (it has no compute_gradients) and would check each "
+                    "micro-batch instead of the window. Use the TF1 loss-scale optimizer "
+                    "instead, which tf1_accum hands the window's mean: tf.compat.v1.mixed_"
+                    "precision.MixedPrecisionLossScaleOptimizer(tf.compat.v1.train.<Optimizer>"
+                    f"(...), 'dynamic') (in place of {inner})."
+                )
             )
         return KerasOptimizerAdapter(optimizer)
     return None
@@ -120,9 +125,9 @@ def check_variables(
 class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
     """A tf_keras legacy optimizer with the ``tf.compat.v1.train.Optimizer`` interface.
 
-    ``compute_gradients`` is TF1's, so Keras' clipping (in its apply) clips the
-    window's gradient; ``apply_gradients`` also advances ``global_step`` once,
-    unless it is the Keras ``iterations``.
+    ``compute_gradients`` is TF1's, so Keras' clipping (in its apply; on 1.15,
+    `_compat.keras_clip`) clips the window's gradient; ``apply_gradients`` also
+    advances ``global_step`` once, unless it is the Keras ``iterations``.
     """
 
     def __init__(self, keras_optimizer: typing.Any) -> None:
@@ -147,6 +152,7 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
     ) -> tf.Operation:
         grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
         check_variables(self, [v for _, v in grads_and_vars])
+        grads_and_vars = keras_clip(self.keras_optimizer, grads_and_vars)
         update = self.keras_optimizer.apply_gradients(grads_and_vars, name=name)
         if global_step is None or global_step is self.keras_optimizer.iterations:
             return update

@@ -1,4 +1,9 @@
-"""A tf_keras legacy optimizer accumulating with `AccumulationOptimizer`'s window."""
+"""A Keras 2 optimizer accumulating with `AccumulationOptimizer`'s window.
+
+Keras 2 is the tf_keras package on TensorFlow 2, and ``tf.keras`` on 1.15
+(`_compat.keras`); its ``OptimizerV2`` classes are ``tf_keras.optimizers.legacy``
+there, ``tf.keras.optimizers`` on 1.15.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import copy
 import typing
 
 import numpy as np
+from tf1_accum import _compat
+from tf1_accum._compat import keras_names
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
@@ -15,7 +22,7 @@ from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._optimizer import TrainOpWindow
 
 try:
-    import tf_keras
+    keras = _compat.keras()
 except ImportError as error:
     raise ImportError(
         "tf1_accum.KerasAccumulationOptimizer needs the tf_keras package (Keras 2), "
@@ -27,19 +34,10 @@ if typing.TYPE_CHECKING:
     class _LegacyOptimizer(typing.Any): ...
 
 else:
-    _LegacyOptimizer = tf_keras.optimizers.legacy.Optimizer
+    _LegacyOptimizer = _compat.keras_optimizers().Optimizer
 
 # The `WindowOptions` this optimizer takes, kept in its config.
 _OPTIONS = ("average", "clip_norm", "skip_nonfinite")
-
-
-def _in_saved_model_save() -> bool:
-    """Whether tf_keras is saving a model in the SavedModel format right now."""
-    try:
-        from tf_keras.src.saving.legacy.saved_model import utils
-    except ImportError:  # pragma: no cover - a tf_keras that moved it
-        return False
-    return bool(utils.in_tf_saved_model_scope())
 
 
 def _check_wrapped(optimizer: typing.Any) -> None:
@@ -53,11 +51,13 @@ def _check_wrapped(optimizer: typing.Any) -> None:
         )
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
-            "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers."
-            f"legacy.Adam, ...), got {_validate.describe(optimizer)}. A tf.compat.v1."
-            "train optimizer goes in tf1_accum.AccumulationOptimizer instead (model."
-            "save() keeps none of its state); to save with model.save(), use its "
-            "tf_keras.optimizers.legacy counterpart here."
+            keras_names(
+                "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers."
+                f"legacy.Adam, ...), got {_validate.describe(optimizer)}. A tf.compat.v1."
+                "train optimizer goes in tf1_accum.AccumulationOptimizer instead (model."
+                "save() keeps none of its state); to save with model.save(), use its "
+                "tf_keras.optimizers.legacy counterpart here."
+            )
         )
     _keras.adapt(optimizer)  # refuses tf_keras's LossScaleOptimizer, with what to use
     if isinstance(optimizer, _LegacyOptimizer):
@@ -65,14 +65,20 @@ def _check_wrapped(optimizer: typing.Any) -> None:
     if _keras.is_legacy_keras_optimizer(optimizer):
         name = type(optimizer).__name__
         raise TypeError(
-            f"optimizer must be a tf_keras legacy optimizer, got {_validate.describe(optimizer)}, "
-            f"a Keras 2 optimizer of another package. Use tf_keras.optimizers.legacy.{name} "
-            "(from the tf_keras package, the Keras of TF_USE_LEGACY_KERAS=1), or wrap "
-            "this one in tf1_accum.AccumulationOptimizer."
+            keras_names(
+                f"optimizer must be a tf_keras legacy optimizer, got "
+                f"{_validate.describe(optimizer)}, a Keras 2 optimizer of another package. "
+                f"Use tf_keras.optimizers.legacy.{name} (from the tf_keras package, the "
+                "Keras of TF_USE_LEGACY_KERAS=1), or wrap this one in "
+                "tf1_accum.AccumulationOptimizer."
+            )
         )
     raise TypeError(
-        "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-        f"...), got {_validate.describe(optimizer)}.{_keras.refusal_hint(optimizer)}"
+        keras_names(
+            "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
+            f"...), got {_validate.describe(optimizer)}."
+        )
+        + _keras.refusal_hint(optimizer)
     )
 
 
@@ -85,13 +91,15 @@ def _wrapped(name: str, doc: str) -> property:
     )
 
 
-@tf_keras.saving.register_keras_serializable(package="tf1_accum")
+@_compat.keras_serializable
 class KerasAccumulationOptimizer(_LegacyOptimizer):
     """A tf_keras legacy optimizer that accumulates ``steps`` micro-batches per update.
 
     ``fit(batch_size=B)`` updates as ``fit(batch_size=steps * B)`` with
     ``optimizer`` alone; ``model.save('model.h5')`` keeps the window
-    (:ref:`real-programs-keras-save`); ``iterations`` counts updates.
+    (:ref:`real-programs-keras-save`); ``iterations`` counts updates. On
+    TensorFlow 1.15, whose ``tf.keras`` is Keras 2, it is a ``tf.keras``
+    optimizer and wraps one (``tf.keras.optimizers.Adam``, ...).
 
     Example:
 
@@ -222,7 +230,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         wrapped = {id(v) for v in self._optimizer.weights}
         state = [v for v in accumulation.variables() if id(v) not in wrapped]
         for variable in state:  # Keras initializes them in its session
-            tf_keras.__internal__.backend.track_variable(variable)
+            _compat.keras_track_variable(variable)
         self._built.append((graph, accumulation, state))
         if self._pending is not None:
             pending, self._pending = self._pending, None
@@ -259,7 +267,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                     f"{len(params) - len(wrapped)} of the window), but {len(weights)} "
                     "values were given: they come from another optimizer or model."
                 )
-            tf_keras.backend.batch_set_value(list(zip(params, weights)))
+            keras.backend.batch_set_value(list(zip(params, weights)))
             return
         if len(weights) < len(wrapped):
             raise ValueError(
@@ -268,7 +276,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 f"{type(self._optimizer).__name__} alone."
             )
         if wrapped:
-            tf_keras.backend.batch_set_value(list(zip(wrapped, weights)))
+            keras.backend.batch_set_value(list(zip(wrapped, weights)))
         self._pending = weights
 
     def get_config(self) -> dict[str, typing.Any]:
@@ -278,7 +286,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             ValueError: If asked for by ``model.save()`` in the SavedModel format,
                 or before ``fit`` built the train op of a model ``load_model`` returned.
         """
-        if _in_saved_model_save():
+        if _compat.in_keras_saved_model_save():
             raise ValueError(
                 "model.save() in the SavedModel format would drop the state of "
                 "KerasAccumulationOptimizer (the wrapped optimizer's slots, iterations "
@@ -297,7 +305,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             )
         return {
             "name": self._name,
-            "optimizer": tf_keras.optimizers.serialize(self._optimizer),
+            "optimizer": keras.optimizers.serialize(self._optimizer),
             "steps": self._steps,
             **{key: getattr(self._options, key) for key in _OPTIONS},
         }
@@ -307,7 +315,5 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         cls, config: dict[str, typing.Any], custom_objects: dict[str, typing.Any] | None = None
     ) -> KerasAccumulationOptimizer:
         config = copy.deepcopy(config)  # tf_keras's deserialize edits the dict it is given
-        optimizer = tf_keras.optimizers.deserialize(
-            config.pop("optimizer"), custom_objects=custom_objects, use_legacy_optimizer=True
-        )
+        optimizer = _compat.keras_deserialize_optimizer(config.pop("optimizer"), custom_objects)
         return cls(optimizer, **config)

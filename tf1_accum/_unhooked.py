@@ -11,6 +11,7 @@ import warnings
 import weakref
 
 from tf1_accum._compat import keras_callback_list
+from tf1_accum._compat import keras_names
 from tf1_accum._compat import patch
 from tf1_accum._compat import saver_hook_state
 from tf1_accum._compat import tf
@@ -116,14 +117,16 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
         if not mid_window:
             return
         warnings.warn(
-            f"tf1_accum: fit ended {len(mid_window)} of its {len(pending)} epochs in the "
-            "middle of an accumulation window, and no callback ran the optimizer's flush_op: "
-            "each such epoch's last micro-batches went into the next epoch's first window, "
-            "where fit with batches steps times larger applies a short last batch"
-            + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
-            + ". Run flush_op at each epoch's end: callbacks=[tf_keras.callbacks."
-            "LambdaCallback(on_epoch_end=lambda epoch, logs: "
-            "tf.compat.v1.keras.backend.get_session().run(opt.flush_op))].",
+            keras_names(
+                f"tf1_accum: fit ended {len(mid_window)} of its {len(pending)} epochs in the "
+                "middle of an accumulation window, and no callback ran the optimizer's flush_op: "
+                "each such epoch's last micro-batches went into the next epoch's first window, "
+                "where fit with batches steps times larger applies a short last batch"
+                + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
+                + ". Run flush_op at each epoch's end: callbacks=[tf_keras.callbacks."
+                "LambdaCallback(on_epoch_end=lambda epoch, logs: "
+                "tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+            ),
             stacklevel=_validate._caller_stacklevel(),
         )
 

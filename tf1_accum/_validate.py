@@ -13,6 +13,7 @@ import typing
 import warnings
 
 import numpy as np
+from tf1_accum._compat import keras_names
 from tf1_accum._compat import tf
 from tf1_accum._compat import tensorflow_dir
 
@@ -66,10 +67,13 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
     if adapted is not None:
         return adapted
     raise TypeError(
-        "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, "
-        "Momentum, Adam, RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a "
-        "subclass) or a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-        f"...), got {describe(optimizer)}.{_keras.refusal_hint(optimizer)}"
+        keras_names(
+            "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, "
+            "Momentum, Adam, RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a "
+            "subclass) or a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
+            f"...), got {describe(optimizer)}."
+        )
+        + _keras.refusal_hint(optimizer)
     )
 
 

@@ -1,13 +1,16 @@
 """tf_keras ``model.fit`` in graph mode, with N micro-batches per update.
 
-A Keras 2 model trained in a TF1 graph (``TF_USE_LEGACY_KERAS=1``,
-``disable_v2_behavior()``): the only edit is the optimizer given to
-``compile``, wrapped in ``tf1_accum.AccumulationOptimizer``, and ``fit``'s
-batch size, now the micro-batch. A callback applies the last, shorter window
+A Keras 2 model (tf_keras, or TensorFlow 1.15's ``tf.keras``) trained in a
+TF1 graph (``TF_USE_LEGACY_KERAS=1``, ``disable_v2_behavior()``): the only
+edit is the optimizer given to ``compile``, wrapped in
+``tf1_accum.AccumulationOptimizer``, and ``fit``'s batch size, now the
+micro-batch. A callback applies the last, shorter window
 of each epoch, as plain ``fit`` applies its last, shorter batch.
 
 The script trains both ways, in float64, and checks that the weights equal
-those of plain ``fit`` on batches N times larger.
+those of plain ``fit`` on batches N times larger. Its batches are of 32 and
+16 examples: TensorFlow 1.15's Keras divides the loss by the batch size in
+float32, exact for powers of two only (other sizes differ by about 1e-8).
 
 Run:  python examples/real_programs/keras_fit.py
 """
@@ -24,7 +27,13 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-import tf_keras
+
+try:
+    import tf_keras
+    from tf_keras.optimizers import legacy
+except ImportError:  # TensorFlow 1.15: its tf.keras is Keras 2, with the legacy optimizers
+    from tensorflow import keras as tf_keras
+    from tensorflow.keras import optimizers as legacy
 
 import tf1_accum
 
@@ -40,7 +49,7 @@ def make_data(examples, seed):
 
 
 def build_model():
-    glorot = tf_keras.initializers.GlorotUniform
+    glorot = tf_keras.initializers.glorot_uniform
     return tf_keras.Sequential(
         [
             tf_keras.layers.Dense(16, "tanh", input_shape=(8,), kernel_initializer=glorot(1)),
@@ -54,7 +63,7 @@ def train(x, y, args, accumulate):
     with tf.Graph().as_default(), v1.Session():
         model = build_model()
         # [accumulate]
-        optimizer = tf_keras.optimizers.legacy.Adam(args.learning_rate)
+        optimizer = legacy.Adam(args.learning_rate)
         callbacks = []
         if accumulate:
             optimizer = tf1_accum.AccumulationOptimizer(optimizer, args.steps)
@@ -84,7 +93,7 @@ def main(argv=()):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--micro-batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="micro-batches per update")
-    parser.add_argument("--examples", type=int, default=120)
+    parser.add_argument("--examples", type=int, default=112)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=0.01)
     args = parser.parse_args(list(argv))
