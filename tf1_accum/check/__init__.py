@@ -7,6 +7,8 @@ with ``check_graph``), ``_lint`` (files checked), ``_source`` (reading them),
 kept), ``_tags`` (what they are made from), ``_rules`` (the rules).
 """
 
+from __future__ import annotations
+
 import typing
 
 __all__ = ("main",)

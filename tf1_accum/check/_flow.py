@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import ast
 import symtable
+import typing
 from collections.abc import Iterable
 from typing import Any
 
 #: Where a value is kept: ("name", scope id, name), ("attribute", class
 #: name or None, attribute), ("return", function id), ("control", call id).
-Key = tuple[Any, ...]
+Key = typing.Tuple[Any, ...]
 #: The control dependencies in force where a value is built.
-Control = tuple[ast.expr, ...]
+Control = typing.Tuple[ast.expr, ...]
 #: A function or method definition.
-Definition = ast.FunctionDef | ast.AsyncFunctionDef
+Definition = typing.Union[ast.FunctionDef, ast.AsyncFunctionDef]
 #: A parent class's symbol table, copied from another file, and its line offset.
-Table = tuple[symtable.SymbolTable, int]
+Table = typing.Tuple[symtable.SymbolTable, int]
 
 _MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault"}
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)

@@ -18,9 +18,9 @@ from tf1_accum.check._tags import (
 )  # fmt: skip
 
 #: (line, column, rule) of each finding.
-Found = set[tuple[int, int, str]]
+Found = typing.Set[typing.Tuple[int, int, str]]
 #: A ``.run(...)`` call and the tags of what it fetches.
-Run = tuple[ast.Call, frozenset[Tag]]
+Run = typing.Tuple[ast.Call, typing.FrozenSet[Tag]]
 
 _GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
 _CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
@@ -172,11 +172,8 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
 
 def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
     """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
-    applying = [
-        run
-        for run in facts.session_runs
-        if _applies(tags := _fetches(facts.module, run)) and kinds_of(tags, RERUN) & vids
-    ]
+    fetched = [(run, _fetches(facts.module, run)) for run in facts.session_runs]
+    applying = [run for run, tags in fetched if _applies(tags) and kinds_of(tags, RERUN) & vids]
     return bool(applying) and all(id(run) in completing for run in applying)
 
 

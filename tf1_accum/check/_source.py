@@ -9,11 +9,12 @@ import io
 import os
 import stat
 import tokenize
+import typing
 from collections.abc import Callable, Iterator
 from tokenize import TokenInfo
 
 #: A rewrite of the source: (start, end, replacement), each a (row, col) position.
-Edit = tuple[tuple[int, int], tuple[int, int], str]
+Edit = typing.Tuple[typing.Tuple[int, int], typing.Tuple[int, int], str]
 
 
 class Unreadable(Exception):

@@ -8,18 +8,22 @@ from __future__ import annotations
 
 import ast
 import functools
+import typing
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
-from typing import Any, TypeGuard
+from typing import Any
 
 from tf1_accum.check._flow import (
     FUNCTIONS, Definition, Key, Scope, Stores, Table, argument_of, called_name,
 )  # fmt: skip
 
+if typing.TYPE_CHECKING:  # for type checkers only: TypeGuard came with Python 3.10
+    from typing import TypeGuard
+
 #: A tag: a tuple whose first item is its kind (below).
-Tag = tuple[Any, ...]
+Tag = typing.Tuple[Any, ...]
 #: A variable's id: where it was made, (line, col), ("slot", ...) or (ADDED_AT, line, col).
-Vid = tuple[Any, ...]
+Vid = typing.Tuple[Any, ...]
 
 VAR = "var"  # (VAR, vid): a variable made at vid
 SUM = "sum"  # (SUM, vid): what an accumulating add to vid returns
