@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ast
-import functools
 import typing
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
+from tf1_accum.check._compat import cached_property, unparse
 from tf1_accum.check._flow import (
     COMPREHENSIONS, FUNCTIONS, Definition, Key, Table, argument_of, called_name,
 )  # fmt: skip
@@ -80,7 +80,7 @@ class _Facts:
                         self.branch_functions[id(branch)] = _branch_functions(module, branch)
         self.in_branch = {id(f) for fs in self.branch_functions.values() for f in fs}
 
-    @functools.cached_property
+    @cached_property
     def runs(self) -> list[Run]:
         return _runs(self.module, [self.module.tree])
 
@@ -471,7 +471,7 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
         ]
         raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
         fields = {  # (window, op): two ops of one window
-            (ast.unparse(item.value), item.attr)
+            (unparse(item.value), item.attr)
             for item in items
             if isinstance(item, ast.Attribute)
             and item.attr in _WINDOW_OPS

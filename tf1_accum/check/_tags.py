@@ -7,12 +7,12 @@ to), not by how they were made.
 from __future__ import annotations
 
 import ast
-import functools
 import typing
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
 from typing import Any
 
+from tf1_accum.check._compat import cached_property
 from tf1_accum.check._flow import (
     FUNCTIONS, Definition, Key, Scope, Stores, Table, argument_of, called_name,
 )  # fmt: skip
@@ -326,7 +326,7 @@ class Module(Stores):
         scalar = zeros and isinstance(shape, (ast.List, ast.Tuple)) and not shape.elts  # zeros([])
         return ZEROS in self.tags(initial), scalar
 
-    @functools.cached_property
+    @cached_property
     def _made(self) -> dict[Vid, ast.Call]:
         return {(c.lineno, c.col_offset): c for c, _ in self.calls}
 
