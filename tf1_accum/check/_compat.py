@@ -2,17 +2,26 @@
 other modules read each tree as Python 3.9 and later give it (`parse`), and take
 `cached_property`, `unparse` and `installed_version` from here.
 
-Before 3.9, ``ast`` wraps an item in ``Index`` or ``ExtSlice``; before 3.8 it
+Before 3.9, ``ast`` wraps an item in ``Index`` or ``ExtSlice``. Before 3.8 it
 gives literals as ``Num``, ``Str``, ``Bytes``, ``NameConstant`` and
-``Ellipsis``, and functions no ``posonlyargs``.
+``Ellipsis`` and functions no ``posonlyargs``, and it puts the start of some
+expressions elsewhere: a comprehension, a generator or a tuple inside its
+brackets, a call, attribute or item of a value in parentheses inside them,
+``a + b + c`` at its second ``+``, a string on several lines at column -1 of
+its last. `parse` moves each where 3.8 and later put it, from the tokens, so
+findings keep their lines and columns.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
 import glob
+import io
 import os
 import sys
+import tokenize
 import typing
 
 if sys.version_info >= (3, 9):
@@ -38,6 +47,11 @@ else:
 
 
 _LITERALS = {"Num": "n", "Str": "s", "Bytes": "s", "NameConstant": "value", "Ellipsis": ""}
+_INSIDE = (ast.ListComp, ast.GeneratorExp, ast.Tuple)  # 3.7 starts them inside their brackets
+_ATOMS = (ast.List, ast.Set, ast.Dict, ast.SetComp, ast.DictComp, *_INSIDE)
+_SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
+#: The first and last token of an expression (None: not known).
+Span = typing.Tuple[int, typing.Optional[int]]
 
 
 def parse(source: str, filename: str = "<unknown>") -> ast.Module:
@@ -46,7 +60,16 @@ def parse(source: str, filename: str = "<unknown>") -> ast.Module:
     tree = ast.parse(source, filename)
     if sys.version_info < (3, 9):
         tree = _shape(tree)
+    if sys.version_info < (3, 8):
+        with contextlib.suppress(tokenize.TokenError, SyntaxError):  # then 3.7's columns
+            _Starts(source).move(tree)
     return tree
+
+
+def scope_line(node: ast.stmt | ast.expr) -> int:
+    """The line of the symbol table this Python's compiler makes for the scope ``node``
+    opens (3.7's, for a comprehension or lambda whose start `parse` moved)."""
+    return node.lineno + getattr(node, "_table_below", 0)  # type: ignore[no-any-return]
 
 
 def installed_version(distribution: str) -> str | None:
@@ -83,6 +106,7 @@ def _shape(tree: ast.Module) -> ast.Module:
 
 
 def _shaped(node: typing.Any) -> typing.Any:
+    """``node``, or what Python 3.9 gives in its place."""
     name = type(node).__name__
     if name in _LITERALS:
         value = getattr(node, _LITERALS[name]) if _LITERALS[name] else ...
@@ -92,3 +116,75 @@ def _shaped(node: typing.Any) -> typing.Any:
     if name == "ExtSlice":
         return ast.Tuple(elts=[_shaped(dimension) for dimension in node.dims], ctx=ast.Load())
     return node
+
+
+class _Starts:
+    """Each expression's first token as 3.8 reads it (ast counts columns in UTF-8
+    bytes, tokenize in characters)."""
+
+    def __init__(self, source: str) -> None:
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        self.tokens = [t for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL)]
+        self.starts = [(t.start[0], len(t.line[: t.start[1]].encode())) for t in self.tokens]
+        self.index = {start: i for i, start in enumerate(self.starts)}
+        self.closer: dict[int, int] = {}  # opening bracket -> its closing one
+        opened: list[int] = []
+        for i, token in enumerate(self.tokens):
+            if token.type == tokenize.STRING and token.start[0] < token.end[0]:
+                self.index[token.end[0], -1] = i  # where 3.7 starts a string on several lines
+            elif token.string in ("(", "[", "{"):
+                opened.append(i)
+            elif token.string in (")", "]", "}") and opened:
+                self.closer[opened.pop()] = i
+        self.span = functools.lru_cache(maxsize=None)(self._span)
+
+    def move(self, tree: ast.AST) -> None:
+        """Moves each start where 3.8 and later put it."""
+        nodes = [node for node in ast.walk(tree) if isinstance(node, ast.expr)]
+        # Inner expressions first, so that span() recurses one level only; all read, then moved.
+        for node, span in [(node, self.span(node)) for node in reversed(nodes)]:
+            if span is not None:
+                line, (node.lineno, node.col_offset) = node.lineno, self.starts[span[0]]
+                if isinstance(node, _SCOPES):
+                    _keep_table_line(node, line)
+
+    def _span(self, node: ast.expr) -> Span | None:
+        """The first and last token of ``node`` (None: not known)."""
+        if isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):  # a value, then a trailer
+            span = self.span(node.func if isinstance(node, ast.Call) else node.value)
+            if span is None:
+                return None
+            head, tail = span
+            closing = self._around(head)
+            while closing is not None and (tail is None or closing == tail + 1):
+                head, tail = head - 1, closing  # the value's parentheses
+                closing = self._around(head)
+            if tail is None:
+                return None
+            return head, tail + 2 if isinstance(node, ast.Attribute) else self.closer.get(tail + 1)
+        first = self.index.get((node.lineno, node.col_offset))
+        if first is None:
+            return None  # a position no token has (in an f-string, say)
+        if isinstance(node, ast.BinOp) and isinstance(node.left, ast.BinOp):
+            left = self.span(node.left)  # 3.7: a + b + c at its second +, (a + b) + c right
+            if self.tokens[first].string != "(":
+                return None if left is None else (left[0], None)
+        if isinstance(node, _INSIDE) and getattr(node, "elts", True):  # not (): that one's right
+            if self.tokens[first - 1].string != ("[" if isinstance(node, ast.ListComp) else "("):
+                return first, None  # a tuple without parentheses
+            first -= 1
+        if isinstance(node, _ATOMS):
+            return first, self.closer.get(first)
+        end = first
+        while self.tokens[first].type == self.tokens[end + 1].type == tokenize.STRING:
+            end += 1  # implicitly concatenated
+        return first, end if isinstance(node, (ast.Name, ast.Constant, ast.JoinedStr)) else None
+
+    def _around(self, first: int) -> int | None:
+        """The closing parenthesis of one opened just before token ``first`` (None: none)."""
+        return self.closer.get(first - 1) if self.tokens[first - 1].string == "(" else None
+
+
+def _keep_table_line(scope: ast.expr, line: int) -> None:
+    """Keeps ``line``, where 3.7's symbol table has the scope, for `scope_line`."""
+    vars(scope)["_table_below"] = line - scope.lineno

@@ -12,6 +12,8 @@ import typing
 from collections.abc import Iterable
 from typing import Any
 
+from tf1_accum.check import _compat
+
 #: Where a value is kept: ("name", scope id, name), ("attribute", class
 #: name or None, attribute), ("return", function id), ("control", call id).
 Key = typing.Tuple[Any, ...]
@@ -101,7 +103,7 @@ class Stores(ast.NodeVisitor):
         self, node: ast.stmt | ast.expr, name: str, cls: ast.ClassDef | None = None
     ) -> Scope:
         """The scope ``node`` opens (its table: the next one made for its line)."""
-        tables = self._tables.get((name, node.lineno))
+        tables = self._tables.get((name, _compat.scope_line(node)))
         scope = Scope(self._scope, tables.pop(0) if tables else None, node, cls)
         self.scope_of[id(node)] = scope
         return scope
