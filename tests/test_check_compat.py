@@ -83,6 +83,13 @@ def test_every_function_has_positional_only_parameters():
         ('text = ("one"\n        """two\nlines""", b)\n', ast.Constant, [(1, 8)]),
         # Columns count UTF-8 bytes, as ast does: é takes two.
         ('note = "é" + (a).b()\n', ast.Call, [(1, 14)]),
+        # The expressions of an f-string where they stand, a format spec's too.
+        (
+            'print(f"{sess.run(a)} {b.c()!r:>{w.d()}}", f"""\n  {(e).f()}""")\n',
+            ast.Call,
+            [(1, 0), (1, 9), (1, 23), (2, 3), (1, 33)],
+        ),
+        ('note = "é" + f"é{a.b():{\'>\'}{c.d()}}"\n', ast.Call, [(1, 19), (1, 31)]),
     ],
 )
 def test_starts_are_where_python_3_8_and_later_put_them(source, kind, starts):
@@ -95,6 +102,7 @@ def test_each_comprehension_and_lambda_finds_its_symbol_table():
         "a = [\n  x for x in y]\n"
         "b = f(\n  x for x in y)\n"
         "c = {\n  k: v for k, v in e}\n"
+        'd = f"""{[\n  z for z in w]} {(lambda: 1)()}"""\n'
         "e = (\n  lambda: [\n    q for q in r])\n"
     )
     names = {ast.ListComp: "listcomp", ast.GeneratorExp: "genexpr", ast.DictComp: "dictcomp"}
@@ -107,7 +115,7 @@ def test_each_comprehension_and_lambda_finds_its_symbol_table():
             yield (child.get_name(), child.get_lineno())
             yield from tables(child)
 
-    assert len(scopes) == 5
+    assert len(scopes) == 7
     assert scopes == sorted(tables(symtable.symtable(source, "train.py", "exec")))
 
 

@@ -8,8 +8,9 @@ gives literals as ``Num``, ``Str``, ``Bytes``, ``NameConstant`` and
 expressions elsewhere: a comprehension, a generator or a tuple inside its
 brackets, a call, attribute or item of a value in parentheses inside them,
 ``a + b + c`` at its second ``+``, a string on several lines at column -1 of
-its last. `parse` moves each where 3.8 and later put it, from the tokens, so
-findings keep their lines and columns.
+its last, and an f-string's expressions at lines and columns not theirs.
+`parse` moves each where 3.8 and later put it, from the tokens, so findings
+keep their lines and columns.
 """
 
 from __future__ import annotations
@@ -139,7 +140,8 @@ class _Starts:
         self.span = functools.lru_cache(maxsize=None)(self._span)
 
     def move(self, tree: ast.AST) -> None:
-        """Moves each start where 3.8 and later put it."""
+        """Moves each start where 3.8 and later put it; parses each f-string's expressions
+        again where they stand."""
         nodes = [node for node in ast.walk(tree) if isinstance(node, ast.expr)]
         # Inner expressions first, so that span() recurses one level only; all read, then moved.
         for node, span in [(node, self.span(node)) for node in reversed(nodes)]:
@@ -147,6 +149,20 @@ class _Starts:
                 line, (node.lineno, node.col_offset) = node.lineno, self.starts[span[0]]
                 if isinstance(node, _SCOPES):
                     _keep_table_line(node, line)
+        for node in [n for n in nodes if isinstance(n, ast.JoinedStr)]:
+            span = self.span(node)
+            tokens = self.tokens[span[0] : span[1] + 1] if span and span[1] else []
+            fields = [field for token in tokens for field in _fields(token)]
+            values = list(_formatted(node))
+            if not tokens or len(fields) != len(values):
+                continue  # one inside another f-string's expression, or a format spec
+            for value, (line, col, text) in zip(values, fields):
+                where = "\n" * (line - 1) + "(" + " " * (col - 1) + text + ")"
+                new = typing.cast(ast.Expr, parse(where).body[0]).value
+                for old, scope in zip(ast.walk(value.value), ast.walk(new)):
+                    if isinstance(scope, _SCOPES):
+                        _keep_table_line(scope, scope_line(typing.cast(ast.expr, old)))
+                value.value = new
 
     def _span(self, node: ast.expr) -> Span | None:
         """The first and last token of ``node`` (None: not known)."""
@@ -188,3 +204,52 @@ class _Starts:
 def _keep_table_line(scope: ast.expr, line: int) -> None:
     """Keeps ``line``, where 3.7's symbol table has the scope, for `scope_line`."""
     vars(scope)["_table_below"] = line - scope.lineno
+
+
+def _formatted(joined: ast.JoinedStr) -> typing.Iterator[ast.FormattedValue]:
+    """The replacement fields of an f-string in order (a format spec's after its own)."""
+    for value in joined.values:
+        if isinstance(value, ast.FormattedValue):
+            yield value
+            if isinstance(value.format_spec, ast.JoinedStr):
+                yield from _formatted(value.format_spec)
+
+
+def _fields(token: tokenize.TokenInfo) -> list[tuple[int, int, str]]:
+    """(line, column, text) of each expression of an f-string token."""
+    text = token.string
+    prefix = len(text) - len(text.lstrip("rRbBuUfF"))
+    if "f" not in text[:prefix].lower():
+        return []
+    quote = 3 if text[prefix : prefix + 3] in ('"""', "'''") else 1
+    found: list[tuple[int, int]] = []
+    _scan(text, prefix + quote, len(text) - quote, found)
+    fields = []
+    for start, end in found:
+        rows = text[:start].split("\n")
+        line = rows[-1] if len(rows) > 1 else token.line[: token.start[1]] + rows[0]
+        fields.append((token.start[0] + len(rows) - 1, len(line.encode()), text[start:end]))
+    return fields
+
+
+def _scan(text: str, i: int, end: int, found: list[tuple[int, int]], spec: bool = False) -> int:
+    """Adds the (start, end) of each expression in ``text[i:end]`` to ``found``; returns
+    where it ends (in a format ``spec``: at its closing brace)."""
+    while i < end and not (spec and text[i] == "}"):
+        if text[i] != "{" or text.startswith("{{", i):
+            i += 1 + text.startswith(("{{", "}}"), i)
+            continue
+        j, depth, quote = i + 1, 0, ""
+        while quote or depth or text[j] not in "!:}" or text.startswith("!=", j):
+            if quote and text.startswith(quote, j):  # the end of a string in the expression
+                j, quote = j + len(quote) - 1, ""
+            elif not quote and text[j] in "'\"":
+                quote = text[j] * 3 if text.startswith(text[j] * 3, j) else text[j]
+                j += len(quote) - 1
+            elif not quote:
+                depth += (text[j] in "([{") - (text[j] in ")]}")
+            j += 1
+        found.append((i + 1, j))
+        j += 2 if text[j] == "!" else 0
+        i = 1 + (_scan(text, j + 1, end, found, True) if text[j] == ":" else j)
+    return i
