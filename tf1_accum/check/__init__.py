@@ -4,8 +4,11 @@ Reads Python source without running it or importing TensorFlow; see
 docs/cli.rst. Parts: ``_cli`` (`main`), ``_catalogue`` (the mistakes, shared
 with ``check_graph``), ``_lint`` (files checked), ``_source`` (reading them),
 ``_parents`` (parent classes from other files), ``_flow`` (where values are
-kept), ``_tags`` (what they are made from), ``_rules`` (the rules).
+kept), ``_tags`` (what they are made from), ``_rules`` (the rules), ``_compat``
+(the same trees and findings on each Python version, 3.7 and later).
 """
+
+from __future__ import annotations
 
 import typing
 

@@ -1,5 +1,7 @@
 """``python -m tf1_accum.check PATH...``: the same as the ``tf1-accum-check`` command."""
 
+from __future__ import annotations
+
 import sys
 
 from tf1_accum.check._cli import main

@@ -5,12 +5,11 @@ and ruff print them; options and exit status in docs/cli.rst.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
 
-from tf1_accum.check import _catalogue, _lint
+from tf1_accum.check import _catalogue, _compat, _lint
 
 
 def _codes(text: str) -> set[str]:
@@ -92,7 +91,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _version() -> str:
     """The installed version, read without importing the package (nor TensorFlow)."""
-    try:
-        return importlib.metadata.version("tf1_accum")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
+    return _compat.installed_version("tf1_accum") or "(not installed)"

@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import ast
 import symtable
+import typing
 from collections.abc import Iterable
 from typing import Any
 
+from tf1_accum.check import _compat
+
 #: Where a value is kept: ("name", scope id, name), ("attribute", class
 #: name or None, attribute), ("return", function id), ("control", call id).
-Key = tuple[Any, ...]
+Key = typing.Tuple[Any, ...]
 #: The control dependencies in force where a value is built.
-Control = tuple[ast.expr, ...]
+Control = typing.Tuple[ast.expr, ...]
 #: A function or method definition.
-Definition = ast.FunctionDef | ast.AsyncFunctionDef
+Definition = typing.Union[ast.FunctionDef, ast.AsyncFunctionDef]
 #: A parent class's symbol table, copied from another file, and its line offset.
-Table = tuple[symtable.SymbolTable, int]
+Table = typing.Tuple[symtable.SymbolTable, int]
 
 _MUTATORS = {"append", "extend", "insert", "add", "update", "setdefault"}
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
@@ -100,7 +103,7 @@ class Stores(ast.NodeVisitor):
         self, node: ast.stmt | ast.expr, name: str, cls: ast.ClassDef | None = None
     ) -> Scope:
         """The scope ``node`` opens (its table: the next one made for its line)."""
-        tables = self._tables.get((name, node.lineno))
+        tables = self._tables.get((name, _compat.scope_line(node)))
         scope = Scope(self._scope, tables.pop(0) if tables else None, node, cls)
         self.scope_of[id(node)] = scope
         return scope

@@ -11,6 +11,7 @@ import copy
 import functools
 import os
 import symtable
+import typing
 from collections.abc import Iterable
 
 from tf1_accum.check import _source
@@ -21,7 +22,7 @@ OFFSET = 10_000_000
 _DEPTH = 3  # a parent's parent in a third file, and one more
 
 #: The files of a check by module name (see `index`).
-Modules = dict[str, list[str]]
+Modules = typing.Dict[str, typing.List[str]]
 
 
 def index(paths: Iterable[str]) -> Modules:

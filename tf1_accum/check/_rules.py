@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import ast
-import functools
 import typing
 from collections.abc import Iterable, Iterator
 from collections.abc import Set as AbstractSet
 
+from tf1_accum.check._compat import cached_property, unparse
 from tf1_accum.check._flow import (
     COMPREHENSIONS, FUNCTIONS, Definition, Key, Table, argument_of, called_name,
 )  # fmt: skip
@@ -18,9 +18,9 @@ from tf1_accum.check._tags import (
 )  # fmt: skip
 
 #: (line, column, rule) of each finding.
-Found = set[tuple[int, int, str]]
+Found = typing.Set[typing.Tuple[int, int, str]]
 #: A ``.run(...)`` call and the tags of what it fetches.
-Run = tuple[ast.Call, frozenset[Tag]]
+Run = typing.Tuple[ast.Call, typing.FrozenSet[Tag]]
 
 _GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
 _CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
@@ -80,7 +80,7 @@ class _Facts:
                         self.branch_functions[id(branch)] = _branch_functions(module, branch)
         self.in_branch = {id(f) for fs in self.branch_functions.values() for f in fs}
 
-    @functools.cached_property
+    @cached_property
     def runs(self) -> list[Run]:
         return _runs(self.module, [self.module.tree])
 
@@ -172,11 +172,8 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
 
 def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
     """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
-    applying = [
-        run
-        for run in facts.session_runs
-        if _applies(tags := _fetches(facts.module, run)) and kinds_of(tags, RERUN) & vids
-    ]
+    fetched = [(run, _fetches(facts.module, run)) for run in facts.session_runs]
+    applying = [run for run, tags in fetched if _applies(tags) and kinds_of(tags, RERUN) & vids]
     return bool(applying) and all(id(run) in completing for run in applying)
 
 
@@ -474,7 +471,7 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
         ]
         raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
         fields = {  # (window, op): two ops of one window
-            (ast.unparse(item.value), item.attr)
+            (unparse(item.value), item.attr)
             for item in items
             if isinstance(item, ast.Attribute)
             and item.attr in _WINDOW_OPS

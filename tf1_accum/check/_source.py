@@ -9,11 +9,14 @@ import io
 import os
 import stat
 import tokenize
+import typing
 from collections.abc import Callable, Iterator
 from tokenize import TokenInfo
 
+from tf1_accum.check import _compat
+
 #: A rewrite of the source: (start, end, replacement), each a (row, col) position.
-Edit = tuple[tuple[int, int], tuple[int, int], str]
+Edit = typing.Tuple[typing.Tuple[int, int], typing.Tuple[int, int], str]
 
 
 class Unreadable(Exception):
@@ -58,7 +61,7 @@ def parse(source: str, path: str = "<string>") -> tuple[ast.Module, str]:
     """The module tree of ``source`` and the source that parsed (Python 2: converted);
     when neither parses, the original source's SyntaxError."""
     try:
-        return ast.parse(source, filename=path), source
+        return _compat.parse(source, path), source
     except SyntaxError as error:
         first = error
     converted = source
@@ -67,7 +70,7 @@ def parse(source: str, path: str = "<string>") -> tuple[ast.Module, str]:
         if fixed == converted:
             break
         try:
-            return ast.parse(converted, filename=path), converted
+            return _compat.parse(converted, path), converted
         except SyntaxError:
             pass
     raise first

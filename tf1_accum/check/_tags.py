@@ -7,19 +7,23 @@ to), not by how they were made.
 from __future__ import annotations
 
 import ast
-import functools
+import typing
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
-from typing import Any, TypeGuard
+from typing import Any
 
+from tf1_accum.check._compat import cached_property
 from tf1_accum.check._flow import (
     FUNCTIONS, Definition, Key, Scope, Stores, Table, argument_of, called_name,
 )  # fmt: skip
 
+if typing.TYPE_CHECKING:  # for type checkers only: TypeGuard came with Python 3.10
+    from typing import TypeGuard
+
 #: A tag: a tuple whose first item is its kind (below).
-Tag = tuple[Any, ...]
+Tag = typing.Tuple[Any, ...]
 #: A variable's id: where it was made, (line, col), ("slot", ...) or (ADDED_AT, line, col).
-Vid = tuple[Any, ...]
+Vid = typing.Tuple[Any, ...]
 
 VAR = "var"  # (VAR, vid): a variable made at vid
 SUM = "sum"  # (SUM, vid): what an accumulating add to vid returns
@@ -322,7 +326,7 @@ class Module(Stores):
         scalar = zeros and isinstance(shape, (ast.List, ast.Tuple)) and not shape.elts  # zeros([])
         return ZEROS in self.tags(initial), scalar
 
-    @functools.cached_property
+    @cached_property
     def _made(self) -> dict[Vid, ast.Call]:
         return {(c.lineno, c.col_offset): c for c, _ in self.calls}
 
