@@ -76,7 +76,7 @@ def test_dynamic_loss_scale_lowers_on_an_overflowing_window_and_training_goes_on
     batches = make_batches(tf.float32, False, 6, 4)
     with tf.Graph().as_default():
         model = Model(tf.float32, False)
-        inner = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+        inner = v1.train.experimental.MixedPrecisionLossScaleOptimizer(
             v1.train.GradientDescentOptimizer(0.1), loss_scale="dynamic"
         )
         scale = inner._loss_scale()
@@ -116,7 +116,7 @@ def test_a_fixed_loss_scale_gets_the_guard_like_any_optimizer():
     batches = make_batches(tf.float32, False, 3, 4)
     with tf.Graph().as_default():
         model = Model(tf.float32, False)
-        opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+        opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(
             v1.train.GradientDescentOptimizer(0.1), loss_scale=128.0
         )
         acc = tf1_accum.build_accumulation(model.loss, opt)
@@ -159,7 +159,7 @@ def test_dataset_loop_skips_a_zero_weight_window_and_goes_on():
 
 
 def _dynamic_loss_scaled_adam():
-    return v1.mixed_precision.MixedPrecisionLossScaleOptimizer(
+    return v1.train.experimental.MixedPrecisionLossScaleOptimizer(
         OPTIMIZERS["adam"](tf.float32), loss_scale="dynamic"
     )
 

@@ -126,7 +126,7 @@ def test_outermost_over_a_mixed_precision_loss_scale_optimizer():
     batches = make_batches(tf.float32, True, 6, 5)
 
     def loss_scaled(opt):
-        return v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, loss_scale=128.0)
+        return v1.train.experimental.MixedPrecisionLossScaleOptimizer(opt, loss_scale=128.0)
 
     with tf.Graph().as_default():
         model = Model(tf.float32, True)
@@ -246,7 +246,7 @@ def test_applied_is_true_exactly_in_the_runs_that_apply_an_update(kind, skipped_
         step = v1.train.get_or_create_global_step()
         opt = v1.train.GradientDescentOptimizer(0.1)
         if kind == "dynamic-loss-scale":
-            opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, loss_scale="dynamic")
+            opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(opt, loss_scale="dynamic")
         wrapper = tf1_accum.AccumulationOptimizer(opt, 3, skip_nonfinite=kind != "no-skip")
         train_op = wrapper.minimize(model.loss, global_step=step)
         with v1.Session() as sess:
@@ -499,7 +499,7 @@ def test_a_dynamic_loss_scale_around_the_wrapper_trains_as_large_batches():
                     weight=tf.cast(tf.shape(model.labels)[0], tf.float32),
                     update_ops=[seen.assign_add(1).op],
                 )
-            opt = v1.mixed_precision.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
+            opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(opt, "dynamic")
             train_op = opt.minimize(model.loss, global_step=step)
             with v1.Session() as sess:
                 sess.run(v1.global_variables_initializer())

@@ -11,7 +11,7 @@ v1 = tf.compat.v1
 
 
 def _loss_scaled(optimizer, loss_scale):
-    return v1.mixed_precision.MixedPrecisionLossScaleOptimizer(optimizer, loss_scale=loss_scale)
+    return v1.train.experimental.MixedPrecisionLossScaleOptimizer(optimizer, loss_scale=loss_scale)
 
 
 def _sync(optimizer):
