@@ -147,10 +147,10 @@ class WindowStatistics(Part):
                 big = tf.add_n(squares, name="gradient_square_norm")
                 small = tf.identity(tf.cast(sums[0], tf.float64) / total, name="micro_batch")
                 if self.micro_batch_size is None:
-                    b_small = total / n
-                else:
-                    b_small = tf.constant(float(self.micro_batch_size), tf.float64)
-                b_small = tf.identity(b_small, name="micro_batch_size")
+                    b_small = tf.identity(total / n, name="micro_batch_size")
+                else:  # a constant, not its identity: run_accumulation reads it statically
+                    size = float(self.micro_batch_size)
+                    b_small = tf.constant(size, tf.float64, name="micro_batch_size")
                 b_big = n * b_small
                 several = n > 1.0
                 nan = tf.constant(np.nan, tf.float64)
@@ -354,9 +354,10 @@ def build_running_average(
                 f"values[{i}] must be a floating-point tensor, got {value.name} of dtype "
                 f"{value.dtype.base_dtype.name}."
             )
-        shape = value.shape
-        if isinstance(value, tf.IndexedSlices):
+        if isinstance(value, tf.IndexedSlices):  # whose ``shape`` TensorFlow 1.15 lacks
             shape = tf.TensorShape(tf.get_static_value(value.dense_shape))
+        else:
+            shape = value.shape
         if not shape.is_fully_defined():
             raise ValueError(
                 f"values[{i}] ({value.name}) has shape {shape}, which is not fully "
