@@ -9,8 +9,8 @@ the SavedModel ``saved_model/`` and the checkpoint ``mid`` with its
 
 * loads the SavedModel with ``tf.compat.v1.saved_model.loader.load`` and
   predicts the examples (``served`` in ``OUT_DIR/loaded.npz``);
-* with ``TF1_ACCUM_EXPORT_EAGER=1`` instead, stays eager and loads the
-  SavedModel with ``tf.saved_model.load``, as a TensorFlow 2 server would, and
+* with ``TF1_ACCUM_EXPORT_EAGER=1`` instead, runs eagerly and loads the
+  SavedModel with ``tf.saved_model.load`` (version 2), as a TensorFlow 2 server would, and
   predicts the examples (``served`` in ``OUT_DIR/eager.npz``);
 * imports ``mid.meta`` with ``import_meta_graph``, restores ``mid`` (a window
   left partly accumulated), runs the window's remaining micro-batches and its
@@ -28,7 +28,7 @@ import _graph_mode
 import numpy as np
 import tensorflow as tf
 
-# With TF1_ACCUM_EXPORT_EAGER=1 the process stays eager, as a TensorFlow 2
+# With TF1_ACCUM_EXPORT_EAGER=1 the process runs eagerly, as a TensorFlow 2
 # server does, and only loads the SavedModel with tf.saved_model.load.
 EAGER = os.environ.get("TF1_ACCUM_EXPORT_EAGER") == "1"
 _graph_mode.enter(eager=EAGER)
@@ -75,7 +75,7 @@ def main(out_dir):
 def serve_eagerly(out_dir):
     """Loads the SavedModel with ``tf.saved_model.load`` and predicts (``eager.npz``)."""
     data = np.load(os.path.join(out_dir, "inputs.npz"))
-    loaded = tf.saved_model.load(os.path.join(out_dir, "saved_model"))
+    loaded = tf.compat.v2.saved_model.load(os.path.join(out_dir, "saved_model"))
     outputs = loaded.signatures["serving_default"](x=tf.constant(data["examples"]))
     np.savez(os.path.join(out_dir, "eager.npz"), served=outputs["y"].numpy())
 

@@ -12,10 +12,10 @@ import tensorflow as tf  # noqa: E402
 
 
 def enter(eager=False):
-    """Enters the graph mode of the test process (with ``eager``, stays eager); quiets logs."""
+    """Enters the graph mode of the test process (with ``eager``, TensorFlow 2's); quiets logs."""
     mode = os.environ.get("TF1_ACCUM_GRAPH_MODE", "v1")
     if eager:
-        pass
+        tf.compat.v1.enable_v2_behavior()  # TensorFlow 1.15 starts in graph mode
     elif mode == "v1":
         tf.compat.v1.disable_v2_behavior()
     else:
