@@ -8,6 +8,7 @@ micro-batch. The next window starts clean. Window ops and the apply's
 statistics among ``fetches`` are refused before anything runs.
 """
 
+import os
 import signal
 
 import numpy as np
@@ -40,7 +41,7 @@ class _CtrlCSession:
         result = self.sess.run(fetches, feed_dict=feed_dict, **kwargs)
         self.calls += 1
         if self.calls - 1 == self.at:
-            signal.raise_signal(signal.SIGINT)  # Python raises KeyboardInterrupt here
+            os.kill(os.getpid(), signal.SIGINT)  # Python raises KeyboardInterrupt here
         return result
 
 
