@@ -7,16 +7,27 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 
 import pytest
+
+try:
+    import tomllib
+except ImportError:  # Python before 3.11: the same parser, which pytest installs there
+    import tomli as tomllib
 
 import tf1_accum
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 TENSORFLOW_PACKAGES = ("tensorflow", "tensorflow-cpu", "tf_keras")
+
+
+def _dotted(node):
+    """The dotted name an ``ast.Name`` or ``ast.Attribute`` spells (``ast.unparse`` from 3.9)."""
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ast.dump(node)
 
 
 def _tensorflow_specifiers():
@@ -115,7 +126,7 @@ def test_setup_py_only_hands_over_to_setuptools():
     calls = [
         node
         for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and ast.unparse(node.func) == "setuptools.setup"
+        if isinstance(node, ast.Call) and _dotted(node.func) == "setuptools.setup"
     ]
     assert len(calls) == 1 and not calls[0].args and not calls[0].keywords
 
@@ -141,7 +152,13 @@ def _copy_source(tmp_path):
     return source
 
 
+# The venvs of Python 3.7 to 3.9 bring a setuptools before 61, which cannot read
+# pyproject.toml's [project]; those of 3.10 and 3.11, 65.5.
+OLD_VENV_SETUPTOOLS = sys.version_info < (3, 10)
+
+
 @pytest.mark.graph_mode_independent
+@pytest.mark.skipif(OLD_VENV_SETUPTOOLS, reason="this Python's venv brings a setuptools before 61")
 def test_setup_py_reads_the_metadata_with_a_fresh_venvs_setuptools(tmp_path):
     # `python3 -m venv` installs the setuptools bundled with Python (65.5 on
     # 3.10 and 3.11), older than the SPDX "license" of pyproject.toml.
@@ -153,6 +170,25 @@ def test_setup_py_reads_the_metadata_with_a_fresh_venvs_setuptools(tmp_path):
     metadata = (source / "tf1_accum.egg-info" / "PKG-INFO").read_text(encoding="utf-8")
     assert "\nLicense: Apache-2.0\n" in metadata and "\nLicense-File: LICENSE\n" in metadata
     assert "\nProvides-Extra: cpu\n" in metadata
+
+
+@pytest.mark.graph_mode_independent
+@pytest.mark.skipif(not OLD_VENV_SETUPTOOLS, reason="this Python's venv brings setuptools 61+")
+def test_setup_py_with_a_fresh_venvs_older_setuptools_says_what_to_upgrade(tmp_path):
+    source = _copy_source(tmp_path)
+    _run(sys.executable, "-m", "venv", str(tmp_path / "env"), cwd=tmp_path)
+    done = subprocess.run(
+        [str(tmp_path / "env" / "bin" / "python"), "setup.py", "--version"],
+        cwd=source,
+        env=CLEAN,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1 and not done.stdout
+    assert done.stderr == (
+        "tf1_accum's setup.py needs setuptools>=61, which reads pyproject.toml. "
+        "Run: python -m pip install --upgrade setuptools\n"
+    )
 
 
 @pytest.mark.graph_mode_independent
@@ -193,13 +229,13 @@ def test_a_wheel_built_by_setup_py_installs_the_version_and_the_checker(tmp_path
 
     # The installed package, not a source tree, outside the source directory.
     installed = run(
-        python,
-        "-c",
-        "import importlib.metadata as m, tf1_accum; "
-        "print(m.version('tf1_accum'), tf1_accum.__version__, tf1_accum.__file__)",
-    ).split()
-    assert installed[:2] == [tf1_accum.__version__, tf1_accum.__version__]
-    assert pathlib.Path(installed[2]).is_relative_to(env)
+        python, "-c", "import tf1_accum; print(tf1_accum.__version__, tf1_accum.__file__)"
+    )
+    assert installed.split()[0] == tf1_accum.__version__
+    assert env in pathlib.Path(installed.split()[1]).parents
+    # Its metadata, through pip (importlib.metadata is Python 3.8's).
+    shown = run(*pip, "--python", str(python), "show", "tf1_accum")
+    assert f"\nVersion: {tf1_accum.__version__}\n" in shown
     # The console script runs the checker (it needs no TensorFlow).
     bad = tmp_path / "bad.py"
     bad.write_text(
@@ -222,12 +258,13 @@ def test_type_checkers_see_every_lazily_exported_name():
     (block,) = [
         node
         for node in tree.body
-        if isinstance(node, ast.If) and ast.unparse(node.test) == "_typing.TYPE_CHECKING"
+        if isinstance(node, ast.If) and _dotted(node.test) == "_typing.TYPE_CHECKING"
     ]
     seen = {}
     for node in block.body:
-        assert isinstance(node, ast.ImportFrom), ast.unparse(node)
+        assert isinstance(node, ast.ImportFrom), ast.dump(node)
+        assert node.module.startswith("tf1_accum."), node.module
         for alias in node.names:
             assert alias.asname == alias.name, "re-export as the same name"
-            seen[alias.name] = node.module.removeprefix("tf1_accum.")
+            seen[alias.name] = node.module[len("tf1_accum.") :]
     assert seen == tf1_accum._MODULES
