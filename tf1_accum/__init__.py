@@ -6,7 +6,7 @@ the large batch. Public names are imported on first use (PEP 562): the source
 checker needs no TensorFlow.
 """
 
-from __future__ import annotations
+from __future__ import annotations as _annotations  # private, as every import here
 
 import importlib as _importlib
 import typing as _typing
