@@ -115,11 +115,8 @@ def train(
     """
     count = windows * sum(micro_batches(t, kind) for t in range(workers))
     batches = make_batches(dtype, sparse, count, batch_sizes(kind, count))
-    with (
-        tf.Graph().as_default() as graph,
-        tf.device(f"/job:worker/replica:0/task:{task}"),
-        v1.container(scope),
-    ):
+    device = f"/job:worker/replica:0/task:{task}"
+    with tf.Graph().as_default() as graph, tf.device(device), v1.container(scope):
         # A different initialization on every worker: the broadcast must fix it.
         model = Model(dtype, sparse, seed=100 + task)
         global_step = v1.train.get_or_create_global_step()
