@@ -43,7 +43,12 @@ def parse_args(argv):
     parser.add_argument("--micro-batch", type=int, default=16, help="B, examples per micro-batch")
     parser.add_argument("--steps", type=int, default=4, help="N, micro-batches per window")
     parser.add_argument("--updates", type=int, default=20, help="windows to train")
-    parser.add_argument("--timeout", type=float, default=60.0, help="collective timeout, seconds")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds after which a collective op fails (TensorFlow 2 only); default: none",
+    )
     parser.add_argument("--out", default="", help="write this worker's results here (JSON)")
     return parser.parse_args(argv)
 

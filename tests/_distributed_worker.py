@@ -31,6 +31,9 @@ v1 = tf.compat.v1
 WINDOWS = 3  # K
 MICRO_BATCHES = 3  # N per worker
 TIMEOUT = 5.0  # seconds, for the collective ops (the "killed" scenario)
+# TensorFlow 1.15's collective ops cannot be cancelled: CollectiveAllReduce
+# refuses a timeout there, and a lost worker blocks the others.
+COLLECTIVE_TIMEOUT = not tf.__version__.startswith("1.")
 
 # (optimizer, dtype, sparse, kind): each trained in a graph of its own. kind
 # is "mean" (N equal micro-batches per worker), "weighted" (sizes differ,
@@ -115,13 +118,11 @@ def train(
     """
     count = windows * sum(micro_batches(t, kind) for t in range(workers))
     batches = make_batches(dtype, sparse, count, batch_sizes(kind, count))
-    with (
-        tf.Graph().as_default() as graph,
-        tf.device(f"/job:worker/replica:0/task:{task}"),
-        v1.container(scope),
-    ):
+    device = f"/job:worker/replica:0/task:{task}"
+    with tf.Graph().as_default() as graph, tf.device(device), v1.container(scope):
         # A different initialization on every worker: the broadcast must fix it.
         model = Model(dtype, sparse, seed=100 + task)
+        v1.Variable([task == 0, task != 0], trainable=False, name="flags")  # a bool, too
         global_step = v1.train.get_or_create_global_step()
         weight = tf.shape(model.labels)[0] if weighted(kind) else None
         statistics = with_statistics(optimizer_name, dtype, sparse, kind)
@@ -317,7 +318,7 @@ def main():
     addresses = [f"127.0.0.1:{p}" for p in ports.split(",")]
     workers = len(addresses)
     cluster = v1.train.ClusterSpec({"worker": addresses})
-    timeout = TIMEOUT if scenario == "killed" else 60.0
+    timeout = TIMEOUT if scenario == "killed" else 60.0 if COLLECTIVE_TIMEOUT else None
     config = tf1_accum.CollectiveAllReduce(workers, task, timeout=timeout).session_config()
     server = v1.train.Server(cluster, job_name="worker", task_index=task, config=config)
     if scenario == "equivalence":

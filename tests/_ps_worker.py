@@ -296,7 +296,7 @@ def train_sync(cluster):
     return results
 
 
-# The Estimator (TensorFlow 2.15): chief, worker, ps from TF_CONFIG; the
+# The Estimator (TensorFlow 1.15 and 2.15): chief, worker, ps from TF_CONFIG; the
 # chief is task 0 of this script, the worker task 1.
 ESTIMATOR_MAX_STEPS = 6  # of the 8 windows the two workers have, asynchronously
 

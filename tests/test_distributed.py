@@ -165,6 +165,13 @@ def test_exactly_one_all_reduce_executes_per_window(cluster_results, config):
             assert results[f"{worker.config_key(*config)}|executed"].sum() == worker.WINDOWS
 
 
+def test_the_broadcast_sends_worker_0s_bool_variables(cluster_results):
+    for task, results in enumerate(cluster_results):
+        for config in worker.CONFIGS:
+            flags = results[f"{worker.config_key(*config)}|0|flags"]
+            np.testing.assert_array_equal(flags, [True, False], err_msg=f"worker {task}")
+
+
 STATISTICS_CONFIGS = [c for c in worker.CONFIGS if worker.with_statistics(*c)]
 
 
@@ -203,6 +210,10 @@ def test_statistics_across_workers_equal_numpy_on_every_micro_batch(cluster_resu
             assert got.micro_batches == WORKERS * worker.MICRO_BATCHES
 
 
+NO_TIMEOUT = "TensorFlow 1.15's collective ops cannot be cancelled: no timeout to test"
+
+
+@pytest.mark.skipif(not worker.COLLECTIVE_TIMEOUT, reason=NO_TIMEOUT)
 @pytest.mark.parametrize(
     "how, error",
     [
@@ -331,13 +342,25 @@ def test_under_replica_device_setter_all_window_state_is_local_on_the_worker():
         assert {v.device for v in acc.var_list} == {"/job:ps/task:0"}
 
 
+def _timeout(seconds):
+    """``seconds``, where collective ops take a timeout (TensorFlow 2), else None."""
+    return seconds if worker.COLLECTIVE_TIMEOUT else None
+
+
 def _single_worker_accumulation(dtype=tf.float64, **kwargs):
     model = Model(dtype, False)
-    cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
+    cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=_timeout(30.0))
     acc = tf1_accum.build_accumulation(
         model.loss, v1.train.MomentumOptimizer(0.1, 0.9), cross_replica=cross, **kwargs
     )
     return model, cross, acc
+
+
+def _instance_key(op):
+    """A collective op's instance key: an input of the second version, an attribute of the first."""
+    if op.type == "CollectiveReduce":  # TensorFlow 1.15
+        return op.get_attr("instance_key")
+    return int(tf.get_static_value(op.inputs[3]))
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -359,7 +382,7 @@ def test_the_apply_holds_one_all_reduce_of_everything(fused):
         if fused:
             # apply_op and accum_apply_op share the window's instance key, so
             # workers that apply either way still meet.
-            keys = {int(tf.get_static_value(op.inputs[3])) for op in collective}
+            keys = {_instance_key(op) for op in collective}
             assert len(keys) == 1
 
 
@@ -415,7 +438,7 @@ def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
         # Summed in float32, as the all-reduce of W = 4 workers sums them.
         summed = _distributed._join_weight_pieces([tf.add_n(list(p)) for p in zip(*packed)])
         # One worker through the collective itself, with a float32 model.
-        cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
+        cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=_timeout(30.0))
         slot = _window._VariableAccumulator(v1.Variable([0.0, 0.0], name="model"))
         weighting = _window._Weighting([tf.float32])
         added = _window.Added(
@@ -433,17 +456,27 @@ def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
     assert got["count"] == 3
 
 
-def test_session_config_sets_the_leader_and_the_timeout():
+def test_session_config_sets_the_leader_on_a_copy():
     base = v1.ConfigProto(inter_op_parallelism_threads=2)
-    config = tf1_accum.CollectiveAllReduce(3, 2, timeout=1.5, job_name="trainer").session_config(
-        base
-    )
+    config = tf1_accum.CollectiveAllReduce(3, 2, job_name="trainer").session_config(base)
     assert config.experimental.collective_group_leader == "/job:trainer/replica:0/task:0"
-    assert config.operation_timeout_in_ms == 3000
     assert config.inter_op_parallelism_threads == 2
     assert base.experimental.collective_group_leader == ""
-    no_timeout = tf1_accum.CollectiveAllReduce(2, 0).session_config()
-    assert no_timeout.operation_timeout_in_ms == 0
+    assert config.operation_timeout_in_ms == 0
+
+
+@pytest.mark.skipif(not worker.COLLECTIVE_TIMEOUT, reason=NO_TIMEOUT)
+def test_session_config_sets_twice_the_timeout():
+    config = tf1_accum.CollectiveAllReduce(3, 2, timeout=1.5).session_config()
+    assert config.operation_timeout_in_ms == 3000
+
+
+@pytest.mark.skipif(worker.COLLECTIVE_TIMEOUT, reason="TensorFlow 2's collective ops time out")
+def test_on_tensorflow_1_15_a_timeout_is_refused_with_the_alternative():
+    with pytest.raises(ValueError, match=r"timeout=5\.0 needs TensorFlow 2: .* cannot be cancel"):
+        tf1_accum.CollectiveAllReduce(2, 0, timeout=5.0)
+    with pytest.raises(ValueError, match="asynchronous parameter servers"):
+        tf1_accum.CollectiveAllReduce(2, 0, timeout=5.0)
 
 
 @pytest.mark.parametrize(
@@ -513,7 +546,7 @@ def test_one_worker_statistics_equal_numpy(fused):
     batches = make_batches(tf.float64, False, 3, sizes)
     with tf.Graph().as_default():
         model = Model(tf.float64, False)
-        cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=30.0)
+        cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=_timeout(30.0))
         acc = tf1_accum.build_accumulation(
             model.loss,
             v1.train.MomentumOptimizer(0.1, 0.9),

@@ -1,7 +1,7 @@
-"""tf.estimator with AccumulationOptimizer and its session hook (TensorFlow 2.15 only).
+"""tf.estimator with AccumulationOptimizer and its session hook (TensorFlow 1.15 and 2.15).
 
-tf.estimator is gone from TensorFlow 2.16 on; CI runs this module in a
-TensorFlow 2.15 environment of its own (see .ci/run).
+tf.estimator is gone from TensorFlow 2.16 on; CI runs this module in
+TensorFlow 2.15 and 1.15 environments of their own (see .ci/run).
 """
 
 import warnings

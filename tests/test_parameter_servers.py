@@ -18,6 +18,7 @@ import tensorflow as tf
 import tf1_accum
 from _helpers import RTOL
 from _helpers import Model
+from _helpers import ancestors
 from _helpers import assert_same_values
 from _helpers import concat
 from _helpers import make_batches
@@ -248,6 +249,38 @@ def test_a_shared_step_alone_is_not_refused_nor_read_with_every_micro_batch():
     names = {op.name.rsplit("/", 1)[-1] for op in graph.get_operations()}
     assert "global_step_shared" in names
     assert "global_step_unmoved" not in names
+
+
+def test_the_window_lock_stays_on_the_worker_when_a_loop_reads_the_parameter_server():
+    # A version 1 while loop pulls an outside control input into the loop as
+    # data, on the device of the op that waits for it: the read of a resource
+    # variable on the ps. The lock (a variant) cannot be sent there.
+    setter = v1.train.replica_device_setter(ps_tasks=1, worker_device="/job:worker/task:0")
+    xs, ys = np.ones([4, 2, worker.FEATURES]), np.ones([4, 2, 1])
+
+    def loss_fn(batch):
+        w = v1.get_variable("w", initializer=np.ones([worker.FEATURES, 1]), use_resource=True)
+        return tf.reduce_mean(tf.matmul(batch[0], w) * batch[1])
+
+    was_v2 = v1.control_flow_v2_enabled()
+    v1.disable_control_flow_v2()
+    try:
+        with tf.Graph().as_default() as graph, v1.device(setter):
+            tf1_accum.build_dataset_accumulation(
+                loss_fn,
+                v1.train.GradientDescentOptimizer(0.1),
+                tf.data.Dataset.from_tensor_slices((xs, ys)),
+                2,
+                global_step=v1.train.get_or_create_global_step(),
+            )
+    finally:
+        if was_v2:
+            v1.enable_control_flow_v2()
+    (lock,) = [op for op in graph.get_operations() if op.type == "MutexLock"]
+    readers = lock.outputs[0].consumers()
+    assert {op.device for op in readers} == {lock.device}, [(op.name, op.device) for op in readers]
+    # The loss's read of w, in the loop, still waits for the lock.
+    assert lock in ancestors(graph.get_operation_by_name("MatMul/ReadVariableOp"))
 
 
 def _sync(aggregate, total=2):

@@ -312,3 +312,44 @@ def keras_names(message: str) -> str:
     for pattern, name in _KERAS_1_15_NAMES if TF1 else ():
         message = re.sub(pattern, name, message)
     return message
+
+
+# Collective ops (`CollectiveAllReduce`). TensorFlow 1.15 has only their first
+# version: keys are attributes, the broadcast sends no bool (an int32 carries
+# it), and a wait can be neither bounded nor cancelled (a session's
+# operation_timeout_in_ms cancels the step, but the op waits on).
+
+#: Whether ``CollectiveAllReduce(timeout=...)`` can end a wait for a lost worker.
+COLLECTIVE_TIMEOUT = not TF1
+
+
+def collective_sum(flat: typing.Any, key: int, attrs: dict, name: str) -> typing.Any:
+    """The sum over the group of the 1-D ``flat``; ``attrs``: group_size, group_key, timeout."""
+    if not TF1:
+        reduce = functools.partial(tf.raw_ops.CollectiveReduceV2, ordering_token=[], **attrs)
+    else:
+        group = dict(group_size=attrs["group_size"], group_key=attrs["group_key"])
+        reduce = functools.partial(tf.raw_ops.CollectiveReduce, subdiv_offsets=[0], **group)
+    return reduce(input=flat, instance_key=key, merge_op="Add", final_op="Id", name=name)
+
+
+def collective_broadcast(
+    flat: typing.Any, send: bool, key: int, attrs: dict, name: str
+) -> typing.Any:
+    """The group leader's 1-D ``flat`` (``send``: this worker is the leader)."""
+    shape, dtype = flat.shape.as_list(), flat.dtype.base_dtype
+    if not TF1:
+        if send:
+            return tf.raw_ops.CollectiveBcastSendV2(
+                input=flat, instance_key=key, name=name, **attrs
+            )
+        return tf.raw_ops.CollectiveBcastRecvV2(
+            instance_key=key, shape=shape, T=dtype, name=name, **attrs
+        )
+    if dtype == tf.bool:
+        sent = collective_broadcast(tf.cast(flat, tf.int32), send, key, attrs, name)
+        return tf.not_equal(sent, 0)
+    group = dict(group_size=attrs["group_size"], group_key=attrs["group_key"], shape=shape)
+    if send:
+        return tf.raw_ops.CollectiveBcastSend(input=flat, instance_key=key, name=name, **group)
+    return tf.raw_ops.CollectiveBcastRecv(instance_key=key, T=dtype, name=name, **group)

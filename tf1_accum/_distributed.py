@@ -5,6 +5,9 @@ from __future__ import annotations
 import typing
 
 import numpy as np
+from tf1_accum._compat import COLLECTIVE_TIMEOUT
+from tf1_accum._compat import collective_broadcast
+from tf1_accum._compat import collective_sum
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
@@ -75,7 +78,8 @@ class CollectiveAllReduce(Engine):
             leader and the source of `broadcast_variables`.
         job_name: The cluster job the workers belong to.
         timeout: Optional positive number of seconds after which a collective
-            op fails instead of waiting forever (see :doc:`distributed`).
+            op fails instead of waiting forever (see :doc:`distributed`);
+            TensorFlow 2 only.
         group_key: The collective group's key; the same on every worker.
         instance_key: The first collective instance key this object hands
             out, one per accumulation and per dtype `broadcast_variables`
@@ -86,7 +90,8 @@ class CollectiveAllReduce(Engine):
             ``instance_key`` is not an int, ``job_name`` is not a string, or
             ``timeout`` is not a number.
         ValueError: If ``num_workers`` is less than 1, ``task_index`` is not
-            in ``[0, num_workers)``, or ``timeout`` is not positive.
+            in ``[0, num_workers)``, or ``timeout`` is not positive or is
+            given on TensorFlow 1.15.
     """
 
     def __init__(
@@ -123,6 +128,14 @@ class CollectiveAllReduce(Engine):
                 )
             if not timeout > 0:
                 raise ValueError(f"timeout must be positive (seconds), got {timeout}.")
+            if not COLLECTIVE_TIMEOUT:
+                raise ValueError(
+                    f"timeout={timeout} needs TensorFlow 2: the collective ops of TensorFlow "
+                    "1.15 cannot be cancelled (not even by the session's "
+                    "operation_timeout_in_ms), so a lost worker blocks the others' apply "
+                    "forever, whatever the timeout. Leave timeout=None, or train with "
+                    "asynchronous parameter servers, which go on without a lost worker."
+                )
         self.num_workers = int(num_workers)
         self.task_index = int(task_index)
         self.job_name = job_name
@@ -162,28 +175,11 @@ class CollectiveAllReduce(Engine):
     _broadcast_dtypes = (tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        return tf.raw_ops.CollectiveReduceV2(
-            input=flat,
-            instance_key=key,
-            ordering_token=[],
-            merge_op="Add",
-            final_op="Id",
-            name="all_reduce_window",
-            **self._attrs(),
-        )
+        return collective_sum(flat, key, self._attrs(), "all_reduce_window")
 
     def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        if self.task_index == 0:
-            return tf.raw_ops.CollectiveBcastSendV2(
-                input=flat, instance_key=key, name="send", **self._attrs()
-            )
-        return tf.raw_ops.CollectiveBcastRecvV2(
-            instance_key=key,
-            shape=flat.shape.as_list(),
-            T=flat.dtype.base_dtype,
-            name="receive",
-            **self._attrs(),
-        )
+        name = "send" if self.task_index == 0 else "receive"
+        return collective_broadcast(flat, self.task_index == 0, key, self._attrs(), name)
 
 
 _NOTHING_ACCUMULATED_ANYWHERE = (

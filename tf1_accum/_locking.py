@@ -38,12 +38,18 @@ def exclusive(
     on_device = lambda: tf.device(mutex.device) if mutex.device else contextlib.nullcontext()  # noqa: E731
     with tf.compat.v1.name_scope(scope), on_device():
         lock = tf.raw_ops.MutexLock(mutex=mutex, name="lock")
-    with tf.control_dependencies([lock]):
+        # What the section waits for. A version 1 while loop pulls an outside
+        # control input in as data, with the op it is on (a parameter server's
+        # read): a scalar can go there, the lock (a variant) cannot be sent.
+        with tf.control_dependencies([lock]):
+            locked = tf.constant(True, name="locked").op
+    with tf.control_dependencies([locked]):
         done, other = build()
     finished = [t for t in tf.nest.flatten(done) if t is not None]
     created = [op for op in graph.get_operations() if op.name not in before]
-    section = _section(created, finished, lock.op)
-    _lock_before_state_reads(lock.op, section, state())
+    section = _section(created, finished, locked)
+    section = [op for op in section if op is not lock.op]
+    _lock_before_state_reads(locked, section, state())
 
     def after_release(t: tf.Tensor | tf.Operation | None) -> tf.Tensor | tf.Operation | None:
         if isinstance(t, tf.Operation):
