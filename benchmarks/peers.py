@@ -172,8 +172,8 @@ def _without(build, pieces):
 
         finish = _window._VariableAccumulator.finish
 
-        def summed(self, total, denominator, transform):
-            return finish(self, total, None, transform)
+        def summed(self, total, denominator, *rest):
+            return finish(self, total, None, *rest)
 
         init = _window.Window.__init__
 
@@ -188,7 +188,7 @@ def _without(build, pieces):
             "lock": [(_window.Window, "exclusive", exclusive)],
             "divide": [(_window._VariableAccumulator, "finish", summed)],
             "check": [
-                (_window, "_square_norms", no_norms),
+                (_window, "square_norms", no_norms),
                 (_window.Window, "__init__", applying_every_window),
             ],
         }
@@ -361,7 +361,7 @@ def plot(summary, path, title):
         len(models),
         1,
         figsize=(7.4, 1.6 + 0.27 * sum(rows) + 0.9 * len(models)),
-        height_ratios=rows,
+        gridspec_kw={"height_ratios": rows},
         squeeze=False,
         layout="constrained",
     )
