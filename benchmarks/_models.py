@@ -159,26 +159,51 @@ def ways(tf, spec, n, b, **options):
     }
 
 
+#: The accumulating peers: {name: (module, how to install it)}.
+PEERS = {
+    "tensorpack": ("tensorpack", "pip install tensorpack==0.11"),
+    # 0.8.1 requires TensorFlow 2.5.1 or later: it does not install beside 1.15.
+    "gpt-2-simple": ("gpt_2_simple", "pip install gpt-2-simple==0.8.1, on TensorFlow 2"),
+}
+
+
+def installed_peers():
+    """The names of the peers installed here, in the order of `PEERS`.
+
+    Looked up, not imported: gpt_2_simple's package switches off eager
+    execution when imported.
+    """
+    import importlib.util
+
+    return tuple(name for name, (module, _) in PEERS.items() if importlib.util.find_spec(module))
+
+
+def missing_peers():
+    """``"name (how to install it)"`` for each peer not installed here."""
+    return [f"{name} ({how})" for name, (_, how) in PEERS.items() if name not in installed_peers()]
+
+
 def peer_ways(tf, spec, n, b):
-    """{name: (session runs per window, build)} for the two accumulating peers.
+    """{name: (session runs per window, build)} for the accumulating peers installed.
 
     tensorpack's ``AccumGradOptimizer`` and gpt-2-simple's
     ``AccumulatingOptimizer`` (the ``bench`` extra), used as their
     documentation says, on the same model, data and Adam as `ways`.
     """
-    # Imported once the graph mode is set: gpt_2_simple's package calls
-    # disable_eager_execution() when imported.
-    from gpt_2_simple.src.accumulate import AccumulatingOptimizer
-    from tensorpack.tfutils.optimizer import AccumGradOptimizer
-
     v1 = tf.compat.v1
 
     def tensorpack():
+        from tensorpack.tfutils.optimizer import AccumGradOptimizer
+
         loss, feeds = fed_model(tf, spec, n, b)
         train_op = AccumGradOptimizer(adam(tf), niter=n).minimize(loss)
         return per_micro_batch(train_op, feeds)
 
     def gpt_2_simple():
+        # Imported once the graph mode is set: gpt_2_simple's package calls
+        # disable_eager_execution() when imported.
+        from gpt_2_simple.src.accumulate import AccumulatingOptimizer
+
         loss, feeds = fed_model(tf, spec, n, b)
         opt = AccumulatingOptimizer(opt=adam(tf), var_list=v1.trainable_variables())
         opt_reset = opt.reset()
@@ -193,7 +218,8 @@ def peer_ways(tf, spec, n, b):
 
         return window
 
-    return {"tensorpack": (n, tensorpack), "gpt-2-simple": (n + 2, gpt_2_simple)}
+    ways = {"tensorpack": (n, tensorpack), "gpt-2-simple": (n + 2, gpt_2_simple)}
+    return {name: ways[name] for name in installed_peers()}
 
 
 def per_micro_batch(train_op, feeds):

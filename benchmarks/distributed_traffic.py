@@ -70,11 +70,9 @@ def _worker(task, ports):
         for way in ("per micro-batch", "per window"):
             key = 10000 * (case + 1) + (0 if way == "per window" else 5000)
             cross = tf1_accum.CollectiveAllReduce(WORKERS, task, timeout=60.0, instance_key=key)
-            with (
-                tf.Graph().as_default() as graph,
-                tf.device(f"/job:worker/replica:0/task:{task}"),
-                v1.container(f"case{case}{way[4]}"),
-            ):
+            graph = tf.Graph()
+            device = tf.device(f"/job:worker/replica:0/task:{task}")
+            with graph.as_default(), device, v1.container(f"case{case}{way[4]}"):
                 x = v1.placeholder(tf.float32, [None, LAYERS[0]])
                 y = v1.placeholder(tf.int32, [None])
                 h = x

@@ -13,6 +13,10 @@ gpt-2-simple
     ``reset()``, N runs of ``compute_gradients(loss)``, one run of
     ``apply_gradients()``.
 
+A peer that is not installed is left out, with a line that says so:
+gpt-2-simple 0.8.1 requires TensorFlow 2.5.1 or later, so on TensorFlow 1.15
+the table has tensorpack alone.
+
 Both apply the sum of the window's gradients, not the mean, and check
 nothing; the ways in apply the mean and skip non-finite windows
 (``skip_nonfinite=True``, the default). Only time is measured here, for the
@@ -61,8 +65,9 @@ import _bench
 import _models
 
 MODELS = _models.MODELS
-WAYS = _models.WAYS[:-1] + ("tensorpack", "gpt-2-simple", "floor")
-PEERS = ("tensorpack", "gpt-2-simple")
+# The peers installed here (gpt-2-simple does not install beside TensorFlow 1.15).
+PEERS = _models.installed_peers()
+WAYS = _models.WAYS[:-1] + PEERS + ("floor",)
 
 # Bounds on (time / time of the faster peer), per model.
 TARGETS = {
@@ -167,8 +172,8 @@ def _without(build, pieces):
 
         finish = _window._VariableAccumulator.finish
 
-        def summed(self, total, denominator, transform):
-            return finish(self, total, None, transform)
+        def summed(self, total, denominator, *rest):
+            return finish(self, total, None, *rest)
 
         init = _window.Window.__init__
 
@@ -183,7 +188,7 @@ def _without(build, pieces):
             "lock": [(_window.Window, "exclusive", exclusive)],
             "divide": [(_window._VariableAccumulator, "finish", summed)],
             "check": [
-                (_window, "_square_norms", no_norms),
+                (_window, "square_norms", no_norms),
                 (_window.Window, "__init__", applying_every_window),
             ],
         }
@@ -218,8 +223,9 @@ def interleaved_samples(ways, repetitions, warmup, inner):
 
 
 def quartiles(values):
-    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    return q1, q3
+    """The first and third quartiles, interpolated between the closest values."""
+    q1, q3 = np.percentile(values, [25, 75])
+    return float(q1), float(q3)
 
 
 def measure(tf, model, n, b, repetitions, warmup, inner, names=WAYS):
@@ -355,7 +361,7 @@ def plot(summary, path, title):
         len(models),
         1,
         figsize=(7.4, 1.6 + 0.27 * sum(rows) + 0.9 * len(models)),
-        height_ratios=rows,
+        gridspec_kw={"height_ratios": rows},
         squeeze=False,
         layout="constrained",
     )
@@ -420,9 +426,20 @@ def plot(summary, path, title):
             [], [], color="tab:red", linewidth=2, linestyle=(0, (2, 1.5)), label="its way's target"
         ),
     ]
-    fig.legend(handles=key, loc="outside lower center", ncol=5, fontsize=8.5, frameon=False)
     fig.suptitle(title, fontsize=10)
-    fig.savefig(path, dpi=200)
+    try:  # matplotlib 3.7 on: the layout makes room under the panels
+        fig.legend(handles=key, loc="outside lower center", ncol=5, fontsize=8.5, frameon=False)
+        fig.savefig(path, dpi=200)
+    except ValueError:  # before (3.5 is the last for Python 3.7): the image grows to hold it
+        fig.legend(
+            handles=key,
+            loc="upper center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=3,
+            fontsize=8.5,
+            frameon=False,
+        )
+        fig.savefig(path, dpi=200, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -469,8 +486,13 @@ def main(argv=None):
     _models.use_model_arguments(args)
     if args.runs is None:
         args.runs = 1 if args.quick else 3
+    missing = _models.missing_peers()
+    if not PEERS:
+        parser.error("no peer is installed: " + "; ".join(missing))
     tf = _bench.enter_graph_mode(args.mode)
 
+    if missing:
+        print("# left out, not installed: " + "; ".join(missing), flush=True)
     print(
         "# Peers apply the sum of the window's gradients and check nothing; the ways in "
         "apply the mean and skip non-finite windows. Correctness is not measured here: "

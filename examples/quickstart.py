@@ -126,7 +126,9 @@ def plot(curves, args):
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_title("Accumulated training follows the big batch")
-    fig.legend(loc="outside lower center", ncol=1, frameon=False)
+    # Under the axes, anchored there, where the constrained layout makes room
+    # for it (matplotlib 3.5 on, the last release for Python 3.7 included).
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=1, frameon=False)
     fig.savefig(args.plot, dpi=200)
     plt.close(fig)
     print(f"wrote {args.plot}")

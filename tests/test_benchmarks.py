@@ -177,7 +177,7 @@ def test_memory_table(outputs):
             assert row[-2:] == ["-", "-"], row  # not a way in: no target
         else:
             # The met column is the exact figure against the target.
-            bound = float(row[headers.index("target P")].removeprefix("<= "))
+            bound = float(row[headers.index("target P")].replace("<= ", ""))
             assert row[-1] == ("yes" if above <= bound else "NO"), row
     # A way in adds at least its accumulators: one parameter copy (the
     # exact figure counts every variable's bytes).
@@ -211,15 +211,23 @@ def test_sparse_table(outputs):
     )
 
 
-PEER_PACKAGES = ("tensorpack", "gpt_2_simple")
+PEER_PACKAGES = {"tensorpack": "tensorpack", "gpt-2-simple": "gpt_2_simple"}
 
 
 def test_peers_table_and_plot(tmp_path):
+    import tensorflow as tf
+
     # Looked up, not imported: gpt_2_simple switches off eager execution when
     # imported, which must not happen inside the test process.
-    missing = [name for name in PEER_PACKAGES if importlib.util.find_spec(name) is None]
-    if missing:
+    missing = [
+        name for name, module in PEER_PACKAGES.items() if not importlib.util.find_spec(module)
+    ]
+    # gpt-2-simple 0.8.1 requires TensorFlow 2.5.1 or later: on 1.15 the
+    # script times tensorpack alone, and says so.
+    absent = ["gpt-2-simple"] if tf.__version__.startswith("1.") else []
+    if missing != absent:
         pytest.skip(f"peers not installed ({', '.join(missing)}): pip install -e .[bench]")
+    peers = [name for name in PEER_PACKAGES if name not in absent]
     plot = tmp_path / "peers.png"
     process = _start(
         "peers.py",
@@ -239,6 +247,7 @@ def test_peers_table_and_plot(tmp_path):
     stdout, stderr = process.communicate(timeout=300)
     assert process.returncode == 0, stderr[-4000:]
     assert "Correctness is not measured here" in stdout
+    assert ("# left out, not installed: gpt-2-simple" in stdout) == bool(absent)
     tables = stdout.split("# summary")
     assert len(tables) == 2, stdout
     headers, rows = _table(tables[0].split("# run 2/2")[0])
@@ -259,8 +268,7 @@ def test_peers_table_and_plot(tmp_path):
         "fused helper",
         "AccumulationOptimizer",
         "dataset loop",
-        "tensorpack",
-        "gpt-2-simple",
+        *peers,
         "floor",
         "fused helper, no lock",
         "AccumulationOptimizer, no lock",
@@ -272,15 +280,16 @@ def test_peers_table_and_plot(tmp_path):
     for model in ("mlp", "tiny"):
         model_rows = [row for row in rows if row[0] == model]
         assert [row[1].replace(" (faster peer)", "") for row in model_rows] == ways
-        # runs per window at N = 2
-        assert [int(row[2]) for row in model_rows] == [3, 2, 2, 1, 2, 4, 2, 2, 2, 2, 2, 3, 2]
+        # runs per window at N = 2 (tensorpack 2, gpt-2-simple 4)
+        peer_runs = [{"tensorpack": 2, "gpt-2-simple": 4}[name] for name in peers]
+        assert [int(row[2]) for row in model_rows] == [3, 2, 2, 1, *peer_runs] + [2] * 5 + [3, 2]
         # The faster peer is a measurement: the table marks the one whose median
         # window time is the smaller, and the other's ratio to it is at least 1.
-        peers = model_rows[4:6]
-        (fastest,) = [row for row in peers if row[1].endswith("(faster peer)")]
-        (slower,) = [row for row in peers if row is not fastest]
+        peer_rows = model_rows[4 : 4 + len(peers)]
+        (fastest,) = [row for row in peer_rows if row[1].endswith("(faster peer)")]
         assert float(fastest[headers.index("/peer")]) == 1.0
-        assert float(slower[headers.index("/peer")]) >= 1.0
+        for slower in [row for row in peer_rows if row is not fastest]:
+            assert float(slower[headers.index("/peer")]) >= 1.0
         (floor,) = [row for row in model_rows if row[1] == "floor"]
         assert float(floor[headers.index("/floor")]) == 1.0
         for row in model_rows:

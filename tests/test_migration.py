@@ -68,8 +68,9 @@ def _assert_matches_large_batch(params, make_optimizer, windows, where):
 
 def test_a_before_steps_n_times_too_far_or_fails_on_resource_variables():
     before = _load("a_sum_not_mean_before")
-    if tf.compat.v1.resource_variables_enabled():
-        # Variable.initialized_value() does not exist for resource variables.
+    if tf.compat.v1.resource_variables_enabled() and not tf.__version__.startswith("1."):
+        # Variable.initialized_value() does not exist for TensorFlow 2's resource
+        # variables (TensorFlow 1.15's have it: the recipe sums there too).
         with pytest.raises(NotImplementedError):
             before.main()
         return

@@ -114,13 +114,16 @@ def numpy_ema(start, trajectory):
 
     ``ExponentialMovingAverage(decay, num_updates)`` uses
     min(decay, (1 + num_updates) / (10 + num_updates)), where num_updates is
-    global_step after the update, and computes 1 - decay in float32.
+    global_step after the update, all in float32, and computes 1 - decay in
+    float32. (The constants are float32 too: NumPy before 2.0 would compute
+    ``1 + n`` in float64.)
     """
     shadow = {name: value.copy() for name, value in start.items()}
+    one, ten = np.float32(1), np.float32(10)
     for k, weights in enumerate(trajectory):
         n = np.float32(k + 1)
-        decay = min(np.float32(MOVING_AVERAGE_DECAY), (1 + n) / (10 + n))
-        rate = float(np.float32(1) - decay)
+        decay = min(np.float32(MOVING_AVERAGE_DECAY), (one + n) / (ten + n))
+        rate = float(one - decay)
         for name, value in weights.items():
             shadow[name] = shadow[name] - (shadow[name] - value) * rate
     return shadow
