@@ -17,6 +17,7 @@ from tensorflow.python.ops import cond_v2
 
 from tf1_accum import _compat
 from tf1_accum._locking import reference_control_flow
+from tf1_accum.check._compat import parse  # the tree as Python 3.9 gives it
 
 v1 = tf.compat.v1
 PACKAGE = pathlib.Path(_compat.__file__).parent
@@ -65,6 +66,12 @@ def test_operations_take_control_inputs_after_they_are_built():
         assert set(op.control_inputs) == {a, b}
         _compat.set_control_inputs(op, [c])
         assert op.control_inputs == [c]
+        x, y = tf.constant(1.0), tf.constant(2.0)
+        double = tf.identity(x)
+        _compat.set_input(double.op, 0, y)
+        assert list(double.op.inputs) == [y]
+        with v1.Session() as sess:
+            assert sess.run(double) == 2.0
 
 
 def test_an_ops_version_1_control_flow_context_is_read():
@@ -190,6 +197,7 @@ _PRIVATE = (
     "_get_control_flow_context",
     "_add_control_input",
     "_remove_all_control_inputs",
+    "_update_input",
     "_FetchHandler",
     "_true_graph",
     "_false_graph",
@@ -205,7 +213,7 @@ def test_only_compat_imports_tensorflow_or_reads_its_private_names():
     for path in sorted(PACKAGE.rglob("*.py")):
         if path.name == "_compat.py":
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+        tree = parse(path.read_text(encoding="utf-8"))
         where = path.relative_to(PACKAGE.parent)
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
@@ -224,3 +232,47 @@ def test_only_compat_imports_tensorflow_or_reads_its_private_names():
                 assert node.value not in _PRIVATE, f"{where}:{node.lineno} names {node.value}"
             if isinstance(node, ast.Name):
                 assert node.id != "TF1", f"{where}:{node.lineno} branches on the version"
+
+
+def _names_the_package_defines(trees):
+    """Every name tf1_accum defines: its modules, functions, classes, variables, attributes."""
+    defined = set()
+    for path, tree in trees.items():
+        defined.add(path.stem)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id if isinstance(node, ast.Name) else node.attr)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+            elif isinstance(node, ast.alias):
+                defined.add((node.asname or node.name).split(".")[0])
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                defined.add(node.value)  # object.__setattr__(self, "_name", ...)
+    return defined
+
+
+# Private names of others the package may read outside _compat: a NamedTuple's
+# _replace (public API, named so it cannot clash with a field), the frame
+# walk of warnings, and the name a Keras optimizer subclass keeps of itself.
+_ALLOWED = {"_replace", "sys._getframe", "self._name"}
+
+
+@pytest.mark.graph_mode_independent
+def test_only_compat_reads_a_private_attribute_the_package_does_not_define():
+    trees = {p: parse(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.rglob("*.py"))}
+    defined = _names_the_package_defines(trees)
+    for path, tree in trees.items():
+        if path.parent == PACKAGE and path.name == "_compat.py":
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+                continue
+            owner = node.value.id if isinstance(node.value, ast.Name) else ""
+            if node.attr.startswith("__") or node.attr in defined:
+                continue
+            assert {node.attr, f"{owner}.{node.attr}"} & _ALLOWED, (
+                f"{path.relative_to(PACKAGE.parent)}:{node.lineno} reads {node.attr}, "
+                "a private name of another package: read it through tf1_accum/_compat.py"
+            )

@@ -84,6 +84,11 @@ def add_control_inputs(
     op._add_control_inputs(inputs)
 
 
+def set_input(op: _tensorflow.Operation, index: int, tensor: _tensorflow.Tensor) -> None:
+    """Makes ``op`` read ``tensor`` as its input ``index``, after it was built."""
+    op._update_input(index, tensor)
+
+
 def set_control_inputs(
     op: _tensorflow.Operation, inputs: typing.Sequence[_tensorflow.Operation]
 ) -> None:
@@ -165,6 +170,29 @@ def fetch_handler() -> type:
     return session._FetchHandler
 
 
+class SyncReplicasParts(typing.NamedTuple):
+    """What a ``SyncReplicasOptimizer`` keeps privately, that a window pushes through."""
+
+    local_step: typing.Any
+    accumulators: list  # (accumulator, device) per variable, after apply_gradients
+    global_step: typing.Any
+    token_queue: typing.Any
+    replicas_to_aggregate: int
+    total_num_replicas: int
+
+
+def sync_replicas_parts(sync: typing.Any) -> SyncReplicasParts:
+    """The parts of ``sync`` (a ``tf.compat.v1.train.SyncReplicasOptimizer``)."""
+    return SyncReplicasParts(
+        getattr(sync, "_local_step", None),
+        getattr(sync, "_accumulator_list", []),
+        getattr(sync, "_global_step", None),
+        getattr(sync, "_sync_token_queue", None),
+        sync._replicas_to_aggregate,
+        sync._total_num_replicas,
+    )
+
+
 def saver_hook_state(hook: typing.Any) -> tuple[typing.Any, typing.Any]:
     """``(global step tensor, step of its last save or None)`` of a ``CheckpointSaverHook``."""
     last_triggered = getattr(getattr(hook, "_timer", None), "last_triggered_step", None)
@@ -230,6 +258,11 @@ def keras() -> typing.Any:
     import tf_keras
 
     return tf_keras
+
+
+def keras_optimizer_name(optimizer: typing.Any) -> str:
+    """The name a Keras 2 optimizer was made with (``Adam``, ...)."""
+    return str(optimizer._name)
 
 
 def keras_optimizers() -> typing.Any:

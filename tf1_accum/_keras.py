@@ -13,6 +13,7 @@ import typing
 
 from tf1_accum._compat import keras_clip
 from tf1_accum._compat import keras_inner_optimizer
+from tf1_accum._compat import keras_optimizer_name
 from tf1_accum._compat import keras_names
 from tf1_accum._compat import tf
 
@@ -131,7 +132,7 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
     """
 
     def __init__(self, keras_optimizer: typing.Any) -> None:
-        super().__init__(use_locking=False, name=keras_optimizer._name)
+        super().__init__(use_locking=False, name=keras_optimizer_name(keras_optimizer))
         self.keras_optimizer = keras_optimizer
 
     def compute_gradients(

@@ -490,7 +490,7 @@ def _build(
         weight = weight()
         _validate.check_weight(weight, graph)
     update_ops = _options.update_ops_in(options, outer)
-    with tf.compat.v1.name_scope(name, wrapper._name) as scope:
+    with tf.compat.v1.name_scope(name, wrapper.get_name()) as scope:
         window = _accumulation.make_window(pairs, options, scope, wrapper._cross_replica)
     reach = _Reach(window, roots)
     if options.update_ops is None:

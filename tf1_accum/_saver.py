@@ -6,6 +6,7 @@ import contextlib
 import typing
 
 from tf1_accum._compat import add_control_inputs
+from tf1_accum._compat import set_input
 from tf1_accum._compat import tf
 
 from tf1_accum._state import MUTEX_COLLECTION
@@ -93,7 +94,7 @@ def _locked(
                         again = tf.raw_ops.ReadVariableOp(
                             resource=handle, dtype=tensor.dtype, name=f"{name}_read"
                         )
-                    op._update_input(index, again)
+                    set_input(op, index, again)
                 elif lock not in op.control_inputs:
                     add_control_inputs(op, [lock])
         finished = [t.op for t in last.inputs] + list(last.control_inputs)

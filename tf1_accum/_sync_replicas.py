@@ -10,6 +10,7 @@ from __future__ import annotations
 import typing
 import warnings
 
+from tf1_accum._compat import sync_replicas_parts
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
@@ -34,19 +35,19 @@ class SyncPush(tf.compat.v1.train.Optimizer):
         global_step: tf.Variable | None = None,
         name: str | None = None,
     ) -> tf.Operation:
-        sync = self._opt
-        local_step = sync._local_step
+        sync = sync_replicas_parts(self._opt)
+        local_step = sync.local_step
         pushes = []
         with tf.compat.v1.name_scope(name, self.get_name()):
-            for (grad, _), (accumulator, device) in zip(grads_and_vars, sync._accumulator_list):
+            for (grad, _), (accumulator, device) in zip(grads_and_vars, sync.accumulators):
                 with tf.device(device):
                     if isinstance(grad, tf.IndexedSlices):
                         push = accumulator.apply_indexed_slices_grad(grad, local_step=local_step)
                     else:
                         push = accumulator.apply_grad(grad, local_step=local_step)
                 pushes.append(push)
-            with tf.device(sync._global_step.device), tf.control_dependencies(pushes):
-                token = sync._sync_token_queue.dequeue()
+            with tf.device(sync.global_step.device), tf.control_dependencies(pushes):
+                token = sync.token_queue.dequeue()
             return tf.group(local_step.assign(token, read_value=False))
 
 
@@ -80,7 +81,7 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
         ValueError: If ``replicas_to_aggregate`` is more than
             ``total_num_replicas``.
     """
-    aggregate, total = sync._replicas_to_aggregate, sync._total_num_replicas
+    aggregate, total = sync_replicas_parts(sync)[-2:]
     if aggregate > total:
         raise ValueError(
             f"AccumulationOptimizer pushes one window per worker per update, but the "
