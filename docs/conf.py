@@ -5,9 +5,7 @@ import pathlib
 import re
 import sys
 
-import sphinx.highlighting
 import sphinx.util.inspect
-from pygments.formatters import HtmlFormatter
 from sphinx.writers.html5 import HTML5Translator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -88,8 +86,9 @@ html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 
 
-# Code breaks at spaces and after punctuation, never inside a word: a long
-# name (tf.compat.v1.global_variables_initializer) may break after "." or "_".
+# Inline code breaks at spaces and after punctuation, never inside a word: a
+# long name (tf.compat.v1.global_variables_initializer) may break after "."
+# or "_". Code blocks keep their lines and scroll sideways (custom.css).
 _BREAK_AFTER = re.compile(r"([._/=\[(])(?=[^\s)\]])")
 
 
@@ -104,26 +103,6 @@ def _break_points(html):
     return "".join(parts)
 
 
-class _IndentedLines(HtmlFormatter):
-    """Puts each line of code in a span that knows its indentation.
-
-    On a narrow screen a long line wraps, and custom.css starts its
-    continuation further in than the line itself, instead of at column 0.
-    """
-
-    def wrap(self, source):
-        def lines():
-            for kind, line in source:
-                if kind == 1:
-                    text = re.sub(r"<[^>]*>", "", line)
-                    indent = len(text) - len(text.lstrip(" "))
-                    line = _break_points(line)
-                    line = f'<span class="line" style="--indent: {indent}ch">{line}</span>'
-                yield kind, line
-
-        return super().wrap(lines())
-
-
 class _Translator(HTML5Translator):
     """Inline code (``like_this``, names in signatures and tables) breaks as code does."""
 
@@ -132,9 +111,6 @@ class _Translator(HTML5Translator):
         super().visit_Text(node)
         if self.protect_literal_text:
             self.body[start:] = map(_break_points, self.body[start:])
-
-
-sphinx.highlighting.PygmentsBridge.html_formatter = _IndentedLines
 
 
 def _tidy_signature(app, what, name, obj, options, signature, return_annotation):
