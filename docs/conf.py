@@ -28,6 +28,9 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
+    # MathJax itself, copied into the build: math typesets with no network
+    # (the PyPI package sphinx-mathjax-offline, in the docs extra).
+    "sphinx-mathjax-offline",
     "sphinx.ext.napoleon",
     "checker_output",  # docs/_ext: tf1-accum-check's output, run at build time
 ]
