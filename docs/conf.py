@@ -6,6 +6,8 @@ import re
 import sys
 
 import sphinx.util.inspect
+from sphinx.ext.napoleon.docstring import GoogleDocstring
+from sphinx.pycode import ModuleAnalyzer
 from sphinx.writers.html5 import HTML5Translator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -128,6 +130,32 @@ def _tidy_signature(app, what, name, obj, options, signature, return_annotation)
     return tidy(signature), tidy(return_annotation)
 
 
+def _attribute_docstring(self):
+    # An attribute's or a property's type is its annotation, shown in its
+    # signature. Napoleon would take a docstring's first line up to a colon
+    # for a type ("Windows run ... (None: never)" -> type "Windows run ...
+    # (None"): the whole docstring is the description.
+    lines = self.__class__(self._dedent(self._consume_to_end()), self._config).lines()
+    return self._format_field("", "", lines)
+
+
+GoogleDocstring._parse_attribute_docstring = _attribute_docstring  # type: ignore[method-assign]
+
+
+def _constant_docstring(app, what, name, obj, options, lines):
+    # A public constant (STATE_COLLECTION) is defined, with its #: comment, in
+    # the private module that __getattr__ imports it from. Autodoc looks for
+    # the comment in the package and, finding none, would show the docstring
+    # of the value's type (str's): show the comment instead.
+    import tf1_accum
+
+    short = name.rpartition(".")[2]
+    if what == "data" and short in tf1_accum._MODULES:
+        module = f"tf1_accum.{tf1_accum._MODULES[short]}"
+        lines[:] = ModuleAnalyzer.for_module(module).find_attr_docs()[("", short)]
+
+
 def setup(app):
     app.set_translator("html", _Translator, override=True)
     app.connect("autodoc-process-signature", _tidy_signature)
+    app.connect("autodoc-process-docstring", _constant_docstring)
