@@ -93,8 +93,9 @@ html_css_files = ["custom.css"]
 
 # Inline code breaks at spaces and after punctuation, never inside a word: a
 # long name (tf.compat.v1.global_variables_initializer) may break after "."
-# or "_". Code blocks keep their lines and scroll sideways (custom.css).
-_BREAK_AFTER = re.compile(r"([._/=\[(])(?=[^\s)\]])")
+# or "_", an ellipsis (tuple[int, ...]) nowhere. Code blocks keep their lines
+# and scroll sideways (custom.css).
+_BREAK_AFTER = re.compile(r"([._/=\[(])(?=[^\s)\].])")
 
 
 def _break_points(html):
