@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import posixpath
 import re
 import sys
 
@@ -110,13 +111,34 @@ def _break_points(html):
 
 
 class _Translator(HTML5Translator):
-    """Inline code (``like_this``, names in signatures and tables) breaks as code does."""
+    """Inline code breaks as code does; a figure drawn for a phone is shown on one.
+
+    Inline code: ``like_this``, names in signatures and tables. A figure in
+    docs/_static drawn twice, NAME.png for a desktop's column and
+    NAME_narrow.png for a phone's (with text as large as the page's), is a
+    <picture> that shows the narrow one on screens up to 40em wide.
+    """
 
     def visit_Text(self, node):
         start = len(self.body)
         super().visit_Text(node)
         if self.protect_literal_text:
             self.body[start:] = map(_break_points, self.body[start:])
+
+    def visit_image(self, node):
+        stem, extension = posixpath.splitext(node["uri"])
+        narrow = f"{stem}_narrow{extension}"
+        node["narrow"] = narrow.startswith("_static/") and (self.builder.srcdir / narrow).is_file()
+        if node["narrow"]:
+            # docs/_static is copied whole: the narrow figure is beside _images.
+            source = posixpath.join(posixpath.dirname(self.builder.imgpath), narrow)
+            self.body.append(f'<picture><source media="(max-width: 40em)" srcset="{source}">')
+        super().visit_image(node)
+
+    def depart_image(self, node):
+        super().depart_image(node)
+        if node["narrow"]:
+            self.body.append("</picture>")
 
 
 def _tidy_signature(app, what, name, obj, options, signature, return_annotation):
