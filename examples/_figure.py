@@ -1,11 +1,19 @@
-"""Writes the examples' plots as PNG files that say how small their text is.
+r"""Writes the examples' plots as PNG files that say how small their text is.
 
 The documentation shows some of these plots (``docs/_static``), each drawn
 twice: for a desktop's column and, as NAME_narrow.png, for a phone's
 (3.6 inches wide, 12-point text, shown about 358 px wide). The PNG's text
 "Smallest text" holds the plot's smallest font size, in points:
 ``scripts/check_docs_layout.py`` reads it to tell how large the text shows on
-each screen.
+each screen. The docs' figures are drawn with
+
+    python examples/quickstart.py --plot docs/_static/quickstart.png \
+        --narrow-plot docs/_static/quickstart_narrow.png
+    python examples/gradient_noise.py --logdir /tmp/gradient_noise \
+        --plot docs/_static/gradient_noise.png \
+        --narrow-plot docs/_static/gradient_noise_narrow.png
+
+and ``benchmarks/memory.py --sweep`` (both of its figures).
 """
 
 # A phone's figure: shown 358 px wide, its 12-point text shows at the size
