@@ -68,6 +68,20 @@ def interleaved_medians(variants, repetitions, warmup=2, inner=1):
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def save_figure(fig, path, **savefig):
+    """Writes a matplotlib figure to the PNG ``path``, saying how small its text is.
+
+    The PNG's text "Smallest text" holds its smallest font size, in points:
+    scripts/check_docs_layout.py reads it to tell how large the figure's text
+    shows on each screen.
+    """
+    import matplotlib.text
+
+    texts = fig.findobj(matplotlib.text.Text)
+    sizes = [text.get_fontsize() for text in texts if text.get_visible() and text.get_text()]
+    fig.savefig(path, metadata={"Smallest text": f"{min(sizes):g} pt"}, **savefig)
+
+
 def reset_peak_rss():
     """Lowers VmHWM to the current resident size (Linux); False if it cannot.
 

@@ -62,6 +62,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 
@@ -495,36 +496,67 @@ LABELS = {
 
 
 def plot(megabytes, batches, b, param_bytes, path):
-    """Plots ``megabytes`` ({row of the table: peak MB per effective batch}) to ``path``."""
+    """Plots ``megabytes`` ({row of the table: peak MB per effective batch}) to ``path``.
+
+    And beside it, as NAME_narrow.png, the same plot drawn for a phone's
+    width: the docs show it there (docs/conf.py), with its text at the size
+    of the page's.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    stem, extension = os.path.splitext(path)
+    for narrow, target in ((False, path), (True, f"{stem}_narrow{extension}")):
+        # Narrow: 3.6 inches and 12-point text, shown 358 px wide at 390 px.
+        with plt.rc_context({"font.size": 12 if narrow else 10}):
+            _draw(plt, megabytes, batches, b, param_bytes, target, narrow)
+    print(f"# plot: {os.path.abspath(path)}")
+
+
+def _draw(plt, megabytes, batches, b, param_bytes, path, narrow):
+    def wrap(text):  # on lines of 32 characters, N x B on one
+        if not narrow:
+            return text
+        return textwrap.fill(text.replace(" x ", "\u00a0x\u00a0"), 32, break_on_hyphens=False)
+
+    if narrow:
+        fig, ax = plt.subplots(figsize=(3.6, 7.2))
+    else:
+        fig, ax = plt.subplots(figsize=(5.6, 3.8))
     markers = dict(zip(LABELS, "osD^vxP+"))
     for config, values in megabytes.items():
         style = ":" if config in PEERS else "-"
-        ax.plot(batches, values, style, marker=markers[config], label=LABELS[config])
+        ax.plot(batches, values, style, marker=markers[config], label=wrap(LABELS[config]))
     ax.axhline(
         megabytes["big batch"][0] + param_bytes / 2**20,
         color="grey",
         linestyle="--",
         linewidth=1,
-        label="training one micro-batch of B, plus one copy of the parameters",
+        label=wrap("training one micro-batch of B, plus one copy of the parameters"),
     )
     ax.set_xscale("log", base=2)
     ax.set_xticks(batches)
     ax.set_xticklabels([str(x) for x in batches])
-    ax.set_xlabel(f"effective batch N x B (micro-batches of B = {b} rows)")
+    ax.set_xlabel(wrap(f"effective batch N x B (micro-batches of B = {b} rows)"))
     ax.set_ylabel("peak allocator memory (MB)")
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
-    ax.set_title(f"Peak memory, wide MLP of {param_bytes / 1e6:.1f} MB parameters, Adam")
-    fig.savefig(path, dpi=150, bbox_inches="tight")
+    title = f"Peak memory, wide MLP of {param_bytes / 1e6:.1f} MB parameters, Adam"
+    if narrow:
+        ax.set_title(title.replace(" of ", " of\n"), fontsize=12)
+        # Under the plot (tight_layout: matplotlib 3.5 has no "outside" legends).
+        legend = fig.legend(loc="lower center", frameon=False)
+        fig.canvas.draw()
+        fig.tight_layout(rect=(0, legend.get_window_extent().height / fig.bbox.height, 1, 1))
+    else:
+        ax.set_title(title)
+        ax.legend(
+            fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False
+        )
+    _bench.save_figure(fig, path, dpi=150, bbox_inches=None if narrow else "tight")
     plt.close(fig)
-    print(f"# plot: {os.path.abspath(path)}")
 
 
 def main(argv=None):

@@ -2,12 +2,13 @@
 
 import os
 import pathlib
+import posixpath
 import re
 import sys
 
-import sphinx.highlighting
 import sphinx.util.inspect
-from pygments.formatters import HtmlFormatter
+from sphinx.ext.napoleon.docstring import GoogleDocstring
+from sphinx.pycode import ModuleAnalyzer
 from sphinx.writers.html5 import HTML5Translator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -30,6 +31,9 @@ extensions = [
     "sphinx.ext.autosummary",
     "sphinx.ext.intersphinx",
     "sphinx.ext.mathjax",
+    # MathJax itself, copied into the build: math typesets with no network
+    # (the PyPI package sphinx-mathjax-offline, in the docs extra).
+    "sphinx-mathjax-offline",
     "sphinx.ext.napoleon",
     "checker_output",  # docs/_ext: tf1-accum-check's output, run at build time
 ]
@@ -88,9 +92,11 @@ html_static_path = ["_static"]
 html_css_files = ["custom.css"]
 
 
-# Code breaks at spaces and after punctuation, never inside a word: a long
-# name (tf.compat.v1.global_variables_initializer) may break after "." or "_".
-_BREAK_AFTER = re.compile(r"([._/=\[(])(?=[^\s)\]])")
+# Inline code breaks at spaces and after punctuation, never inside a word: a
+# long name (tf.compat.v1.global_variables_initializer) may break after "."
+# or "_", an ellipsis (tuple[int, ...]) nowhere. Code blocks keep their lines
+# and scroll sideways (custom.css).
+_BREAK_AFTER = re.compile(r"([._/=\[(])(?=[^\s)\].])")
 
 
 def _break_points(html):
@@ -104,28 +110,14 @@ def _break_points(html):
     return "".join(parts)
 
 
-class _IndentedLines(HtmlFormatter):
-    """Puts each line of code in a span that knows its indentation.
-
-    On a narrow screen a long line wraps, and custom.css starts its
-    continuation further in than the line itself, instead of at column 0.
-    """
-
-    def wrap(self, source):
-        def lines():
-            for kind, line in source:
-                if kind == 1:
-                    text = re.sub(r"<[^>]*>", "", line)
-                    indent = len(text) - len(text.lstrip(" "))
-                    line = _break_points(line)
-                    line = f'<span class="line" style="--indent: {indent}ch">{line}</span>'
-                yield kind, line
-
-        return super().wrap(lines())
-
-
 class _Translator(HTML5Translator):
-    """Inline code (``like_this``, names in signatures and tables) breaks as code does."""
+    """Inline code breaks as code does; a figure drawn for a phone is shown on one.
+
+    Inline code: ``like_this``, names in signatures and tables. A figure in
+    docs/_static drawn twice, NAME.png for a desktop's column and
+    NAME_narrow.png for a phone's (with text as large as the page's), is a
+    <picture> that shows the narrow one on screens up to 40em wide.
+    """
 
     def visit_Text(self, node):
         start = len(self.body)
@@ -133,8 +125,20 @@ class _Translator(HTML5Translator):
         if self.protect_literal_text:
             self.body[start:] = map(_break_points, self.body[start:])
 
+    def visit_image(self, node):
+        stem, extension = posixpath.splitext(node["uri"])
+        narrow = f"{stem}_narrow{extension}"
+        node["narrow"] = narrow.startswith("_static/") and (self.builder.srcdir / narrow).is_file()
+        if node["narrow"]:
+            # docs/_static is copied whole: the narrow figure is beside _images.
+            source = posixpath.join(posixpath.dirname(self.builder.imgpath), narrow)
+            self.body.append(f'<picture><source media="(max-width: 40em)" srcset="{source}">')
+        super().visit_image(node)
 
-sphinx.highlighting.PygmentsBridge.html_formatter = _IndentedLines
+    def depart_image(self, node):
+        super().depart_image(node)
+        if node["narrow"]:
+            self.body.append("</picture>")
 
 
 def _tidy_signature(app, what, name, obj, options, signature, return_annotation):
@@ -149,6 +153,32 @@ def _tidy_signature(app, what, name, obj, options, signature, return_annotation)
     return tidy(signature), tidy(return_annotation)
 
 
+def _attribute_docstring(self):
+    # An attribute's or a property's type is its annotation, shown in its
+    # signature. Napoleon would take a docstring's first line up to a colon
+    # for a type ("Windows run ... (None: never)" -> type "Windows run ...
+    # (None"): the whole docstring is the description.
+    lines = self.__class__(self._dedent(self._consume_to_end()), self._config).lines()
+    return self._format_field("", "", lines)
+
+
+GoogleDocstring._parse_attribute_docstring = _attribute_docstring  # type: ignore[method-assign]
+
+
+def _constant_docstring(app, what, name, obj, options, lines):
+    # A public constant (STATE_COLLECTION) is defined, with its #: comment, in
+    # the private module that __getattr__ imports it from. Autodoc looks for
+    # the comment in the package and, finding none, would show the docstring
+    # of the value's type (str's): show the comment instead.
+    import tf1_accum
+
+    short = name.rpartition(".")[2]
+    if what == "data" and short in tf1_accum._MODULES:
+        module = f"tf1_accum.{tf1_accum._MODULES[short]}"
+        lines[:] = ModuleAnalyzer.for_module(module).find_attr_docs()[("", short)]
+
+
 def setup(app):
     app.set_translator("html", _Translator, override=True)
     app.connect("autodoc-process-signature", _tidy_signature)
+    app.connect("autodoc-process-docstring", _constant_docstring)

@@ -16,6 +16,7 @@ Run:  python examples/gradient_noise.py --logdir /tmp/gradient_noise
 import argparse
 import sys
 
+import _figure
 import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
 import numpy as np
 import tensorflow as tf
@@ -105,8 +106,23 @@ def plot(history, args, recommended):
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[examples]'): no plot written.")
         return
+    for path, narrow in ((args.plot, False), (args.narrow_plot, True)):
+        if path:
+            font = _figure.NARROW_POINTS if narrow else 10
+            sizes = {"font.size": font, "axes.titlesize": font, "legend.fontsize": font}
+            if not narrow:
+                sizes["legend.fontsize"] = 8
+            with plt.rc_context(sizes):
+                _draw(plt, history, args, recommended, path, narrow)
+            print(f"wrote {path}")
+
+
+def _draw(plt, history, args, recommended, path, narrow):
+    import matplotlib.ticker
+
     updates = np.arange(1, len(history["loss"]) + 1)
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(5.2, 5), sharex=True)
+    size = (_figure.NARROW_INCHES, 6.6) if narrow else (5.2, 5)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=size, sharex=True)
     top.plot(updates, history["loss"], color="tab:blue", linewidth=1)
     top.set_ylabel("training loss")
     top.set_yscale("log")
@@ -127,17 +143,24 @@ def plot(history, args, recommended):
         label=f"window: {args.steps} x {args.micro_batch} examples",
     )
     bottom.set_yscale("log")
+    # Plain numbers on the log axes (0.3 and 1000, not 3 x 10^-1 and 10^3).
+    low, high = top.get_ylim()
+    top.set_yticks([tick for tick in (0.1, 0.2, 0.3, 0.4, 0.6, 1, 2) if low <= tick <= high])
+    for axes in (top, bottom):
+        axes.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        axes.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     bottom.set_ylabel("noise scale (examples)")
     bottom.set_xlabel("update (window)")
-    bottom.legend(fontsize=8, loc="lower right")
-    top.set_title(
-        f"Gradient noise scale; recommended: {recommended} micro-batches of {args.micro_batch}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    fig.savefig(args.plot, dpi=150)
+    title = f"Gradient noise scale; recommended: {recommended} micro-batches of {args.micro_batch}"
+    if narrow:  # the legend under the plots, the title on three lines
+        top.set_title(title.replace("; ", "\n").replace(" micro", "\nmicro"))
+        _figure.legend_below(fig)
+    else:
+        bottom.legend(loc="lower right")
+        top.set_title(title)
+        fig.tight_layout()
+    _figure.save(fig, path, dpi=150)
     plt.close(fig)
-    print(f"wrote {args.plot}")
 
 
 def parse_args(argv):
@@ -150,6 +173,9 @@ def parse_args(argv):
     parser.add_argument("--examples", type=int, default=4096, help="size of the made-up data set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default="", help="PNG to write (default: none)")
+    parser.add_argument(
+        "--narrow-plot", default="", help="the same plot drawn for a phone's width (default: none)"
+    )
     return parser.parse_args(argv)
 
 
@@ -173,7 +199,7 @@ def main(argv=None):
             f"recommended: {recommended} micro-batches of {args.micro_batch} "
             f"({recommended * args.micro_batch} examples per update; this run used {args.steps})"
         )
-    if args.plot and recommended is not None:
+    if (args.plot or args.narrow_plot) and recommended is not None:
         plot(history, args, recommended)
     return {"history": history, "recommended": recommended}
 

@@ -16,6 +16,7 @@ import argparse
 import sys
 import time
 
+import _figure
 import _tensorflow_log  # noqa: F401  (before TensorFlow: its C++ log stays quiet)
 import numpy as np
 import tensorflow as tf
@@ -98,13 +99,25 @@ def plot(curves, args):
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        import matplotlib.ticker
     except ImportError:
         print("matplotlib is not installed (pip install -e '.[examples]'): no plot written.")
         return
-    # 5.2 x 4 inches: 10-point text still reads on a phone, where the docs
-    # show it 358 px wide. The legend sits under the axes, off the curves.
-    fig, ax = plt.subplots(figsize=(5.2, 4.0), layout="constrained")
+    for path, narrow in ((args.plot, False), (args.narrow_plot, True)):
+        if path:
+            font = _figure.NARROW_POINTS if narrow else 10
+            with plt.rc_context({"font.size": font, "axes.titlesize": "large"}):
+                _draw(plt, curves, args, path, narrow)
+            print(f"wrote {path}")
+
+
+def _draw(plt, curves, args, path, narrow):
+    import matplotlib.ticker
+
+    # 5.2 x 4 inches for a desktop's column; narrow, for a phone's: 358 px
+    # wide, its 12-point text at the size of the page's. The legend sits
+    # under the axes, off the curves.
+    size = (_figure.NARROW_INCHES, 4.4) if narrow else (5.2, 4.0)
+    fig, ax = plt.subplots(figsize=size)
     styles = {
         "small batch": dict(color="tab:gray", alpha=0.6, linewidth=1),
         "big batch": dict(color="tab:blue", linewidth=4, alpha=0.5, zorder=2),
@@ -125,13 +138,11 @@ def plot(curves, args):
     ax.set_yticks([tick for tick in (0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 1, 1.5) if low <= tick <= high])
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax.set_title("Accumulated training follows the big batch")
-    # Under the axes, anchored there, where the constrained layout makes room
-    # for it (matplotlib 3.5 on, the last release for Python 3.7 included).
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.17), ncol=1, frameon=False)
-    fig.savefig(args.plot, dpi=200)
+    title = "Accumulated training follows the big batch"
+    ax.set_title(title.replace(" follows", "\nfollows") if narrow else title)
+    _figure.legend_below(fig)
+    _figure.save(fig, path, dpi=200)
     plt.close(fig)
-    print(f"wrote {args.plot}")
 
 
 def parse_args(argv):
@@ -143,6 +154,9 @@ def parse_args(argv):
     parser.add_argument("--examples", type=int, default=4096, help="size of the made-up data set")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", default="quickstart.png", help="PNG to write ('' for none)")
+    parser.add_argument(
+        "--narrow-plot", default="", help="the same plot drawn for a phone's width (default: none)"
+    )
     return parser.parse_args(argv)
 
 
@@ -168,7 +182,7 @@ def main(argv=None):
         per_update = args.micro_batch * (1 if mode == "small batch" else args.steps)
         print(f"{mode:<14}{per_update:>16}{finals[mode]:>24.6f}")
     print(f"\nlargest parameter difference, accumulated vs big batch: {largest:.3g}")
-    if args.plot:
+    if args.plot or args.narrow_plot:
         plot(curves, args)
     return {"final_loss": finals, "max_param_diff": largest, "curves": curves}
 

@@ -2,24 +2,38 @@
 
 Usage:  python scripts/check_docs_layout.py docs/_build/html [--screenshots DIR]
 
-Opens each HTML page of the build in headless Chromium, at a desktop's width
-(1280 px) and a phone's (390 px), and reports:
+Opens each HTML page of the build in headless Chromium, with no network, at
+a desktop's width (1280 px) and a phone's (390 px), and reports:
 
-* a block that hides part of its content sideways: a table wider than the
+* a block that cuts part of its content sideways: a table wider than the
   column (its last columns), a code or text block whose lines run out of its
-  box, or anything past the edge of the column. A block that scrolls counts:
-  a phone, a print and a screenshot show no scroll bar, so its hidden columns
-  are cut for the reader. The finding names the widest inline code in it;
+  box, when it clips them or scrolls with no scroll bar to show that more is
+  there; or anything past the edge of the column. A block that scrolls
+  sideways inside its own box, with a scroll bar, is right: that is how a
+  long code line or a wide table reads on a phone. The finding names the
+  widest inline code in it;
 * a page that scrolls sideways as a whole;
-* a word broken across two lines (``build_dataset_accumulati`` / ``on``):
-  lines wrap at spaces and punctuation only;
-* a wrapped code line that goes on at column 0, where it reads as a line of
-  its own instead of the end of the line above;
+* a word of prose broken across two lines (``build_dataset_accumulati`` /
+  ``on``): prose wraps at spaces and punctuation only;
+* a code line broken inside a token (``global_`` / ``variables``, ``1e-`` /
+  ``3``), in any code or text block;
+* a code block re-flowed: it shows more lines than its source has (a line
+  wrapped onto the next, a blank line at its end). Code keeps its lines; a
+  text block of prose (class ``wrap``) may wrap at spaces;
 * a table cell that closes a bracket it does not open, or opens one it does
   not close: one row of the source table rendered as two (a simple table's
   cell that goes on to the next line must leave the first column blank);
-* an image shown at less than 60 % of its size (from its resolution, as
-  matplotlib writes it), where its text reads at under 8 px;
+* a field list of the API reference with an empty field, or a ``Type``
+  that is cut (a bracket it does not close) or is prose, not a type: a
+  description parsed as a type;
+* an API entry that shows the docstring of one of Python's built-in types
+  (``str(object='') -> str``) instead of its own;
+* math left as raw TeX (``\\frac``): not typeset with the network off;
+* a figure whose smallest text shows under 12 px, the smallest size a
+  phone's reader reads without zooming: from its size on the page, its
+  resolution and the size of its smallest text, as the plotting scripts
+  write them into the PNG (``Smallest text``; matplotlib's 10 pt if it does
+  not say);
 * a block highlighted as Python that is not Python (program output, a shell
   command): give it its language (``.. code-block:: text``, ``bash``).
 
@@ -52,9 +66,10 @@ import urllib.request
 
 WIDTHS = (1280, 390)
 HEIGHT = 900
-# An image shown smaller than this, against its size in inches, has text
-# (matplotlib's 10 pt) under 8 px.
-SMALLEST_SCALE = 0.6
+# The smallest text a phone's reader reads without zooming, in CSS px.
+LEGIBLE_PX = 12
+# What a matplotlib figure's text is, when its PNG does not say.
+MATPLOTLIB_POINTS = 10
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 FLAGS = (
     "--headless",
@@ -65,12 +80,24 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # No network: every page must show whole from the build alone (math too).
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+)
+# The first line of the docstring of each of Python's built-in types: an
+# API entry that shows one documents the type of its value, not itself.
+BUILTIN_DOCSTRINGS = sorted(
+    {
+        kind.__doc__.strip().splitlines()[0]
+        for kind in (str, bytes, int, float, complex, bool, list, tuple, dict, set, frozenset)
+        + (object, type, range, slice)
+    }
 )
 
-# Runs in the page; returns {findings: [text], images: [...], python: [...]}.
-# A finding names the outermost block that shows the problem, not each of
-# its children.
+# Runs in the page, given BUILTIN_DOCSTRINGS; returns {findings: [text],
+# images: [...], python: [...]}. A finding names the outermost block that
+# shows the problem, not each of its children.
 MEASURE = r"""
+const builtinDocstrings = arguments[0];
 const root = document.querySelector("article") || document.body;
 const findings = [];
 const reported = new Set();
@@ -94,10 +121,26 @@ function report(el, what) {
   reported.add(el);
   findings.push(`${name(el)} ${what}`);
 }
+function px(el, property) { return parseFloat(getComputedStyle(el)[property]) || 0; }
 function clips(el) { return getComputedStyle(el).overflowX !== "visible"; }
+// The height of the scroll bar drawn under a box that scrolls sideways: 0 if
+// none shows (overflow: hidden, scrollbar-width: none, or a phone's bars
+// that show only while the reader scrolls).
+function scrollBar(el) {
+  if (!/^(auto|scroll)$/.test(getComputedStyle(el).overflowX)) return 0;
+  return el.offsetHeight - el.clientHeight - px(el, "borderTopWidth") - px(el, "borderBottomWidth");
+}
 function lineTops(range) {
   return new Set([...range.getClientRects()].filter(r => r.width > 0)
     .map(r => Math.round(r.top)));
+}
+// Brackets a text opens and does not close (> 0), or closes unopened (< 0).
+function unbalanced(text) {
+  for (const [open, close] of ["()", "[]", "{}"]) {
+    const balance = text.split(open).length - text.split(close).length;
+    if (balance) return balance;
+  }
+  return 0;
 }
 // The widest inline code in a block: what may keep it from fitting.
 function widest(el) {
@@ -118,18 +161,23 @@ if (page.scrollWidth > window.innerWidth + slack)
 const column = (document.querySelector("div.content") || root).getBoundingClientRect();
 const [left, right] = [Math.max(column.left, 0), Math.min(column.right, window.innerWidth)];
 
-// 1. Content hidden sideways: in a block that clips or scrolls, or past the column.
+// 1. Content cut sideways: by a block that clips it, or scrolls it with no
+// scroll bar, or past the column. A block that scrolls with a bar is right.
 for (const el of root.querySelectorAll("*")) {
   if (reported.has(el) || underReported(el)) continue;
   const box = el.getBoundingClientRect();
   if (box.width === 0 || box.height === 0) continue;
-  if (getComputedStyle(el).visibility === "hidden") continue;
+  const style = getComputedStyle(el);
+  // Hidden, or for screen readers only (clip: rect(...), as MathJax's MathML).
+  if (style.visibility === "hidden" || style.clip !== "auto") continue;
   if (!el.textContent.trim() && !el.querySelector("img, svg") && !/^(IMG|SVG)$/i.test(el.tagName))
     continue;
   if (clips(el) && el.scrollWidth > el.clientWidth + slack) {
+    if (scrollBar(el) > 0) continue;
     const table = el.querySelector("table");
     const what = table || el.tagName === "TABLE" ? "columns" : "lines";
-    report(el, `hides ${el.scrollWidth - el.clientWidth} px of its ${what} sideways` + widest(el));
+    report(el, `cuts ${el.scrollWidth - el.clientWidth} px of its ${what} sideways, with no ` +
+      "scroll bar" + widest(el));
     continue;
   }
   let inside = false;
@@ -141,10 +189,11 @@ for (const el of root.querySelectorAll("*")) {
     report(el, `runs ${Math.round(past)} px past the edge of the column` + widest(el));
 }
 
-// 2. A word broken across lines (a break at "_" or "." is at punctuation).
+// 2. A word of prose broken across lines (a break at "_" or "." is at punctuation).
 const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
 for (let node = walker.nextNode(); node; node = walker.nextNode()) {
-  if (!node.data.trim() || node.parentElement.closest("script, style, mjx-container")) continue;
+  if (!node.data.trim() || node.parentElement.closest("script, style, mjx-container, pre"))
+    continue;
   const whole = document.createRange();
   whole.selectNodeContents(node);
   if (lineTops(whole).size < 2) continue;
@@ -153,19 +202,21 @@ for (let node = walker.nextNode(); node; node = walker.nextNode()) {
     range.setStart(node, match.index);
     range.setEnd(node, match.index + match[0].length);
     if (lineTops(range).size > 1) {
-      const block = node.parentElement.closest("pre, p, td, th, li, dt, dd, h1, h2, h3, h4, h5, h6")
+      const block = node.parentElement.closest("p, td, th, li, dt, dd, h1, h2, h3, h4, h5, h6")
         || node.parentElement;
       report(block, `breaks the word "${match[0]}" across lines`);
     }
   }
 }
 
-// 3. A wrapped code line that goes on at column 0.
+// 3. Code and text blocks: a line broken inside a token, and (code) more
+// lines shown than the source has.
 for (const pre of root.querySelectorAll("pre")) {
-  if (reported.has(pre) || underReported(pre)) continue;
+  if (reported.has(pre) || underReported(pre) || !pre.getClientRects().length) continue;
   const nodes = [];
   const texts = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
   for (let node = texts.nextNode(); node; node = texts.nextNode()) nodes.push(node);
+  const text = nodes.map(n => n.data).join("");
   const at = (offset) => {  // (node, offset in node) of an offset in the block's text
     for (const node of nodes) {
       if (offset <= node.data.length) return [node, offset];
@@ -173,44 +224,110 @@ for (const pre of root.querySelectorAll("pre")) {
     }
     return [nodes[nodes.length - 1], nodes[nodes.length - 1].data.length];
   };
-  const text = nodes.map(n => n.data).join("");
+  const topOf = (offset) => {  // where the character at offset shows, or null
+    const range = document.createRange();
+    range.setStart(...at(offset));
+    range.setEnd(...at(offset + 1));
+    const rect = [...range.getClientRects()].find(r => r.width > 0);
+    return rect ? Math.round(rect.top) : null;
+  };
+  const prose = pre.closest(".wrap");
+  const lines = text.replace(/\n\s*$/, "").split("\n");  // blank lines at the end: none
   let start = 0;
-  for (const line of text.split("\n")) {
+  let reflowed = null;
+  for (const line of lines) {
     const range = document.createRange();
     range.setStart(...at(start));
     range.setEnd(...at(start + line.length));
+    if (line.trim() && lineTops(range).size > 1) {
+      reflowed = reflowed || line;
+      // Where the line breaks: between two characters that are not spaces?
+      let last = null;  // [offset, top] of the last character that is not a space
+      for (let i = 0; i < line.length; i++) {
+        if (/\s/.test(line[i])) continue;
+        const top = topOf(start + i);
+        if (top === null) continue;
+        // In prose (class "wrap"), a break after punctuation (micro-|batch) is right.
+        const inWord = !prose || /^[A-Za-z0-9]{2}$/.test(line[i - 1] + line[i]);
+        if (last && top !== last[1] && last[0] === i - 1 && inWord) {
+          const token = (s) => s.match(/\S*$/)[0];
+          const broken = token(line.slice(0, i)) + "|" + line.slice(i).match(/^\S*/)[0];
+          report(pre, `breaks a line of code inside "${clean(broken, 50)}": a code ` +
+            "line keeps its names, numbers and strings whole");
+          break;
+        }
+        last = [i, top];
+      }
+    }
     start += line.length + 1;
-    const rects = [...range.getClientRects()].filter(r => r.width > 0);
-    const tops = [...new Set(rects.map(r => Math.round(r.top)))].sort((a, b) => a - b);
-    if (tops.length < 2) continue;
-    const leftAt = (top) =>
-      Math.min(...rects.filter(r => Math.round(r.top) === top).map(r => r.left));
-    const column0 = leftAt(tops[0]);
-    if (tops.slice(1).some(top => leftAt(top) <= column0 + slack)) {
-      report(pre, "wraps a line onto column 0, where its end reads as a line of its own: " +
-        `"${clean(line)}"`);
+  }
+  if (prose) continue;  // may wrap at spaces
+  // The height of one line in this block, from an empty copy of it.
+  const probe = pre.cloneNode(false);
+  probe.textContent = "x";
+  pre.parentNode.insertBefore(probe, pre);
+  const padding = (el) => px(el, "paddingTop") + px(el, "paddingBottom");
+  const lineHeight = probe.clientHeight - padding(probe);
+  probe.remove();
+  const shown = Math.round((pre.clientHeight - padding(pre)) / lineHeight);
+  if (shown > lines.length)
+    report(pre, `shows ${shown} lines for its ${lines.length}: ` + (reflowed
+      ? `it re-flows "${clean(reflowed)}"; a code block keeps its lines and scrolls sideways`
+      : `${shown - lines.length === 1 ? "a blank line" : "blank lines"} at its end`));
+}
+
+// 4. A table cell with a bracket that does not close (or open) in it.
+for (const table of root.querySelectorAll("table")) {
+  for (const cell of table.querySelectorAll("td, th")) {
+    const balance = unbalanced(cell.innerText);
+    if (balance) {
+      findings.push(`${name(table)} has a cell that ${balance > 0 ? "opens" : "closes"} a ` +
+        `bracket it does not ${balance > 0 ? "close" : "open"}, "${clean(cell.innerText)}": ` +
+        "one row of the source broken in two (in a simple table, a cell's next line " +
+        "leaves the first column blank)");
       break;
     }
   }
 }
 
-// 4. A table cell with a bracket that does not close (or open) in it.
-const pairs = ["()", "[]", "{}"];
-for (const table of root.querySelectorAll("table")) {
-  for (const cell of table.querySelectorAll("td, th")) {
-    const text = cell.innerText;
-    for (const [open, close] of pairs) {
-      const balance = text.split(open).length - text.split(close).length;
-      if (balance) {
-        findings.push(`${name(table)} has a cell that ${balance > 0 ? "opens" : "closes"} a ` +
-          `bracket it does not ${balance > 0 ? "close" : "open"}, "${clean(text)}": ` +
-          "one row of the source broken in two (in a simple table, a cell's next line " +
-          "leaves the first column blank)");
-        break;
-      }
-    }
+// 5. A field list (Parameters, Type, ...) with an empty field, or a type
+// that is cut or is prose: names joined by | , [ ] ( ) "or" "of", nothing else.
+const typeName = /^(?:[A-Za-z_][\w.]*|\.\.\.|'[^']*'|"[^"]*"|-?\d+(?:\.\d+)?)$/;
+for (const field of root.querySelectorAll("dl.field-list > dt")) {
+  const value = field.nextElementSibling;
+  const label = clean(field.textContent).replace(/:$/, "");
+  const text = clean(value ? value.innerText : "", 80);
+  const entry = field.closest("dl.py > dd") || field.parentElement;
+  const where = entry.previousElementSibling || entry;
+  if (!text) {
+    report(where, `has an empty "${label}" field`);
+  } else if (/type$/i.test(label)) {
+    const parts = text.split(/\s*(?:[|,\[\]()]|\bor\b|\bof\b)\s*/).filter(Boolean);
+    if (unbalanced(text) || parts.some(part => !typeName.test(part)))
+      report(where, `has a cut "${label}", "${text}": a description read as a type`);
   }
 }
+
+// 6. An API entry that shows a built-in type's docstring (its own text, not
+// its members').
+const plain = (text) => text.replace(/[\u2018\u2019]/g, "'").replace(/[\u201c\u201d]/g, '"')
+  .replace(/\s+/g, " ");
+for (const entry of root.querySelectorAll("dl.py > dd")) {
+  const own = [...entry.children].filter(child => !child.matches("dl.py"))
+    .map(child => child.innerText).join(" ");
+  const shown = builtinDocstrings.find(doc => plain(own).includes(plain(doc)));
+  if (shown)
+    report(entry.previousElementSibling || entry,
+      `shows the docstring of a Python built-in type, "${clean(shown)}", not its own`);
+}
+
+// 7. Math left as TeX: MathJax did not typeset it (one finding a page).
+const tex = [...root.querySelectorAll(".math")]
+  .filter(math => !math.querySelector("mjx-container, svg, math, img"))
+  .filter(math => /\\/.test(math.textContent));
+if (tex.length)
+  findings.push(`shows raw TeX, not typeset with no network: ${tex.length} ` +
+    `${tex.length === 1 ? "formula" : "formulas"}, the first "${clean(tex[0].textContent)}"`);
 
 const images = [...root.querySelectorAll("img")].map(img => ({
   src: img.currentSrc || img.src, shown: img.getBoundingClientRect().width,
@@ -218,42 +335,60 @@ const images = [...root.querySelectorAll("img")].map(img => ({
 // Blocks Pygments coloured as Python, for the caller to parse.
 const python = [...root.querySelectorAll(
   "div.highlight-default, div.highlight-python, div.highlight-python3, div.highlight-py")]
-  .filter(div => div.querySelector("pre span[class]:not(.w):not(.line)"))
+  .filter(div => div.querySelector("pre span[class]:not(.w)"))
   .map(div => div.querySelector("pre").textContent);
 return {findings, images, python};
 """
 
 
-def _dpi(path):
-    """The horizontal resolution of a PNG (its pHYs chunk), or None."""
+# Waits for MathJax's first typesetting, when the page loaded it.
+TYPESET = """
+const startup = window.MathJax && window.MathJax.startup;
+return startup && startup.promise ? startup.promise.then(() => true) : true;
+"""
+
+
+def _png_facts(path):
+    """The resolution of a PNG (dpi, from its pHYs chunk) and its text chunks."""
     data = path.read_bytes()
     if data[:8] != b"\x89PNG\r\n\x1a\n":
-        return None
+        return None, {}
+    dpi, texts = None, {}
     at = 8
     while at + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[at : at + 8])
+        body = data[at + 8 : at + 8 + length]
         if kind == b"pHYs":
-            per_unit, _, unit = struct.unpack(">IIB", data[at + 8 : at + 17])
-            return per_unit * 0.0254 if unit == 1 else None
-        if kind == b"IDAT":
-            return None
+            per_unit, _, unit = struct.unpack(">IIB", body[:9])
+            dpi = per_unit * 0.0254 if unit == 1 else None
+        elif kind == b"tEXt" and b"\0" in body:
+            key, value = body.split(b"\0", 1)
+            texts[key.decode("latin-1")] = value.decode("latin-1")
+        elif kind == b"IEND":
+            break
         at += 12 + length
-    return None
+    return dpi, texts
 
 
-def _small_images(images):
+def _small_text(images):
     for image in images:
         url = urllib.parse.urlparse(image["src"])
         path = pathlib.Path(urllib.request.url2pathname(url.path))
-        dpi = url.scheme == "file" and path.is_file() and _dpi(path)
-        if not dpi or not image["natural"]:
+        if url.scheme != "file" or not path.is_file() or not image["shown"]:
             continue
-        scale = image["shown"] / (image["natural"] / dpi * 96)
-        if scale < SMALLEST_SCALE:
+        dpi, texts = _png_facts(path)
+        said = texts.get("Smallest text", "")
+        if not dpi or not (said or texts.get("Software", "").startswith("Matplotlib")):
+            continue  # not a plot: no size known for its text
+        points = float(said.split()[0]) if said else MATPLOTLIB_POINTS
+        shown = points / 72 * dpi * image["shown"] / image["natural"]
+        if shown < LEGIBLE_PX:
+            size = f"{points:g} pt" if said else f"{points:g} pt, matplotlib's default,"
             yield (
-                f'<img> "{image["alt"]}" is shown at {scale:.0%} of its size '
-                f"({image['shown']:.0f} px for {image['natural']} px at {dpi:.0f} dpi): "
-                "its text is too small to read; make the figure narrower"
+                f'<img> "{image["alt"]}" shows its smallest text at {shown:.1f} px '
+                f"({size} at {dpi:.0f} dpi, {image['natural']} px shown "
+                f"{image['shown']:.0f} px wide), under {LEGIBLE_PX} px: draw it for this width "
+                "too, as NAME_narrow.png beside it (docs/conf.py shows it on a phone)"
             )
 
 
@@ -352,11 +487,13 @@ class Browser:
             mobile=width < 600,
         )
         self._call("POST", f"{self._session}/url", {"url": path.resolve().as_uri()})
-        # Web fonts and images settle the layout.
+        # Typeset math (if MathJax loaded), web fonts and images settle the layout.
+        self.run(TYPESET)
         self.run("return document.fonts.ready.then(() => true);")
 
-    def run(self, script):
-        return self._call("POST", f"{self._session}/execute/sync", {"script": script, "args": []})
+    def run(self, script, *args):
+        body = {"script": script, "args": list(args)}
+        return self._call("POST", f"{self._session}/execute/sync", body)
 
     def screenshot(self, target):
         shot = self.cdp("Page.captureScreenshot", format="png", captureBeyondViewport=True)
@@ -391,8 +528,8 @@ def check(html_dir, screenshots=None, widths=WIDTHS):
                 name = page.relative_to(html_dir).as_posix()
                 for width in widths:
                     chromium.open(page, width)
-                    seen = chromium.run(MEASURE)
-                    found = seen["findings"] + list(_small_images(seen["images"]))
+                    seen = chromium.run(MEASURE, BUILTIN_DOCSTRINGS)
+                    found = seen["findings"] + list(_small_text(seen["images"]))
                     if width == widths[0]:  # the same at every width
                         found += _not_python(seen["python"])
                     findings += [f"{name} @ {width} px: {what}" for what in found]

@@ -10,6 +10,7 @@ import math
 import os
 import pathlib
 import re
+import struct
 import subprocess
 import sys
 
@@ -193,6 +194,10 @@ def test_memory_sweep_and_plot(outputs):
     columns = [h for h in headers[1:] if h != "helper above B, P"]
     _ratios(headers, rows, columns)
     assert (outputs[1] / "memory_sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # Drawn for a phone's width too: 3.6 inches at 150 dpi, 12-point text.
+    narrow = (outputs[1] / "memory_sweep_narrow.png").read_bytes()
+    assert struct.unpack(">I", narrow[16:20]) == (540,)
+    assert b"tEXtSmallest text\x0012 pt" in narrow
 
 
 def test_sparse_table(outputs):

@@ -117,20 +117,21 @@ PAGE = """<!DOCTYPE html><html><head><meta name="viewport" content="width=device
 <style>
 body {{ margin: 0; font: 16px monospace; }}
 div.content {{ width: 400px; }}
-pre {{ overflow: auto; margin: 0; }}
-div.wrap pre {{ white-space: pre-wrap; overflow-wrap: anywhere; }}
+pre {{ overflow: auto; margin: 0; line-height: 1.5; }}
+div.wrap pre {{ white-space: pre-wrap; }}
 h2 {{ overflow-wrap: anywhere; }}
-div.table-wrapper, div.highlight-text pre {{ overflow-x: auto; }}
+div.table-wrapper {{ overflow-x: auto; }}
 div.table-wrapper::-webkit-scrollbar, pre::-webkit-scrollbar {{ height: 10px; }}
 div.table-wrapper::-webkit-scrollbar-thumb, pre::-webkit-scrollbar-thumb {{ background: gray; }}
-div.hidden-bar {{ scrollbar-width: none; }}
 </style></head>
 <body><div class="content"><article>{}</article></div></body></html>"""
 LONG = "x" * 80  # 80 characters of monospace: twice the column's width
+WORDS = " ".join(["word"] * 30)  # 149 characters that wrap at spaces
+CODE = "sess.run(tf.compat.v1.global_variables_initializer())"  # 53 characters: 1.3 lines
 
 
-def _png(path, width, dpi):
-    """A blank grayscale PNG ``width`` px wide that says it was made at ``dpi``."""
+def _png(path, width, dpi, smallest=None):
+    """A blank grayscale PNG ``width`` px wide made at ``dpi``, its smallest text ``smallest``."""
 
     def chunk(kind, data):
         return (
@@ -138,39 +139,85 @@ def _png(path, width, dpi):
         )
 
     per_metre = round(dpi / 0.0254)
+    said = chunk(b"tEXt", b"Smallest text\0" + smallest.encode()) if smallest else b""
     path.write_bytes(
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", struct.pack(">IIBBBBB", width, 4, 8, 0, 0, 0, 0))
         + chunk(b"pHYs", struct.pack(">IIB", per_metre, per_metre, 1))
+        + said
         + chunk(b"IDAT", zlib.compress(b"".join(b"\0" + b"\xff" * width for _ in range(4))))
         + chunk(b"IEND", b"")
     )
 
 
-WORDS = " ".join(["word"] * 30)  # 149 characters that wrap at spaces
+# What each rule of the check finds: the defect, as the pages showed it.
+FIELD = (
+    '<dl class="py property"><dt class="sig">property probe_every</dt><dd><p>never).</p>'
+    '<dl class="field-list"><dt>Type<span class="colon">:</span></dt>'
+    "<dd><p>Windows run at a size (None</p></dd></dl></dd></dl>"
+)
+EMPTY_FIELD = (
+    '<dl class="py function"><dt class="sig">f(x)</dt><dd><p>Does f.</p>'
+    '<dl class="field-list"><dt>Returns<span class="colon">:</span></dt><dd></dd></dl></dd></dl>'
+)
+BUILTIN = (
+    '<dl class="py data"><dt class="sig">STATE_COLLECTION = "tf1_accum_state"</dt>'
+    "<dd><p>str(object=\u2019\u2019) -&gt; str str(bytes_or_buffer[, encoding[, errors]]) "
+    "-&gt; str</p></dd></dl>"
+)
+# As sphinx.ext.mathjax wrote it: MathJax from a CDN, which the check cannot reach.
+RAW_TEX = (
+    '<script defer src="https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"></script>'
+    '<p>Write <span class="math notranslate nohighlight">\\(B_{big} = N B\\)</span>.</p>'
+)
 
 
 @pytest.mark.parametrize(
     "body, finding",
     [
-        (f'<div class="highlight-python"><pre>{LONG}</pre></div>', "px of its lines sideways"),
         (
-            f'<div class="table-wrapper"><table><tr><td>{LONG}</td></tr></table></div>',
-            "px of its columns sideways",
+            f'<div class="highlight-python"><pre style="scrollbar-width: none">{LONG}</pre></div>',
+            "px of its lines sideways, with no scroll bar",
+        ),
+        (
+            f'<div class="table-wrapper" style="scrollbar-width: none"><table><tr><td>{LONG}</td>'
+            "</tr></table></div>",
+            "px of its columns sideways, with no scroll bar",
         ),
         (f'<div style="width: 900px">{LONG}</div>', "px past the edge of the column"),
         (f"<h2>{LONG}</h2>", f'breaks the word "{LONG}" across lines'),
         (
-            f'<div class="highlight-python wrap"><pre>    {WORDS}</pre></div>',
-            f'wraps a line onto column 0, where its end reads as a line of its own: "{WORDS[:57]}',
+            f'<div class="highlight-python"><pre style="white-space: pre-wrap; '
+            f'overflow-wrap: anywhere">{CODE}</pre></div>',
+            'breaks a line of code inside "sess.run(tf.compat.v1.global_variables_',
+        ),
+        (
+            f'<div class="highlight-python"><pre style="white-space: pre-wrap">{WORDS}</pre></div>',
+            f'shows 4 lines for its 1: it re-flows "{WORDS[:57]}..."; a code block keeps its',
+        ),
+        (
+            '<div class="highlight-python"><pre>x = 1\n\n</pre></div>',
+            "shows 2 lines for its 1: a blank line at its end",
         ),
         (
             "<table><tr><td>averages over)</td><td>the large batch's</td></tr></table>",
             'has a cell that closes a bracket it does not open, "averages over)": one row',
         ),
         (
+            FIELD,
+            '<dt.sig> "property probe_every" has a cut "Type", "Windows run at a size (None": '
+            "a description read as a type",
+        ),
+        (EMPTY_FIELD, '<dt.sig> "f(x)" has an empty "Returns" field'),
+        (
+            BUILTIN,
+            "shows the docstring of a Python built-in type, \"str(object='') -> str\", not its own",
+        ),
+        (RAW_TEX, 'shows raw TeX, not typeset with no network: 1 formula, the first "\\(B_{big}'),
+        (
             '<img src="plot.png" alt="a plot" style="max-width: 100%">',
-            "is shown at 56% of its size (399 px for 1480 px at 200 dpi)",
+            "shows its smallest text at 6.0 px (8 pt at 200 dpi, 1480 px shown 399 px wide), "
+            "under 12 px",
         ),
         (
             '<div class="highlight-default"><pre><span class="n">window</span>  rows  why\n'
@@ -179,35 +226,46 @@ WORDS = " ".join(["word"] * 30)  # 149 characters that wrap at spaces
         ),
     ],
     ids=[
-        "code-scrolls",
-        "table-scrolls",
+        "code-cut",
+        "table-cut",
         "past-column",
         "broken-word",
-        "wrapped-to-column-0",
+        "code-broken-inside-token",
+        "code-reflowed",
+        "code-blank-line-at-end",
         "row-in-two",
-        "small-image",
+        "cut-type",
+        "empty-field",
+        "builtin-docstring",
+        "raw-tex-offline",
+        "small-figure-text",
         "output-as-python",
     ],
 )
 def test_layout_check_reports_what_a_reader_cannot_read(tmp_path, body, finding):
     check = _layout_check()
-    _png(tmp_path / "plot.png", 1480, 200)
+    _png(tmp_path / "plot.png", 1480, 200, smallest="8 pt")
     (tmp_path / "page.html").write_text(PAGE.format(body), encoding="utf-8")
     (found,) = check.check(tmp_path, widths=(1280,))
     assert found.startswith("page.html @ 1280 px: ") and finding in found, found
 
 
-def test_layout_check_passes_code_wrapped_under_its_line_and_what_fits(tmp_path, capsys):
+def test_layout_check_passes_code_that_scrolls_and_what_fits(tmp_path, capsys):
     check = _layout_check()
-    _png(tmp_path / "plot.png", 600, 200)  # 3 inches: shown whole at either width
-    hanging = "display: block; padding-left: 4ch; text-indent: -4ch"
+    _png(tmp_path / "plot.png", 600, 200, smallest="10 pt")  # 3 inches: whole at either width
+    _png(tmp_path / "photo.png", 1480, 200)  # not a plot: the size of its text is not known
     body = (
-        f'<div class="highlight-python wrap"><pre><span style="{hanging}">    {WORDS}</span>'
-        "</pre></div>"
+        f'<div class="highlight-python"><pre>{CODE}\n    {LONG}\n</pre></div>'
+        f'<div class="table-wrapper"><table><tr><td>{LONG}</td></tr></table></div>'
+        f'<div class="highlight-text wrap"><pre>{WORDS} micro-batch {WORDS}</pre></div>'
         '<div class="highlight-text"><pre>run  loss\nbig  0.31</pre></div>'
         "<table><tr><td>weight= (rows, or what the loss averages over)</td></tr></table>"
         "<h2>a heading of short words that wraps over several lines of the column</h2>"
+        '<dl class="py property"><dt class="sig">property window: TrainOpWindow</dt><dd>'
+        '<p>The window.</p><dl class="field-list"><dt>Type<span class="colon">:</span></dt>'
+        "<dd><p>dict[str, tf.Tensor] | None</p></dd></dl></dd></dl>"
         '<img src="plot.png" alt="a plot" style="max-width: 100%">'
+        '<img src="photo.png" alt="a photo" style="max-width: 100%">'
     )
     (tmp_path / "page.html").write_text(PAGE.format(body), encoding="utf-8")
     screenshots = tmp_path / "shots"

@@ -33,7 +33,7 @@ def _load(name):
 
 def test_quickstart(tmp_path, capsys):
     quickstart = _load("quickstart")
-    plot = tmp_path / "curves.png"
+    plot, narrow = tmp_path / "curves.png", tmp_path / "curves_narrow.png"
     result = quickstart.main(
         [
             "--micro-batch",
@@ -46,6 +46,8 @@ def test_quickstart(tmp_path, capsys):
             "64",
             "--plot",
             str(plot),
+            "--narrow-plot",
+            str(narrow),
         ]
     )
     out = capsys.readouterr().out
@@ -62,8 +64,13 @@ def test_quickstart(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     png = plot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    # 5.2 x 4 inches at 200 dpi: shown 358 px wide on a phone, its text reads.
+    # 5.2 x 4 inches at 200 dpi, 10-point text, for a desktop's column; for a
+    # phone's, 3.6 inches and 12-point text: shown 358 px wide, text at 16 px.
     assert struct.unpack(">II", png[16:24]) == (1040, 800)
+    assert b"tEXtSmallest text\x0010 pt" in png
+    png = narrow.read_bytes()
+    assert struct.unpack(">II", png[16:24]) == (720, 880)
+    assert b"tEXtSmallest text\x0012 pt" in png
 
 
 # A line of TensorFlow's C++ log (absl's format, TensorFlow's own, or that of
@@ -160,6 +167,8 @@ def test_gradient_noise_writes_events_and_recommends(tmp_path, capsys):
             "256",
             "--plot",
             str(plot),
+            "--narrow-plot",
+            str(tmp_path / "noise_narrow.png"),
         ]
     )
     out = capsys.readouterr().out
@@ -184,6 +193,9 @@ def test_gradient_noise_writes_events_and_recommends(tmp_path, capsys):
     assert min(history["global_norm"]) > 0.0
     pytest.importorskip("matplotlib")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = (tmp_path / "noise_narrow.png").read_bytes()
+    assert struct.unpack(">II", png[16:24]) == (540, 990)  # 3.6 inches at 150 dpi
+    assert b"tEXtSmallest text\x0012 pt" in png
 
 
 def test_feed_the_batch_finds_the_size_that_fits_and_matches_the_big_batch(capsys):

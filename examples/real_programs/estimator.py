@@ -38,7 +38,6 @@ def make_data(examples, seed):
     return x, y
 
 
-# [model_fn]
 def model_fn(features, labels, mode, params):
     rng = np.random.RandomState(0)
     w1 = v1.get_variable("w1", initializer=rng.randn(6, 12) / np.sqrt(6))
@@ -51,9 +50,6 @@ def model_fn(features, labels, mode, params):
         hooks.append(optimizer.make_session_run_hook(flush_at_end=True))
     train_op = optimizer.minimize(loss, global_step=v1.train.get_or_create_global_step())
     return v1.estimator.EstimatorSpec(mode, loss=loss, train_op=train_op, training_hooks=hooks)
-
-
-# [/model_fn]
 
 
 def train(model_dir, data, batch_size, steps):
