@@ -27,7 +27,8 @@ class Accumulation(typing.NamedTuple):
 
     A window is ``accum_op`` once per micro-batch (with its feed), then
     ``apply_op`` once, with no feed; each in a ``session.run`` of its own (a
-    run fetching two is refused with a ``ValueError``). Threads may share them
+    run fetching two, listed or grouped, is refused with a ``ValueError``:
+    :ref:`ways-in-one-op-per-run`). Threads may share them
     (:ref:`ways-in-threads`); see :doc:`concepts`.
 
     Attributes:

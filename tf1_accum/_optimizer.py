@@ -335,6 +335,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def flush_op(self) -> tf.Operation:
         """Applies a partial window of every train op in the graph (no feed, no ``update_ops``).
 
+        Run it alone: a run that fetches it with one of those train ops is
+        refused (:ref:`ways-in-one-op-per-run`).
+
         Raises:
             ValueError: If no train op was built yet.
         """
