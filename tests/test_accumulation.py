@@ -8,12 +8,9 @@ import pytest
 import tensorflow as tf
 
 import tf1_accum
-from _helpers import RTOL
 from _helpers import Model
 from _helpers import ancestors
-from _helpers import assert_same_values
 from _helpers import make_batches
-from _helpers import plain_training
 from _helpers import values_by_name
 
 v1 = tf.compat.v1
@@ -225,52 +222,6 @@ def test_zero_op_discards_a_partial_window():
         np.testing.assert_array_equal(a, b)
 
 
-def _session(kind):
-    if kind == "session":
-        session = v1.Session()
-        session.run(v1.global_variables_initializer())
-        return session
-    return v1.train.MonitoredTrainingSession(hooks=[v1.train.StopAtStepHook(last_step=10)])
-
-
-@pytest.mark.parametrize(
-    "together",
-    [("accum_op", "apply_op"), ("accum_op", "accum_apply_op"), ("accum_apply_op", "apply_op")],
-    ids=["accum_apply", "accum_fused", "fused_apply"],
-)
-@pytest.mark.parametrize("kind", ["session", "monitored"])
-@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
-def test_two_window_ops_in_one_run_are_refused_before_anything_runs(together, kind, sparse):
-    # The last micro-batch fed to the accumulate and the apply together: the
-    # apply may run first and leave that micro-batch to the next window.
-    window = make_batches(tf.float64, sparse, 4, 5)
-    (large_batch,) = plain_training("adam", tf.float64, sparse, [window])
-    with tf.Graph().as_default():
-        model = Model(tf.float64, sparse)
-        step = v1.train.get_or_create_global_step()
-        acc = tf1_accum.build_accumulation(
-            model.loss, v1.train.AdamOptimizer(0.05), global_step=step, fused=True
-        )
-        with _session(kind) as sess:
-            for batch in window[:-1]:
-                sess.run(acc.accum_op, model.feed(batch))
-            before = values_by_name(sess, v1.global_variables())
-            first, second = together
-            with pytest.raises(
-                ValueError,
-                match=rf"{first} and {second} of one accumulation are fetched in one "
-                r"session.run.*Nothing was run.*accum_apply_op.*run_accumulation",
-            ):
-                sess.run([getattr(acc, first), getattr(acc, second)], model.feed(window[-1]))
-            for name, value in values_by_name(sess, v1.global_variables()).items():
-                np.testing.assert_array_equal(value, before[name], err_msg=name)
-            # Run apart, the same window is the large batch's update.
-            sess.run(acc.accum_op, model.feed(window[-1]))
-            sess.run(acc.apply_op)
-            accumulated = values_by_name(sess, v1.global_variables())
-    assert_same_values(accumulated, large_batch, RTOL[tf.float64], "after the refused run")
-
-
 def _scalar_model():
     x = v1.placeholder(tf.float32, [None])
     w = v1.get_variable("w", initializer=1.0)
@@ -456,37 +407,3 @@ def test_optimizer_wrapper_in_eager_mode_says_what_to_call():
     with context.eager_mode():
         with pytest.raises(RuntimeError, match=r"disable_eager_execution\(\)"):
             opt.apply_gradients([(tf.constant(1.0), None)])
-
-
-def test_an_exported_and_imported_graph_still_refuses_two_window_ops_in_one_run(tmp_path):
-    # The marks are in the graph (a collection), not on the Python objects.
-    window = make_batches(tf.float64, False, 3, 5)
-    (large_batch,) = plain_training("sgd", tf.float64, False, [window])
-    with tf.Graph().as_default():
-        model, opt = _sgd_model()
-        step = v1.train.get_or_create_global_step()
-        acc = tf1_accum.build_accumulation(model.loss, opt, global_step=step)
-        names = {field: getattr(acc, field).name for field in ("accum_op", "apply_op")}
-        feeds = [model.inputs.name, model.labels.name]
-        v1.train.export_meta_graph(str(tmp_path / "model.meta"))
-    with tf.Graph().as_default() as graph:
-        v1.train.import_meta_graph(str(tmp_path / "model.meta"))
-        accum_op, apply_op = (
-            graph.get_operation_by_name(names[f]) for f in ("accum_op", "apply_op")
-        )
-        x, y = (graph.get_tensor_by_name(name) for name in feeds)
-        with v1.Session() as sess:
-            sess.run(v1.global_variables_initializer())
-            for batch in window[:-1]:
-                sess.run(accum_op, {x: batch[0], y: batch[1]})
-            before = values_by_name(sess, v1.global_variables())
-            with pytest.raises(
-                ValueError, match="accum_op and apply_op of one accumulation are fetched"
-            ):
-                sess.run([accum_op, apply_op], {x: window[-1][0], y: window[-1][1]})
-            for name, value in values_by_name(sess, v1.global_variables()).items():
-                np.testing.assert_array_equal(value, before[name], err_msg=name)
-            sess.run(accum_op, {x: window[-1][0], y: window[-1][1]})
-            sess.run(apply_op)
-            trained = values_by_name(sess, v1.global_variables())
-    assert_same_values(trained, large_batch, RTOL[tf.float64], "after the imported graph's window")

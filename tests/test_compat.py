@@ -43,6 +43,13 @@ def test_the_fetch_handler_reads_a_runs_targets_with_the_signature_patched():
         assert handler.targets() == [train]
 
 
+def test_keras_makes_its_callables_from_options_with_the_signature_patched():
+    assert _parameters(tf_session.BaseSession._make_callable_from_options) == [
+        "self",
+        "callable_options",
+    ]
+
+
 def test_the_checkpoint_saver_hook_keeps_its_step_and_last_save_where_read(tmp_path):
     assert _parameters(v1.train.CheckpointSaverHook.end) == ["self", "session"]
     with tf.Graph().as_default():
@@ -199,6 +206,7 @@ _PRIVATE = (
     "_remove_all_control_inputs",
     "_update_input",
     "_FetchHandler",
+    "_make_callable_from_options",
     "_true_graph",
     "_false_graph",
     "_cond_graph",

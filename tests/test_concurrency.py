@@ -450,11 +450,17 @@ def test_a_window_started_inside_its_own_window_is_refused():
             _assert_exact([a * 2 for a in model.applied(sess, start)], model.fed(outer), "applied")
 
 
-def test_ops_of_one_window_grouped_in_one_op_take_turns():
-    """Two locking ops grouped in one op run one after the other, in either order.
+def _behind_a_tensor(*ops):
+    with tf.control_dependencies(ops):
+        return tf.identity(tf.constant(0))
 
-    Fetched side by side, session.run refuses them (test_accumulation.py);
-    grouped, it cannot see them: they must not wait for each other's lock.
+
+def test_ops_of_one_window_behind_one_tensor_take_turns():
+    """Two locking ops run by one fetched tensor run one after the other, in either order.
+
+    Fetched side by side or grouped by tf.group, a run refuses them
+    (test_guard.py); behind a tensor's control dependencies it does not see
+    them: they must not wait for each other's lock.
     """
     with tf.Graph().as_default():
         model = Ledger()
@@ -474,7 +480,7 @@ def test_ops_of_one_window_grouped_in_one_op_take_turns():
             done = []
             # accum_op and apply_op in one run, then a fused op and accum_op:
             # neither may wait for the other's lock forever.
-            both = tf.group(acc.accum_op, acc.apply_op)
+            both = _behind_a_tensor(acc.accum_op, acc.apply_op)
             runner = threading.Thread(target=lambda: done.append(sess.run(both, second)))
             runner.start()
             runner.join(timeout=60)
@@ -484,7 +490,7 @@ def test_ops_of_one_window_grouped_in_one_op_take_turns():
             total = [a + h for a, h in zip(model.applied(sess, start), held)]
             _assert_exact(total, model.fed([first, second]), "applied + accumulated")
 
-            sess.run(tf.group(acc.accum_apply_op, acc.accum_op), third)
+            sess.run(_behind_a_tensor(acc.accum_apply_op, acc.accum_op), third)
             assert sess.run(step) == 2
             held = pending(sess, acc.accumulators, acc.counter)
             total = [a + h for a, h in zip(model.applied(sess, start), held)]

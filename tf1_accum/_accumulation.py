@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-import weakref
 
-from tf1_accum._compat import fetch_handler
-from tf1_accum._compat import patch
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
+from tf1_accum import _guard
 from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _stats
@@ -22,7 +20,6 @@ from tf1_accum._options import GradientTransform
 from tf1_accum._options import Pairs
 from tf1_accum import _options
 from tf1_accum._options import WindowOptions
-from tf1_accum.check._catalogue import refusal
 
 
 class Accumulation(typing.NamedTuple):
@@ -30,7 +27,8 @@ class Accumulation(typing.NamedTuple):
 
     A window is ``accum_op`` once per micro-batch (with its feed), then
     ``apply_op`` once, with no feed; each in a ``session.run`` of its own (a
-    run fetching two is refused with a ``ValueError``). Threads may share them
+    run fetching two, listed or grouped, is refused with a ``ValueError``:
+    :ref:`ways-in-one-op-per-run`). Threads may share them
     (:ref:`ways-in-threads`); see :doc:`concepts`.
 
     Attributes:
@@ -187,7 +185,8 @@ def build_accumulation(
                     name="accumulate_and_apply",
                 )
     ops = {"zero_op": zero_op, "accum_op": accum_op, "apply_op": apply_op}
-    _one_per_run(window.scope, {**ops, "accum_apply_op": accum_apply_op})
+    for field, op in {**ops, "accum_apply_op": accum_apply_op}.items():
+        _guard.mark(window.scope, field, op)
     return Accumulation(
         zero_op=zero_op,
         accum_op=accum_op,
@@ -260,64 +259,3 @@ def make_window(
 def _op_first(applied: Applied) -> tuple[tf.Operation, Applied]:
     """An `Applied` as ``(op, applied)``, for `Window.exclusive`: the op holds the lock."""
     return applied.op, applied
-
-
-#: Graph collection that marks each op of an `Accumulation` with its window and
-#: field (a string "op window field"): kept in the graph, so a graph exported
-#: with ``export_meta_graph`` and imported again keeps its refusal.
-WINDOW_OPS_COLLECTION = "tf1_accum_window_ops"
-
-# graph -> (collection size read, {op name: (window, field)}).
-_marks: weakref.WeakKeyDictionary[tf.Graph, tuple[int, dict[str, tuple[str, str]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def window_op_of(op: tf.Operation) -> tuple[str, str] | None:
-    """``(window, field)`` of an op that `build_accumulation` returned, else None."""
-    return _window_ops(op.graph).get(op.name)
-
-
-def _window_ops(graph: tf.Graph) -> dict[str, tuple[str, str]]:
-    entries = graph.get_collection_ref(WINDOW_OPS_COLLECTION)
-    read, marks = _marks.get(graph, (0, {}))
-    if read != len(entries):
-        for entry in entries[read:]:
-            name, window, field = tf.compat.as_str(entry).split(" ")
-            marks[name] = (window, field)
-        _marks[graph] = (len(entries), marks)
-    return marks
-
-
-def _one_per_run(window: str, ops: dict[str, tf.Operation | None]) -> None:
-    """Makes ``session.run`` refuse two of a window's ``ops`` (by field) in one run.
-
-    Ops of a run run in no fixed order; one grouping two is `check_graph`'s to find.
-    """
-    for field, op in ops.items():
-        if op is not None:
-            op.graph.add_to_collection(WINDOW_OPS_COLLECTION, f"{op.name} {window} {field}")
-    patch(fetch_handler(), "__init__", "self graph fetches feeds feed_handles", _refusing)
-
-
-def _refusing(original: typing.Callable[..., None]) -> typing.Callable[..., None]:
-    def init(self: typing.Any, graph: tf.Graph, *args: typing.Any, **kwargs: typing.Any) -> None:
-        original(self, graph, *args, **kwargs)
-        marks = _window_ops(graph)
-        if not marks:
-            return
-        seen: dict[str, str] = {}
-        for op in self.targets():
-            mark = marks.get(op.name)
-            if mark is None:
-                continue
-            if mark[0] in seen:
-                raise ValueError(_two_in_one_run(seen[mark[0]], mark[1]))
-            seen[mark[0]] = mark[1]
-
-    return init
-
-
-def _two_in_one_run(first: str, second: str) -> str:
-    what = f"{first} and {second} of one accumulation are fetched in one session.run"
-    return refusal("TFA010", what)

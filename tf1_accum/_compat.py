@@ -157,6 +157,7 @@ def _parameters(method: typing.Any) -> list[str]:
 
 _GUARDS = {
     "__init__": "the refusal of two ops of one window fetched in one session.run",
+    "_make_callable_from_options": "the refusal of two ops of one window in one Keras function",
     "end": "the warning of a session that ends mid-window without its hook",
     "on_epoch_end": "the warning of a Keras fit whose epochs end mid-window",
     "on_train_end": "the warning of a Keras fit whose epochs end mid-window",
@@ -191,6 +192,37 @@ def sync_replicas_parts(sync: typing.Any) -> SyncReplicasParts:
         sync._replicas_to_aggregate,
         sync._total_num_replicas,
     )
+
+
+def guard_runs(check: typing.Callable[[typing.Any, list, list], None]) -> None:
+    """Makes every step a session runs call ``check(graph, ops, tensors)`` (its fetches) first.
+
+    ``Session.run``, ``make_callable`` and ``partial_run`` read their fetches
+    with the fetch handler; Keras makes its callables from options, whose
+    targets (``tf.group`` of the updates) are op names.
+    """
+    from tensorflow.python.client import session
+
+    def handler(original: typing.Any) -> typing.Any:
+        def init(
+            self: typing.Any, graph: typing.Any, *args: typing.Any, **kwargs: typing.Any
+        ) -> None:
+            original(self, graph, *args, **kwargs)
+            check(graph, self.targets(), self.fetches())
+
+        return init
+
+    def from_options(original: typing.Any) -> typing.Any:
+        def make(self: typing.Any, options: typing.Any) -> typing.Any:
+            graph = self.graph
+            ops = [graph.get_operation_by_name(name) for name in options.target]
+            check(graph, ops, [graph.get_tensor_by_name(name) for name in options.fetch])
+            return original(self, options)
+
+        return make
+
+    patch(fetch_handler(), "__init__", "self graph fetches feeds feed_handles", handler)
+    patch(session.BaseSession, "_make_callable_from_options", "self callable_options", from_options)
 
 
 def saver_hook_state(hook: typing.Any) -> tuple[typing.Any, typing.Any]:

@@ -12,6 +12,7 @@ from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed
+from tf1_accum import _guard
 from tf1_accum import _stats
 from tf1_accum._accumulation import make_window
 from tf1_accum._accumulation import prepare
@@ -285,6 +286,7 @@ def build_dataset_accumulation(
             train_op = tf.group(applied.applied, name="train")
             weight_sum = tf.cast(drawn if weight is None else weight_sum, loss_dtype)
             mean_loss = tf.math.divide_no_nan(tf.cast(loss_sum, loss_dtype), weight_sum)
+        _guard.mark(window.scope, "train_op", train_op, done)
         return DatasetAccumulation(
             train_op=train_op,
             loss=mean_loss,

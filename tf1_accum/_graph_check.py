@@ -12,7 +12,7 @@ from tf1_accum._compat import control_flow_context
 from tf1_accum._compat import function_bodies
 from tf1_accum._compat import tf
 
-from tf1_accum import _accumulation
+from tf1_accum import _guard
 from tf1_accum import _schedule_check
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION
@@ -419,7 +419,7 @@ def _findings(
             adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
             where = text.format(var.name, ", ".join(adders))
             findings.append(_finding("never_reset", var.name, where))
-    findings += _one_run_findings(apply_set, apply_name)
+    findings += _one_run_findings(apply_set, apply_name, g.graph)
     findings += _step_findings(g, apply_set, accum_set, apply_name)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
         findings.append(_finding("schedule_in_micro_batches", op_name, where))
@@ -427,19 +427,16 @@ def _findings(
     return findings
 
 
-def _one_run_findings(apply_set: set[tf.Operation], apply_name: str) -> list[GraphFinding]:
-    first: dict[object, tuple[tf.Operation, str]] = {}
+def _one_run_findings(
+    apply_set: set[tf.Operation], apply_name: str, graph: tf.Graph
+) -> list[GraphFinding]:
+    """The pairs `_guard` refuses, among the ops the apply runs (a function body's have no mark)."""
+    ops = sorted((op for op in apply_set if op.graph is graph), key=lambda o: o.name)
     findings = []
-    for op in sorted(apply_set, key=lambda o: o.name):
-        window, field = _accumulation.window_op_of(op) or (None, "")
-        if window is None:
-            continue
-        other, other_field = first.setdefault(window, (op, field))
-        if other is op:
-            continue
-        where = f"Fetching {apply_name} runs {other_field} ({other.name}) "
-        where += f"and {field} ({op.name}) of one accumulation in one session.run"
-        findings.append(_finding("ops_in_one_run", op.name, where))
+    for first, second in _guard.pairs(m for op in ops for m in _guard.marks(op)):
+        where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
+        where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
+        findings.append(_finding("ops_in_one_run", second.op, where))
     return findings
 
 

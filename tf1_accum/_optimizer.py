@@ -12,6 +12,7 @@ from tf1_accum._compat import tf
 from tf1_accum import _accumulation
 from tf1_accum import _validate
 from tf1_accum import _distributed
+from tf1_accum import _guard
 from tf1_accum import _hooks
 from tf1_accum import _keras
 from tf1_accum import _migration
@@ -334,6 +335,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
     def flush_op(self) -> tf.Operation:
         """Applies a partial window of every train op in the graph (no feed, no ``update_ops``).
 
+        Run it alone: a run that fetches it with one of those train ops is
+        refused (:ref:`ways-in-one-op-per-run`).
+
         Raises:
             ValueError: If no train op was built yet.
         """
@@ -549,4 +553,7 @@ def _build(
     _unhooked.watch_checkpoint_saver_hook()
     _unhooked.watch_keras_fit()
     with tf.compat.v1.name_scope(scope):
-        return tf.group(train.applied, name="train")
+        train_op = tf.group(train.applied, name="train")
+    _guard.mark(window.scope, "train_op", train_op, train)
+    _guard.mark([b.window.scope for b in wrapper._builds.of(outer)], "flush_op", flushed)
+    return train_op

@@ -74,10 +74,9 @@ CATALOGUE = {m.code: m for m in (
         f"fetch the accumulator variables themselves, or {_BUILD}, whose apply_op reads "
         "the accumulators and needs no feed",
         "migration.html#c-the-apply-fed-the-last-micro-batch", True),
-    Mistake("TFA010", "an add and an apply fetched in one run",
-        "an accumulate op and an apply fetched in one session.run run in no fixed order: "
-        "the apply may run first, apply the window without this micro-batch and leave it "
-        "to the next window",
+    Mistake("TFA010", "two ops of one window fetched in one run",
+        "ops that change one window, fetched in one session.run, run in no fixed order: "
+        "the update then silently depends on which one runs first",
         "run each in a session.run of its own, the apply with no feed, or build with "
         "tf1_accum.build_accumulation(..., fused=True) and run accum_apply_op with the last "
         "micro-batch's feed; tf1_accum.run_accumulation runs a window either way",

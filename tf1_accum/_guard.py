@@ -1,0 +1,104 @@
+"""The one guard of every window: two ops that change it never share a session.run.
+
+Every way in marks what it builds that changes a window (`mark`); the first
+mark makes every step TensorFlow runs (``Session.run``, ``make_callable``,
+``partial_run``, the callables Keras makes) pass its fetches to `_check`
+first, and `check_graph` reads the same marks. Ops of one run run in no fixed
+order, so two that change one window in different ways are refused before
+anything runs.
+"""
+
+from __future__ import annotations
+
+import typing
+import weakref
+
+from tf1_accum._compat import guard_runs
+from tf1_accum._compat import tf
+
+from tf1_accum.check._catalogue import refusal
+
+#: Graph collection of the marks, strings "op window field": kept in the
+#: graph, so a graph exported with ``export_meta_graph`` and imported again
+#: keeps its refusal.
+COLLECTION = "tf1_accum_window_ops"
+
+
+class Mark(typing.NamedTuple):
+    """An op changes ``window`` as ``field`` (the attribute a user fetches, e.g. ``apply_op``)."""
+
+    window: str
+    field: str
+    op: str
+
+
+def mark(windows: str | typing.Sequence[str], field: str, *built: typing.Any) -> None:
+    """Marks the ops (and the ops of the tensors) in ``built`` as changing ``windows``."""
+    items = [item for item in tf.nest.flatten(built) if isinstance(item, (tf.Tensor, tf.Operation))]
+    for op in dict.fromkeys(getattr(item, "op", item) for item in items):
+        for window in [windows] if isinstance(windows, str) else windows:
+            op.graph.add_to_collection(COLLECTION, f"{op.name} {window} {field}")
+    guard_runs(_check)
+
+
+def marks(op: tf.Operation) -> list[Mark]:
+    """The marks of ``op`` itself (not those of the ops a ``tf.group`` groups)."""
+    found = _marks(op.graph)
+    return found.named.get(op.name, []) if found else []
+
+
+def pairs(found: typing.Iterable[Mark]) -> typing.Iterator[tuple[Mark, Mark]]:
+    """Each mark of a window an earlier mark changes as another field, with that one."""
+    first: dict[str, Mark] = {}
+    for one in found:
+        other = first.setdefault(one.window, one)
+        # One field is one op (with the tensors it computes), or flushes, which wait in turn.
+        if other.field != one.field:
+            yield other, one
+
+
+class _Graph:
+    """One graph's marks: by op name, and reached from an op through ``tf.group``'s NoOps."""
+
+    def __init__(self, entries: list[typing.Any]) -> None:
+        self.size = len(entries)
+        self.named: dict[str, list[Mark]] = {}
+        self.reached: dict[int, list[Mark]] = {}  # by id: ops live as long as their graph
+        for entry in entries:
+            name, window, field = tf.compat.as_str(entry).split(" ")
+            self.named.setdefault(name, []).append(Mark(window, field, name))
+
+    def of(self, op: tf.Operation) -> list[Mark]:
+        found = self.reached.get(id(op))
+        if found is None:
+            found = self.named.get(op.name, [])
+            if not found and op.type == "NoOp":
+                found = [m for each in op.control_inputs for m in self.of(each)]
+            self.reached[id(op)] = found
+        return found
+
+
+_GRAPHS: weakref.WeakKeyDictionary[tf.Graph, _Graph] = weakref.WeakKeyDictionary()
+
+
+def _marks(graph: tf.Graph) -> _Graph | None:
+    entries = graph.get_collection(COLLECTION)
+    if not entries:
+        return None
+    found = _GRAPHS.get(graph)
+    if found is None or found.size != len(entries):  # a window was built since
+        found = _GRAPHS[graph] = _Graph(entries)
+    return found
+
+
+def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -> None:
+    """Refuses a step that fetches two marks of one window: a ValueError before anything runs."""
+    found = _marks(graph)
+    if found is None:
+        return
+    fetched: list[Mark] = []
+    for op in ops + [tensor.op for tensor in tensors]:
+        fetched += found.of(op)
+    for first, second in pairs(fetched):
+        what = f"{first.field} ({first.op}) and {second.field} ({second.op}) of one accumulation"
+        raise ValueError(refusal("TFA010", what + " are fetched in one session.run"))
