@@ -18,10 +18,8 @@ from _helpers import plain_training
 from _helpers import values_by_name
 from tf1_accum import _guard
 
-try:
-    import tf_keras as keras
-except ImportError:  # TensorFlow 1.15: its Keras is tf.keras
-    keras = tf.keras
+from _keras import keras
+from _keras import legacy
 
 v1 = tf.compat.v1
 N, B = 4, 5  # micro-batches of a window, examples each
@@ -273,8 +271,8 @@ def test_the_keras_wrappers_train_op_with_its_flush_op_in_a_keras_function_is_re
     with tf.Graph().as_default():
         model = Model(tf.float64, False)
         if any(v.dtype != v.dtype.base_dtype for v in v1.global_variables()):
-            pytest.skip("tf_keras optimizers take resource variables only (v1 mode: references)")
-        opt = tf1_accum.KerasAccumulationOptimizer(keras.optimizers.legacy.SGD(0.1), steps=2 * N)
+            pytest.skip("Keras 2 optimizers take resource variables only (v1 mode: references)")
+        opt = tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.1), steps=2 * N)
         variables = v1.trainable_variables()
         train_op = opt.apply_gradients(zip(tf.gradients(model.loss, variables), variables))
         run_together = _runner("keras_function", model, [train_op, opt.flush_op])
