@@ -28,7 +28,10 @@ SMALL_MLP = ["--hidden", "256", "--features", "256"]
 
 
 def _start(script, *args):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2")
+    # This checkout's tf1_accum first, then what the test process was given
+    # (peers installed in a directory of their own, say).
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen(
         [sys.executable, str(ROOT / "benchmarks" / script), *args],
         stdout=subprocess.PIPE,
