@@ -123,5 +123,8 @@ def test_without_tensorflow_import_works_and_first_use_says_what_is_missing():
     lines = result.stdout.splitlines()
     # Only the package itself: its modules load on first use.
     assert lines[0] == f"{tf1_accum.__version__} ['tf1_accum']"
-    assert lines[1].startswith("ImportError: tf1_accum needs TensorFlow (2.15 to 2.21)")
+    assert lines[1].startswith(
+        "ImportError: tf1_accum needs TensorFlow (2.15 to 2.21, or 1.15 on Python 3.7)"
+    )
     assert "Install it with: pip install 'tensorflow>=2.15,<2.22'" in lines[1]
+    assert "on Python 3.7: pip install 'tensorflow>=1.15,<1.16' 'protobuf<3.21'" in lines[1]
