@@ -50,6 +50,18 @@ def test_faq_code_block_runs(index, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
+def test_faq_fragments_are_lines_its_doctests_run():
+    # A fragment (a line to copy, with the session of the reader's program)
+    # does not run alone: each of its lines runs in a doctest of the page.
+    text = FAQ.read_text(encoding="utf-8")
+    fragments = re.findall(
+        r"^\.\. code-block:: python\n   :class: fragment\n\n((?:   .*\n)+)", text, re.M
+    )
+    assert len(fragments) == 1
+    for line in textwrap.dedent(fragments[0]).splitlines():
+        assert re.search(r"^(>>>|\.\.\.) +" + re.escape(line) + "$", text, re.M), line
+
+
 def test_faq_has_the_code_blocks_it_promises():
     blocks = python_blocks()
     assert len(blocks) == 1
