@@ -107,9 +107,7 @@ def function_bodies(op: _tensorflow.Operation) -> list[_tensorflow.Graph]:
     return [graph for graph in (getattr(op, name, None) for name, _ in bodies) if graph is not None]
 
 
-def patch(
-    owner: type, name: str, parameters: str, make: typing.Callable[[typing.Any], typing.Any]
-) -> None:
+def patch(owner: type, name: str, parameters: str, make: typing.Callable[..., typing.Any]) -> None:
     """Replaces ``owner.name`` with ``make(original)``, once per process.
 
     ``parameters`` are the names the original takes (space-separated): when
@@ -190,9 +188,8 @@ def guard_runs(check: typing.Callable[[typing.Any, list, list], None]) -> None:
 
     def from_options(original: typing.Any) -> typing.Any:
         def make(self: typing.Any, options: typing.Any) -> typing.Any:
-            graph = self.graph
-            ops = [graph.get_operation_by_name(name) for name in options.target]
-            check(graph, ops, [graph.get_tensor_by_name(name) for name in options.fetch])
+            ops = [self.graph.get_operation_by_name(name) for name in options.target]
+            check(self.graph, ops, [self.graph.get_tensor_by_name(name) for name in options.fetch])
             return original(self, options)
 
         return make

@@ -99,8 +99,8 @@ def _shaped(node: typing.Any) -> typing.Any:
     """``node``, or what Python 3.9 gives in its place."""
     name = type(node).__name__
     if name in _LITERALS:
-        value = getattr(node, _LITERALS[name]) if _LITERALS[name] else ...
-        return ast.copy_location(ast.Constant(value=value), node)
+        # Ellipsis has no field (""): its value is the default.
+        return ast.copy_location(ast.Constant(value=getattr(node, _LITERALS[name], ...)), node)
     if name == "Index":
         return _shaped(node.value)
     if name == "ExtSlice":
@@ -157,10 +157,8 @@ class _Starts:
     def _span(self, node: ast.expr) -> tuple[int, int | None] | None:
         """The first and last token of ``node`` (None: not known)."""
         if isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):  # a value, then a trailer
-            span = self.span(node.func if isinstance(node, ast.Call) else node.value)
-            if span is None:
-                return None
-            head, tail = span
+            value = node.func if isinstance(node, ast.Call) else node.value
+            head, tail = self.span(value) or (0, None)  # token 0: no parenthesis before it
             while self.tokens[head - 1].string == "(" and tail in (None, self.closer[head - 1] - 1):
                 head, tail = head - 1, self.closer[head - 1]  # the value's parentheses
             if tail is None:
@@ -203,12 +201,11 @@ def _fields(token: tokenize.TokenInfo) -> list[tuple[int, int, str]]:
     quote = 3 if text[prefix : prefix + 3] in ('"""', "'''") else 1
     found: list[tuple[int, int]] = []
     _scan(text, prefix + quote, len(text) - quote, found)
-    fields = []
-    for start, end in found:
-        rows = text[:start].split("\n")
-        line = rows[-1] if len(rows) > 1 else token.line[: token.start[1]] + rows[0]
-        fields.append((token.start[0] + len(rows) - 1, len(line.encode()), text[start:end]))
-    return fields
+    heads = [token.line[: token.start[1]] + text[:start] for start, _ in found]  # up to each
+    return [
+        (token.start[0] + head.count("\n"), len(head.split("\n")[-1].encode()), text[start:end])
+        for head, (start, end) in zip(heads, found)
+    ]
 
 
 def _scan(text: str, i: int, end: int, found: list[tuple[int, int]], spec: bool = False) -> int:
