@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import re
 import sys
@@ -57,16 +58,12 @@ else:
         """``functools.cached_property`` for Python 3.7: computed once, kept on the instance."""
 
         def __init__(self, compute: typing.Callable[[typing.Any], typing.Any]) -> None:
-            self.compute, self.__doc__ = compute, compute.__doc__
-
-        def __set_name__(self, owner: type, name: str) -> None:
-            self.name = name
+            functools.update_wrapper(self, compute)  # its name and docstring
 
         def __get__(self, instance: typing.Any, owner: type | None = None) -> typing.Any:
             if instance is None:
                 return self
-            value = instance.__dict__[self.name] = self.compute(instance)
-            return value
+            return vars(instance).setdefault(self.__name__, self.__wrapped__(instance))
 
 
 # Private methods of ``tf.Operation``, the same from 1.15 to 2.21.
@@ -77,9 +74,7 @@ def control_flow_context(op: _tensorflow.Operation) -> typing.Any:
     return op._get_control_flow_context()
 
 
-def add_control_inputs(
-    op: _tensorflow.Operation, inputs: typing.Sequence[_tensorflow.Operation]
-) -> None:
+def add_control_inputs(op: _tensorflow.Operation, inputs: typing.Sequence[typing.Any]) -> None:
     """Makes ``op`` wait for ``inputs`` too, after it was built."""
     op._add_control_inputs(inputs)
 
@@ -89,37 +84,30 @@ def set_input(op: _tensorflow.Operation, index: int, tensor: _tensorflow.Tensor)
     op._update_input(index, tensor)
 
 
-def set_control_inputs(
-    op: _tensorflow.Operation, inputs: typing.Sequence[_tensorflow.Operation]
-) -> None:
+def set_control_inputs(op: _tensorflow.Operation, inputs: typing.Sequence[typing.Any]) -> None:
     """Makes ``inputs`` the only ops ``op`` waits for, after it was built."""
     op._remove_all_control_inputs()
     op._add_control_inputs(inputs)
 
 
-# A version 2 If or While's function graphs: (attribute of the op, attribute naming the function).
-_BODIES = dict.fromkeys(
-    ["If", "StatelessIf"], [("_true_graph", "then_branch"), ("_false_graph", "else_branch")]
-)
-_BODIES.update(
-    dict.fromkeys(["While", "StatelessWhile"], [("_cond_graph", "cond"), ("_body_graph", "body")])
-)
+# A version 2 If or While's function graphs (Stateless ones alike): (attribute of the op,
+# attribute naming the function).
+_BODIES = {
+    "If": [("_true_graph", "then_branch"), ("_false_graph", "else_branch")],
+    "While": [("_cond_graph", "cond"), ("_body_graph", "body")],
+}
 
 
 def function_bodies(op: _tensorflow.Operation) -> list[_tensorflow.Graph]:
     """The function graphs of a version 2 ``If`` or ``While`` built in this process, else []."""
+    bodies = _BODIES.get(op.type[9:] if op.type.startswith("Stateless") else op.type, ())
     if TF1:  # 1.15 keeps them in the graph's function library only
-        found = [
-            op.graph._get_function(op.get_attr(name).name) for _, name in _BODIES.get(op.type, ())
-        ]
+        found = [op.graph._get_function(op.get_attr(name).name) for _, name in bodies]
         return [function.graph for function in found if function is not None]
-    graphs = [getattr(op, name, None) for name, _ in _BODIES.get(op.type, ())]
-    return [graph for graph in graphs if graph is not None]
+    return [graph for graph in (getattr(op, name, None) for name, _ in bodies) if graph is not None]
 
 
-def patch(
-    owner: type, name: str, parameters: str, make: typing.Callable[[typing.Any], typing.Any]
-) -> None:
+def patch(owner: type, name: str, parameters: str, make: typing.Callable[..., typing.Any]) -> None:
     """Replaces ``owner.name`` with ``make(original)``, once per process.
 
     ``parameters`` are the names the original takes (space-separated): when
@@ -129,7 +117,10 @@ def patch(
     original: typing.Any = getattr(owner, name, None)
     if getattr(original, "_tf1_accum_patched", False):
         return
-    found = " ".join(_parameters(original))
+    try:
+        found = " ".join(inspect.signature(original).parameters)
+    except (TypeError, ValueError):  # not a function
+        found = "?"
     if found != parameters:
         warnings.warn(
             f"tf1_accum: {owner.__name__}.{name} takes ({found}) in TensorFlow "
@@ -148,13 +139,6 @@ def _mark(method: typing.Any) -> typing.Any:
     return method
 
 
-def _parameters(method: typing.Any) -> list[str]:
-    try:
-        return list(inspect.signature(method).parameters)
-    except (TypeError, ValueError):  # not a function
-        return ["?"]
-
-
 _GUARDS = {
     "__init__": "the refusal of two ops of one window fetched in one session.run",
     "_make_callable_from_options": "the refusal of two ops of one window in one Keras function",
@@ -171,20 +155,12 @@ def fetch_handler() -> type:
     return session._FetchHandler
 
 
-class SyncReplicasParts(typing.NamedTuple):
-    """What a ``SyncReplicasOptimizer`` keeps privately, that a window pushes through."""
-
-    local_step: typing.Any
-    accumulators: list  # (accumulator, device) per variable, after apply_gradients
-    global_step: typing.Any
-    token_queue: typing.Any
-    replicas_to_aggregate: int
-    total_num_replicas: int
-
-
-def sync_replicas_parts(sync: typing.Any) -> SyncReplicasParts:
-    """The parts of ``sync`` (a ``tf.compat.v1.train.SyncReplicasOptimizer``)."""
-    return SyncReplicasParts(
+def sync_replicas_parts(sync: typing.Any) -> tuple:
+    """What ``sync`` (a ``tf.compat.v1.train.SyncReplicasOptimizer``) keeps privately, that a
+    window pushes through: ``(local_step, accumulators, global_step, token_queue,
+    replicas_to_aggregate, total_num_replicas)``, ``accumulators`` an ``(accumulator, device)``
+    per variable after ``apply_gradients``."""
+    return (
         getattr(sync, "_local_step", None),
         getattr(sync, "_accumulator_list", []),
         getattr(sync, "_global_step", None),
@@ -204,9 +180,7 @@ def guard_runs(check: typing.Callable[[typing.Any, list, list], None]) -> None:
     from tensorflow.python.client import session
 
     def handler(original: typing.Any) -> typing.Any:
-        def init(
-            self: typing.Any, graph: typing.Any, *args: typing.Any, **kwargs: typing.Any
-        ) -> None:
+        def init(self: typing.Any, graph: typing.Any, *args: object, **kwargs: object) -> None:
             original(self, graph, *args, **kwargs)
             check(graph, self.targets(), self.fetches())
 
@@ -214,9 +188,8 @@ def guard_runs(check: typing.Callable[[typing.Any, list, list], None]) -> None:
 
     def from_options(original: typing.Any) -> typing.Any:
         def make(self: typing.Any, options: typing.Any) -> typing.Any:
-            graph = self.graph
-            ops = [graph.get_operation_by_name(name) for name in options.target]
-            check(graph, ops, [graph.get_tensor_by_name(name) for name in options.fetch])
+            ops = [self.graph.get_operation_by_name(name) for name in options.target]
+            check(self.graph, ops, [self.graph.get_tensor_by_name(name) for name in options.fetch])
             return original(self, options)
 
         return make
@@ -285,11 +258,7 @@ def keras() -> typing.Any:
     Raises:
         ImportError: On TensorFlow 2 without the tf_keras package.
     """
-    if TF1:
-        return _tensorflow.keras
-    import tf_keras
-
-    return tf_keras
+    return _tensorflow.keras if TF1 else importlib.import_module("tf_keras")
 
 
 def keras_optimizer_name(optimizer: typing.Any) -> str:
@@ -403,18 +372,13 @@ def collective_broadcast(
 ) -> typing.Any:
     """The group leader's 1-D ``flat`` (``send``: this worker is the leader)."""
     shape, dtype = flat.shape.as_list(), flat.dtype.base_dtype
-    if not TF1:
-        if send:
-            return tf.raw_ops.CollectiveBcastSendV2(
-                input=flat, instance_key=key, name=name, **attrs
-            )
-        return tf.raw_ops.CollectiveBcastRecvV2(
-            instance_key=key, shape=shape, T=dtype, name=name, **attrs
-        )
-    if dtype == tf.bool:
+    if TF1 and dtype == tf.bool:
         sent = collective_broadcast(tf.cast(flat, tf.int32), send, key, attrs, name)
         return tf.not_equal(sent, 0)
-    group = dict(group_size=attrs["group_size"], group_key=attrs["group_key"], shape=shape)
-    if send:
-        return tf.raw_ops.CollectiveBcastSend(input=flat, instance_key=key, name=name, **group)
-    return tf.raw_ops.CollectiveBcastRecv(instance_key=key, T=dtype, name=name, **group)
+    if TF1:  # the first version: shape an attribute of both ops
+        attrs = dict(group_size=attrs["group_size"], group_key=attrs["group_key"], shape=shape)
+    elif not send:
+        attrs = dict(attrs, shape=shape)
+    op = ("CollectiveBcastSend" if send else "CollectiveBcastRecv") + ("" if TF1 else "V2")
+    operand = {"input": flat} if send else {"T": dtype}
+    return getattr(tf.raw_ops, op)(instance_key=key, name=name, **operand, **attrs)

@@ -94,11 +94,7 @@ def _marks(graph: tf.Graph) -> _Graph | None:
 def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -> None:
     """Refuses a step that fetches two marks of one window: a ValueError before anything runs."""
     found = _marks(graph)
-    if found is None:
-        return
-    fetched: list[Mark] = []
-    for op in ops + [tensor.op for tensor in tensors]:
-        fetched += found.of(op)
+    fetched = [m for op in ops + [t.op for t in tensors] for m in found.of(op)] if found else []
     for first, second in pairs(fetched):
         what = f"{first.field} ({first.op}) and {second.field} ({second.op}) of one accumulation"
         raise ValueError(refusal("TFA010", what + " are fetched in one session.run"))

@@ -35,19 +35,18 @@ class SyncPush(tf.compat.v1.train.Optimizer):
         global_step: tf.Variable | None = None,
         name: str | None = None,
     ) -> tf.Operation:
-        sync = sync_replicas_parts(self._opt)
-        local_step = sync.local_step
+        local_step, accumulators, sync_step, queue, _, _ = sync_replicas_parts(self._opt)
         pushes = []
         with tf.compat.v1.name_scope(name, self.get_name()):
-            for (grad, _), (accumulator, device) in zip(grads_and_vars, sync.accumulators):
+            for (grad, _), (accumulator, device) in zip(grads_and_vars, accumulators):
                 with tf.device(device):
                     if isinstance(grad, tf.IndexedSlices):
                         push = accumulator.apply_indexed_slices_grad(grad, local_step=local_step)
                     else:
                         push = accumulator.apply_grad(grad, local_step=local_step)
                 pushes.append(push)
-            with tf.device(sync.global_step.device), tf.control_dependencies(pushes):
-                token = sync.token_queue.dequeue()
+            with tf.device(sync_step.device), tf.control_dependencies(pushes):
+                token = queue.dequeue()
             return tf.group(local_step.assign(token, read_value=False))
 
 

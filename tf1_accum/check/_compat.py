@@ -25,34 +25,24 @@ import sys
 import tokenize
 import typing
 
-if sys.version_info >= (3, 9):
-    from ast import unparse
+#: Text that tells expressions apart (before 3.9, without ``ast.unparse``: the tree's dump).
+unparse = getattr(ast, "unparse", ast.dump)
+if sys.version_info >= (3, 8):
     from functools import cached_property
 else:
 
-    def unparse(node: ast.AST) -> str:
-        """Text that tells expressions apart, as ``ast.unparse`` (3.9) does."""
-        return ast.dump(node)
+    class cached_property:  # functools.cached_property (3.8), as the rules use it
+        def __init__(self, function: typing.Callable[[typing.Any], typing.Any]) -> None:
+            self.function = function
 
-    if sys.version_info >= (3, 8):
-        from functools import cached_property
-    else:
-
-        class cached_property:  # functools.cached_property (3.8), as the rules use it
-            def __init__(self, function: typing.Callable[[typing.Any], typing.Any]) -> None:
-                self.function = function
-
-            def __get__(self, instance: object, owner: type | None = None) -> typing.Any:
-                value = instance.__dict__[self.function.__name__] = self.function(instance)
-                return value
+        def __get__(self, instance: object, owner: type | None = None) -> typing.Any:
+            return vars(instance).setdefault(self.function.__name__, self.function(instance))
 
 
 _LITERALS = {"Num": "n", "Str": "s", "Bytes": "s", "NameConstant": "value", "Ellipsis": ""}
 _INSIDE = (ast.ListComp, ast.GeneratorExp, ast.Tuple)  # 3.7 starts them inside their brackets
 _ATOMS = (ast.List, ast.Set, ast.Dict, ast.SetComp, ast.DictComp, *_INSIDE)
 _SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)
-#: The first and last token of an expression (None: not known).
-Span = typing.Tuple[int, typing.Optional[int]]
 
 
 def parse(source: str, filename: str = "<unknown>") -> ast.Module:
@@ -84,10 +74,9 @@ def installed_version(distribution: str) -> str | None:
             with open(path, encoding="utf-8") as lines:
                 return next((line[8:].strip() for line in lines if line[:8] == "Version:"), None)
         return None
-    try:
+    with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 def _shape(tree: ast.Module) -> ast.Module:
@@ -110,8 +99,8 @@ def _shaped(node: typing.Any) -> typing.Any:
     """``node``, or what Python 3.9 gives in its place."""
     name = type(node).__name__
     if name in _LITERALS:
-        value = getattr(node, _LITERALS[name]) if _LITERALS[name] else ...
-        return ast.copy_location(ast.Constant(value=value), node)
+        # Ellipsis has no field (""): its value is the default.
+        return ast.copy_location(ast.Constant(value=getattr(node, _LITERALS[name], ...)), node)
     if name == "Index":
         return _shaped(node.value)
     if name == "ExtSlice":
@@ -146,9 +135,9 @@ class _Starts:
         # Inner expressions first, so that span() recurses one level only; all read, then moved.
         for node, span in [(node, self.span(node)) for node in reversed(nodes)]:
             if span is not None:
-                line, (node.lineno, node.col_offset) = node.lineno, self.starts[span[0]]
-                if isinstance(node, _SCOPES):
-                    _keep_table_line(node, line)
+                if isinstance(node, _SCOPES):  # the line of 3.7's symbol table, for scope_line
+                    vars(node)["_table_below"] = node.lineno - self.starts[span[0]][0]
+                node.lineno, node.col_offset = self.starts[span[0]]
         for node in [n for n in nodes if isinstance(n, ast.JoinedStr)]:
             span = self.span(node)
             tokens = self.tokens[span[0] : span[1] + 1] if span and span[1] else []
@@ -161,20 +150,17 @@ class _Starts:
                 new = typing.cast(ast.Expr, parse(where).body[0]).value
                 for old, scope in zip(ast.walk(value.value), ast.walk(new)):
                     if isinstance(scope, _SCOPES):
-                        _keep_table_line(scope, scope_line(typing.cast(ast.expr, old)))
+                        below = scope_line(typing.cast(ast.expr, old)) - scope.lineno
+                        vars(scope)["_table_below"] = below
                 value.value = new
 
-    def _span(self, node: ast.expr) -> Span | None:
+    def _span(self, node: ast.expr) -> tuple[int, int | None] | None:
         """The first and last token of ``node`` (None: not known)."""
         if isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):  # a value, then a trailer
-            span = self.span(node.func if isinstance(node, ast.Call) else node.value)
-            if span is None:
-                return None
-            head, tail = span
-            closing = self._around(head)
-            while closing is not None and (tail is None or closing == tail + 1):
-                head, tail = head - 1, closing  # the value's parentheses
-                closing = self._around(head)
+            value = node.func if isinstance(node, ast.Call) else node.value
+            head, tail = self.span(value) or (0, None)  # token 0: no parenthesis before it
+            while self.tokens[head - 1].string == "(" and tail in (None, self.closer[head - 1] - 1):
+                head, tail = head - 1, self.closer[head - 1]  # the value's parentheses
             if tail is None:
                 return None
             return head, tail + 2 if isinstance(node, ast.Attribute) else self.closer.get(tail + 1)
@@ -196,15 +182,6 @@ class _Starts:
             end += 1  # implicitly concatenated
         return first, end if isinstance(node, (ast.Name, ast.Constant, ast.JoinedStr)) else None
 
-    def _around(self, first: int) -> int | None:
-        """The closing parenthesis of one opened just before token ``first`` (None: none)."""
-        return self.closer.get(first - 1) if self.tokens[first - 1].string == "(" else None
-
-
-def _keep_table_line(scope: ast.expr, line: int) -> None:
-    """Keeps ``line``, where 3.7's symbol table has the scope, for `scope_line`."""
-    vars(scope)["_table_below"] = line - scope.lineno
-
 
 def _formatted(joined: ast.JoinedStr) -> typing.Iterator[ast.FormattedValue]:
     """The replacement fields of an f-string in order (a format spec's after its own)."""
@@ -224,12 +201,11 @@ def _fields(token: tokenize.TokenInfo) -> list[tuple[int, int, str]]:
     quote = 3 if text[prefix : prefix + 3] in ('"""', "'''") else 1
     found: list[tuple[int, int]] = []
     _scan(text, prefix + quote, len(text) - quote, found)
-    fields = []
-    for start, end in found:
-        rows = text[:start].split("\n")
-        line = rows[-1] if len(rows) > 1 else token.line[: token.start[1]] + rows[0]
-        fields.append((token.start[0] + len(rows) - 1, len(line.encode()), text[start:end]))
-    return fields
+    heads = [token.line[: token.start[1]] + text[:start] for start, _ in found]  # up to each
+    return [
+        (token.start[0] + head.count("\n"), len(head.split("\n")[-1].encode()), text[start:end])
+        for head, (start, end) in zip(heads, found)
+    ]
 
 
 def _scan(text: str, i: int, end: int, found: list[tuple[int, int]], spec: bool = False) -> int:
