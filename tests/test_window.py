@@ -291,6 +291,64 @@ def test_every_way_in_transforms_the_windows_mean_as_large_batch_training_would(
         _assert_each_window_equals(way, built, windows, expected)
 
 
+def _cube_rows(gradient, variable, window):
+    """A non-linear transform of a sparse gradient: each row's values cubed."""
+    assert isinstance(gradient, tf.IndexedSlices)
+    return tf.IndexedSlices(gradient.values**3, gradient.indices, gradient.dense_shape)
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_transform_sees_a_sparse_gradient_as_each_touched_row_once_meaned_over_the_window(
+    way,
+):
+    """A transform of an embedding's gradient gets one row per row the window touched,
+    the window's sum over every lookup of it, divided by the micro-batches (the rows of
+    the large batch's dense gradient): a cube of those rows, computed by NumPy. It
+    differs from cubing TensorFlow's raw slices of the large batch (a row per lookup)."""
+    rows, width, b, n = 6, 3, 3, 3
+    rng = np.random.RandomState(7)
+    # Repeated ids within a micro-batch and across them; row 5 is never looked up.
+    ids = [[[0, 0], [1, 2], [0, 3]], [[2, 2], [4, 0], [1, 1]], [[3, 0], [0, 4], [2, 1]]]
+    windows = [
+        [(np.array(i, np.int64), rng.randn(b, 2, width)) for i in ids],
+        [(np.array(i[::-1], np.int64), rng.randn(b, 2, width)) for i in ids],
+    ]
+    start = rng.randn(rows, width)
+
+    def model_fn(inputs):
+        looked_up, targets = inputs
+        table = v1.get_variable("table", initializer=start)
+        # Linear in the rows: a lookup's gradient is its target over the micro-batch size.
+        return tf.reduce_mean(tf.reduce_sum(tf.gather(table, looked_up) * targets, [1, 2]))
+
+    expected, table, per_lookup = [], start.copy(), start.copy()
+    for window in windows:
+        mean = np.zeros_like(start)
+        raw = np.zeros_like(start)
+        for looked_up, targets in window:
+            np.add.at(mean, looked_up.ravel(), targets.reshape(-1, width) / (b * n))
+            np.add.at(raw, looked_up.ravel(), (targets.reshape(-1, width) / (b * n)) ** 3)
+        table = table - mean**3  # SGD, learning rate 1
+        per_lookup = per_lookup - raw
+        expected.append(table.copy())
+    assert np.abs(expected[-1] - per_lookup).max() > 1e-3  # the two readings differ
+    with tf.Graph().as_default():
+        built = way.build(
+            model_fn,
+            v1.train.GradientDescentOptimizer(1.0),
+            [batch for window in windows for batch in window],
+            n,
+            transform=_cube_rows,
+        )
+        variable = [v for v in v1.global_variables() if v.op.name == "table"][0]
+        with way.session() as sess:
+            for w, window in enumerate(windows):
+                way.run_window(sess, built, window)
+                np.testing.assert_allclose(
+                    sess.run(variable), expected[w], rtol=1e-10, atol=1e-12, err_msg=f"window {w}"
+                )
+
+
 @pytest.mark.parametrize(
     "transform, error, message",
     [

@@ -31,7 +31,8 @@ class WindowMean(typing.NamedTuple):
 
 
 #: ``transform(gradient, variable, window)`` returns the gradient to apply
-#: for ``variable``: see `clip_by_global_norm`.
+#: for ``variable``: see `clip_by_global_norm`. A sparse ``gradient`` holds
+#: each row the window touched once, summed over its lookups.
 GradientTransform = typing.Callable[[Gradient, tf.Variable, WindowMean], Gradient]
 
 
@@ -103,6 +104,10 @@ class WindowOptions:
     #: Clip the window's gradient to this global norm before the apply (None: no clipping).
     clip_norm: typing.Optional[float] = None
     #: Gradient transforms run in order on each variable's mean, after ``clip_norm``'s.
+    #: A sparse gradient arrives as one row per row the window touched, each
+    #: once: the sum of its lookups over the window, divided as a dense mean is
+    #: (not a row per lookup, as TensorFlow's own slices hold: see
+    #: :ref:`sparse-transforms`).
     transform: typing.Union[GradientTransform, typing.Sequence[GradientTransform], None] = None
     #: Skip, and count, a window whose gradient holds a NaN or an Inf.
     skip_nonfinite: bool = True
