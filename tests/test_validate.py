@@ -447,6 +447,35 @@ def test_run_accumulation_refuses_a_fused_that_is_not_a_bool_before_running():
             assert sess.run(acc.counter) == 0
 
 
+def test_run_accumulation_given_a_session_on_another_graph_says_so_before_running():
+    """The program shape: the model built in ``with tf.Graph().as_default():``, the
+    session made outside it (on the default graph). Refused up front, naming the
+    fix; the accumulation's own session then finds nothing changed."""
+    with tf.Graph().as_default() as graph:
+        x, w, loss = _model()
+        acc = tf1_accum.build_accumulation(loss, _sgd())
+    feeds = [{x: np.ones((2, 2))}] * 2
+    with v1.Session(graph=tf.Graph()) as other:
+        with pytest.raises(
+            ValueError,
+            match=r"sess runs another graph than accumulation: accumulation was built in a "
+            r"graph of \d+ ops, the session runs a graph of 0 ops .*"
+            r"tf.compat.v1.Session\(graph=graph\), or create it inside "
+            r"`with graph.as_default\(\):`",
+        ):
+            tf1_accum.run_accumulation(other, acc, feeds)
+    with v1.Session(graph=graph) as sess:
+        sess.run(v1.variables_initializer(graph.get_collection("variables")))
+        with tf.Graph().as_default():
+            with v1.Session() as wrong:
+                with pytest.raises(ValueError, match="a graph of 0 ops"):
+                    tf1_accum.run_accumulation(wrong, acc, feeds)
+        assert sess.run(acc.counter) == 0
+        np.testing.assert_array_equal(sess.run(w), [1.0, -2.0])
+        tf1_accum.run_accumulation(sess, acc, feeds)  # the right session trains
+        assert not np.array_equal(sess.run(w), [1.0, -2.0])
+
+
 def _raising(batch):
     v1.get_variable("w", initializer=np.array([1.0, -2.0]))
     raise KeyError("the model code failed")

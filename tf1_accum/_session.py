@@ -121,7 +121,8 @@ def run_accumulation(
     Raises:
         TypeError: If an argument has the wrong type, or ``feed_dicts`` is a
             single dict and no split is asked for.
-        ValueError: If ``feed_dicts`` holds no micro-batch, ``fused=True``
+        ValueError: If ``sess`` runs another graph than ``accumulation``'s,
+            ``feed_dicts`` holds no micro-batch, ``fused=True``
             without ``accum_apply_op``, micro-batches feed the apply different
             values, ``fetches`` holds the accumulation's ops or statistics, or a
             split :doc:`feed_the_batch` refuses.
@@ -138,6 +139,7 @@ def run_accumulation(
             "accumulation must be a tf1_accum.Accumulation from "
             f"build_accumulation, got {_validate.describe(accumulation)}."
         )
+    _validate.check_session_graph(sess, accumulation.apply_op.graph, "accumulation")
     _validate.check_feed_dict("apply_feed_dict", apply_feed_dict)
     if fused is None:
         fused = accumulation.accum_apply_op is not None

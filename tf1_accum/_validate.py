@@ -291,6 +291,25 @@ def check_feed_dict(label: str, feed_dict: object) -> None:
         )
 
 
+def check_session_graph(sess: object, graph: tf.Graph, what: str) -> None:
+    """Raises ValueError if ``sess`` runs another graph than ``graph``, the graph of ``what``.
+
+    Running would fail in TensorFlow with a message that names neither graph
+    (and, after a failed micro-batch, would leave the window unknown).
+    """
+    session_graph = getattr(sess, "graph", None)  # a session wrapper may have none: let it run
+    if session_graph is None or session_graph is graph:
+        return
+    ops = len(session_graph.get_operations())
+    raise ValueError(
+        f"sess runs another graph than {what}: {what} was built in a graph of "
+        f"{len(graph.get_operations())} ops, the session runs a graph of {ops} ops (a "
+        "session made outside `with graph.as_default():` runs the default graph). Make "
+        "the session on the graph the model was built in: tf.compat.v1.Session(graph="
+        "graph), or create it inside `with graph.as_default():`."
+    )
+
+
 def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> list[tf.Variable]:
     """Returns the variables of ``var_list`` that ``loss`` reads, with full shapes; no gradient."""
     read = _ancestors(loss.op)
