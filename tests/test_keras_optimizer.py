@@ -402,8 +402,13 @@ def _loss_scale_optimizer(optimizer):
             r"cannot wrap a KerasAccumulationOptimizer \(steps=2\)",
         ),
         (lambda: "adam", rf"must be a {KERAS_NAME} {OPTIMIZER} .*got 'adam' \(a builtins.str\)"),
+        (
+            lambda: legacy.Adam,
+            r"optimizer must be an optimizer instance, got the class .*\.Adam itself: pass "
+            r"an instance, Adam\(learning_rate=\.\.\.\)\.",
+        ),
     ],
-    ids=["v1", "new_tf_keras", "loss_scale", "nested", "string"],
+    ids=["v1", "new_tf_keras", "loss_scale", "nested", "string", "class"],
 )
 def test_what_is_not_a_tf_keras_legacy_optimizer_is_refused(make, message):
     with pytest.raises(TypeError, match=message):

@@ -105,6 +105,31 @@ def test_a_variable_without_gradient_is_named_in_one_warning_by_every_way_in(way
     assert record[0].filename == __file__
 
 
+@pytest.mark.parametrize("way_in", ["build_accumulation", "AccumulationOptimizer", "dataset"])
+def test_an_optimizer_class_is_refused_saying_to_pass_an_instance(way_in):
+    """A class where an instance belongs (``AdamOptimizer`` for ``AdamOptimizer(0.1)``):
+    every way in says so, with the call to make, before building anything."""
+    message = (
+        r"optimizer must be an optimizer instance, got the class "
+        r"tensorflow\.python\.training\.adam\.AdamOptimizer itself: pass an instance, "
+        r"AdamOptimizer\(learning_rate=\.\.\.\)\.$"
+    )
+    with tf.Graph().as_default():
+        x, w, loss = _model()
+        with pytest.raises(TypeError, match=message):
+            if way_in == "build_accumulation":
+                tf1_accum.build_accumulation(loss, v1.train.AdamOptimizer)
+            elif way_in == "AccumulationOptimizer":
+                tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer, 2)
+            else:
+                data = tf.data.Dataset.from_tensor_slices(np.ones((4, 3, 2))).batch(2)
+                tf1_accum.build_dataset_accumulation(
+                    lambda b: tf.reduce_mean(tf.tensordot(b, w, 1)), v1.train.AdamOptimizer, data, 2
+                )
+        assert v1.global_variables() == [w]
+        assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
 def test_the_optimizer_trains_the_others_and_leaves_the_unused_variable():
     with tf.Graph().as_default():
         x, w, loss = _model()

@@ -42,6 +42,7 @@ _OPTIONS = ("average", "clip_norm", "skip_nonfinite")
 
 def _check_wrapped(optimizer: typing.Any) -> None:
     """Checks that ``optimizer`` is a tf_keras legacy optimizer this class can wrap."""
+    _validate.check_instance(optimizer)
     if getattr(type(optimizer), "_tf1_accum_accumulates", False):
         raise TypeError(
             "KerasAccumulationOptimizer cannot wrap a KerasAccumulationOptimizer "

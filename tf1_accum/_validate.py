@@ -61,8 +61,19 @@ def check_loss(loss: object) -> None:
         )
 
 
+def check_instance(optimizer: object) -> None:
+    """Raises TypeError, saying to make one, if ``optimizer`` is an optimizer's class."""
+    if isinstance(optimizer, type) and hasattr(optimizer, "apply_gradients"):
+        name = optimizer.__name__
+        raise TypeError(
+            f"optimizer must be an optimizer instance, got the class {optimizer.__module__}."
+            f"{optimizer.__qualname__} itself: pass an instance, {name}(learning_rate=...)."
+        )
+
+
 def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
     """Returns ``optimizer`` checked (a tf_keras legacy one behind a ``KerasOptimizerAdapter``)."""
+    check_instance(optimizer)
     adapted = _keras.adapt(optimizer)
     if adapted is not None:
         return adapted
