@@ -654,10 +654,26 @@ def test_a_reader_that_stops_early_gets_no_traceback(output):
     assert (checker.returncode, stderr) == (1, "")
 
 
-def test_version_is_the_installed_package_version():
-    found = _run("--version")
+@pytest.mark.parametrize("option", ["--version", "-V"])
+def test_version_is_the_package_version(option):
+    found = _run(option)
     assert (found.returncode, found.stderr) == (0, "")
     assert found.stdout == f"tf1-accum-check {tf1_accum.__version__}\n"
+
+
+def test_a_directory_with_no_python_file_is_a_usage_error_saying_so(tmp_path):
+    """A mistyped or empty directory would otherwise pass, checked and silent."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes" / "deeper").mkdir(parents=True)
+    (tmp_path / "notes" / "deeper" / "readme.txt").write_text("tf.Variable\n")
+    for folder in ("empty", "notes"):
+        found = _run(tmp_path / folder)
+        assert (found.returncode, found.stdout) == (2, "")
+        assert (
+            found.stderr == f"tf1-accum-check: error: no Python files under {tmp_path / folder}\n"
+        )
+    both = _run(MIGRATION / "a_sum_not_mean_after.py", tmp_path / "empty")
+    assert both.returncode == 2 and "no Python files under" in both.stderr
 
 
 def test_the_checker_does_not_import_tensorflow():

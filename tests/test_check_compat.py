@@ -135,8 +135,3 @@ def test_cached_property_computes_once_per_instance():
 
     first = Counted()
     assert (first.value, first.value, Counted().value) == (1, 1, 2)
-
-
-def test_installed_version_reads_the_metadata_of_what_is_installed():
-    assert _compat.installed_version("pytest") == pytest.__version__
-    assert _compat.installed_version("tf1-accum-no-such-distribution") is None

@@ -9,7 +9,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from tf1_accum.check import _catalogue, _compat, _lint
+# The package's __init__ imports no TensorFlow (its names load on first use),
+# and Python has imported it already, as the parent of this one.
+from tf1_accum import __version__
+from tf1_accum.check import _catalogue, _lint
 
 
 def _codes(text: str) -> set[str]:
@@ -44,7 +47,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog="Exit status: 0 nothing found, 1 findings, 2 a file that cannot be read or a "
         "usage error.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")
     parser.add_argument(
         "--select", type=_codes, metavar="CODES", help="report only these rules (TFA001,TFA003)"
@@ -87,8 +90,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader stopped early (``| head``): the flush at exit must not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 2 if unreadable else 1 if findings else 0
-
-
-def _version() -> str:
-    """The installed version, read without importing the package (nor TensorFlow)."""
-    return _compat.installed_version("tf1_accum") or "(not installed)"

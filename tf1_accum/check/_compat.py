@@ -1,6 +1,6 @@
 """What differs between the Python versions the checker runs on, 3.7 and later: the
 other modules read each tree as Python 3.9 and later give it (`parse`), and take
-`cached_property`, `unparse` and `installed_version` from here.
+`cached_property` and `unparse` from here.
 
 Before 3.9, ``ast`` wraps an item in ``Index`` or ``ExtSlice``. Before 3.8 it
 gives literals as ``Num``, ``Str``, ``Bytes``, ``NameConstant`` and
@@ -18,9 +18,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
-import glob
 import io
-import os
 import sys
 import threading
 import tokenize
@@ -96,22 +94,6 @@ def scope_line(node: ast.stmt | ast.expr) -> int:
     """The line of the symbol table this Python's compiler makes for the scope ``node``
     opens (3.7's, for a comprehension or lambda whose start `parse` moved)."""
     return node.lineno + getattr(node, "_table_below", 0)  # type: ignore[no-any-return]
-
-
-def installed_version(distribution: str) -> str | None:
-    """The version of ``distribution`` as installed (None: it is not), read without
-    importing it (before 3.8: from its metadata file, as ``importlib.metadata`` does)."""
-    try:
-        from importlib import metadata
-    except ImportError:
-        patterns = (f"{distribution}-*.dist-info/METADATA", f"{distribution}*.egg-info/PKG-INFO")
-        for path in (p for f in sys.path for g in patterns for p in glob.glob(os.path.join(f, g))):
-            with open(path, encoding="utf-8") as lines:
-                return next((line[8:].strip() for line in lines if line[:8] == "Version:"), None)
-        return None
-    with contextlib.suppress(metadata.PackageNotFoundError):
-        return metadata.version(distribution)
-    return None
 
 
 def _shape(tree: ast.Module) -> ast.Module:

@@ -96,18 +96,24 @@ def check_source(
 
 def python_files(paths: Iterable[str]) -> Iterator[str]:
     """Yields each file given, and the *.py under each directory (and any it cannot
-    list); FileNotFoundError for a path that does not exist."""
+    list); FileNotFoundError for a path that does not exist, or a directory with no
+    *.py file under it (a mistyped path, which would otherwise pass unchecked)."""
     for path in paths:
         if os.path.isdir(path):
             unlisted: list[OSError] = []
+            found = 0
             for root, dirs, files in os.walk(path, onerror=unlisted.append):
+                found += len(unlisted)
                 yield from (error.filename or root for error in unlisted)
                 unlisted.clear()
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
                 for name in sorted(files):
                     if name.endswith(".py"):
+                        found += 1
                         yield os.path.join(root, name)
             yield from (error.filename or path for error in unlisted)
+            if found + len(unlisted) == 0:
+                raise FileNotFoundError(f"no Python files under {path}")
         elif os.path.exists(path):
             yield path
         else:
