@@ -339,6 +339,27 @@ def test_fit_without_a_flush_warns_before_its_first_micro_batch(float64):
     assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
 
 
+def test_fit_with_its_own_callback_is_warned_when_an_epoch_ends_mid_window(float64):
+    # The callback might run flush_op: known only once the first epoch ends,
+    # before the next epoch's first update.
+    x, y = _data(5 * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N))
+        logged = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
+        warned = _warned_when(model, lambda: _fit(model, x, y, 2, callbacks=[logged]))
+    (epoch_end, at_epoch_end), (end, after) = warned
+    assert at_epoch_end == (1, 1) and after == (2, 2)
+    assert epoch_end == (
+        "tf1_accum: fit's epoch 1 ended with 1 micro-batches in an accumulation window, and no "
+        "callback ran the optimizer's flush_op: they go into the next epoch's first window, "
+        "where fit with batches steps times larger applies a short last batch. Run flush_op "
+        f"at each epoch's end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end="
+        "lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+    )
+    assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
+
+
 def test_fit_whose_epochs_end_on_an_update_or_that_flushes_is_not_warned_at_its_start(float64):
     x, y = _data(8 * B, seed=2)
     with tf.Graph().as_default(), v1.Session():

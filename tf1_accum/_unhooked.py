@@ -159,6 +159,7 @@ def _warning_at_begin(train_begin: typing.Callable[..., None]) -> typing.Callabl
         pending, n = _pending(optimizer), optimizer.steps
         ends = [(pending + e * steps) % n for e in range(1, int(params.get("epochs") or 1) + 1)]
         if any(ends):
+            self.__dict__["_tf1_accum_warned"] = True
             warnings.warn(
                 keras_names(
                     f"tf1_accum: fit runs {steps} micro-batches an epoch in windows of {n}, so "
@@ -181,8 +182,23 @@ def _reading_epochs(epoch_end: typing.Callable[..., None]) -> typing.Callable[..
     def on_epoch_end(self: typing.Any, epoch: int, logs: typing.Any = None) -> None:
         epoch_end(self, epoch, logs)
         optimizer = _accumulating(self)
-        if optimizer is not None:
-            self.__dict__.setdefault("_tf1_accum_epochs", []).append(_pending(optimizer))
+        if optimizer is None:
+            return
+        pending = _pending(optimizer)
+        self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
+        epochs = (getattr(self, "params", None) or {}).get("epochs") or 0
+        # Not known at the start (a callback might flush): warn before the next epoch's updates.
+        if pending and epoch + 1 < epochs and not self.__dict__.get("_tf1_accum_warned"):
+            self.__dict__["_tf1_accum_warned"] = True
+            warnings.warn(
+                keras_names(
+                    f"tf1_accum: fit's epoch {epoch + 1} ended with {pending} micro-batches in "
+                    "an accumulation window, and no callback ran the optimizer's flush_op: they "
+                    "go into the next epoch's first window, where fit with batches steps times "
+                    "larger applies a short last batch. " + _KERAS_FIX
+                ),
+                stacklevel=_validate._caller_stacklevel(),
+            )
 
     return on_epoch_end
 
@@ -191,6 +207,7 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
     def on_train_end(self: typing.Any, logs: typing.Any = None) -> None:
         train_end(self, logs)
         pending = self.__dict__.pop("_tf1_accum_epochs", [])
+        self.__dict__.pop("_tf1_accum_warned", None)
         mid_window = [count for count in pending if count]
         if not mid_window:
             return
