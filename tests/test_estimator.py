@@ -164,12 +164,46 @@ def test_a_plain_model_dir_without_the_scaffold_fails_to_restore(tmp_path):
         _estimator(tmp_path, accumulate=True).train(_input_fn(2 * N, 4 * N, B))
 
 
-def _end_warnings(est, input_fn):
-    """The tf1_accum warnings of ``est.train(input_fn)``."""
-    with warnings.catch_warnings(record=True) as caught:
+class _Runs(v1.train.SessionRunHook):
+    """Counts the session's runs."""
+
+    count = 0
+
+    def after_run(self, run_context, run_values):
+        self.count += 1
+
+
+def _warnings(est, input_fn):
+    """``(message, runs before it)`` of each tf1_accum warning of ``est.train(input_fn)``."""
+    runs, seen = _Runs(), []
+
+    def show(message, *args, **kwargs):
+        if str(message).startswith("tf1_accum"):
+            seen.append((str(message), runs.count))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
-        est.train(input_fn)
-    return [str(w.message) for w in caught if str(w.message).startswith("tf1_accum")]
+        warnings.showwarning = show
+        est.train(input_fn, hooks=[runs])
+    return seen
+
+
+def _end_warnings(est, input_fn):
+    """The tf1_accum warnings of ``est.train(input_fn)`` after its first run."""
+    return [message for message, runs in _warnings(est, input_fn) if runs]
+
+
+def test_without_the_hook_training_is_warned_before_its_first_run(tmp_path):
+    est = _estimator(tmp_path / "unhooked", accumulate=True, hook=False)
+    # The input ends on an update: only the warning at the start.
+    [(message, runs)] = _warnings(est, _input_fn(0, 2 * N, B))
+    assert runs == 0
+    assert message.startswith(
+        "tf1_accum: this session runs an AccumulationOptimizer's train op (window counter "
+        "Accumulation/counter:0) without the accumulation hook"
+    )
+    assert "EstimatorSpec's training_hooks" in message
+    assert _values(est)["global_step"] == 2
 
 
 def test_without_the_hook_an_input_ending_after_a_save_at_the_last_update_warns(tmp_path):
@@ -200,7 +234,7 @@ def test_without_the_hook_a_window_saved_by_luck_still_warns(tmp_path):
 @pytest.mark.parametrize("flush_at_end", [False, True], ids=["kept", "flushed"])
 def test_with_the_hook_an_input_ending_mid_window_warns_of_nothing(tmp_path, flush_at_end):
     est = _estimator(tmp_path / "hooked", accumulate=True, flush_at_end=flush_at_end)
-    assert _end_warnings(est, _input_fn(0, 2 * N + 1, B)) == []
+    assert _warnings(est, _input_fn(0, 2 * N + 1, B)) == []
     saved = _values(est)
     assert saved["Accumulation/counter"] == (0 if flush_at_end else 1)
     assert saved["global_step"] == (3 if flush_at_end else 2)

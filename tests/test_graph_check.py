@@ -13,6 +13,7 @@ import importlib.util
 import pathlib
 import re
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -749,6 +750,30 @@ def test_an_input_repeated_forever_does_not_tell_the_unit():
     # BERT's own input_fn repeats forever and stops at max_steps: 36 could be
     # 3 epochs of micro-batches or 12 of updates, and is not reported.
     assert _bert_findings(36, 3, epochs=-1) == []
+
+
+def _built_warnings(build, *args, **kwargs):
+    """``(result of build(...), its tf1_accum warnings)``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = build(*args, **kwargs)
+    return result, [str(w.message) for w in caught if str(w.message).startswith("tf1_accum")]
+
+
+def test_the_wrapper_says_a_step_count_is_in_micro_batches_as_it_builds_the_train_op():
+    # Before any session: minimize warns with check_graph's finding.
+    findings, warned = _built_warnings(_bert_findings, int(EXAMPLES / MICRO_BATCH * 3), 3)
+    [finding] = findings
+    assert warned == [f"tf1_accum: {finding.message}"]
+    assert "step count 36" in warned[0] and "divide every step count by N" in warned[0]
+    findings, warned = _built_warnings(_unet_findings, EXAMPLES // MICRO_BATCH, epochs=2)
+    assert warned == [f"tf1_accum: {findings[0].message}"]
+
+
+def test_the_wrapper_is_silent_on_step_counts_in_updates_or_of_unknown_unit():
+    assert _built_warnings(_bert_findings, 9, 2) == ([], [])
+    assert _built_warnings(_bert_findings, 36, 3, epochs=-1) == ([], [])
+    assert _built_warnings(_unet_findings, EXAMPLES // MICRO_BATCH / WINDOW, epochs=2) == ([], [])
 
 
 def _unet_findings(decay_steps, epochs):

@@ -22,14 +22,24 @@ LAST_STEP = 4  # updates in a whole run
 BATCHES = make_batches(tf.float64, False, N * LAST_STEP, 4)
 
 
-def _train(directory, start, stop, hook=None, placement="hooks"):
+class _Runs(v1.train.SessionRunHook):
+    """Counts the session's runs."""
+
+    count = 0
+
+    def after_run(self, run_context, run_values):
+        self.count += 1
+
+
+def _train(directory, start, stop, hook=None, placement="hooks", runs=None):
     """A training loop as programs write it; returns the next micro-batch to feed.
 
     Feeds micro-batches ``start``, ``start + 1``, ... until StopAtStepHook
     stops the session or micro-batch ``stop`` is reached, then closes the
     session without an error (the input ran out). ``hook`` is None (no
     accumulation hook) or the arguments of make_session_run_hook;
-    ``placement`` is the MonitoredTrainingSession argument it goes in.
+    ``placement`` is the MonitoredTrainingSession argument it goes in;
+    ``runs`` a `_Runs` to count the runs with.
     """
     with tf.Graph().as_default():
         model = Model(tf.float64, False)
@@ -39,7 +49,7 @@ def _train(directory, start, stop, hook=None, placement="hooks"):
         hooks = [
             v1.train.StopAtStepHook(last_step=LAST_STEP),
             v1.train.StepCounterHook(every_n_steps=1, output_dir=directory),
-        ]
+        ] + ([runs] if runs else [])
         chief_only_hooks = []
         if hook is not None:
             (hooks if placement == "hooks" else chief_only_hooks).append(
@@ -98,12 +108,26 @@ def test_without_the_hook_the_final_checkpoint_misses_the_partial_window(tmp_pat
     assert saved["global_step"] == 2 and saved["Accumulation/counter"] == 0
 
 
-def _session_end_warnings(directory, stop, hook=None, placement="hooks"):
-    """The tf1_accum warnings of `_train` from micro-batch 0 to ``stop``."""
-    with warnings.catch_warnings(record=True) as caught:
+def _session_warnings(directory, stop, hook=None, placement="hooks"):
+    """``(message, runs before it)`` of each tf1_accum warning of `_train` from 0 to ``stop``."""
+    runs, seen = _Runs(), []
+
+    def show(message, *args, **kwargs):
+        if str(message).startswith("tf1_accum"):
+            seen.append((str(message), runs.count))
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
-        _train(directory, 0, stop, hook, placement)
-    return [str(w.message) for w in caught if str(w.message).startswith("tf1_accum")]
+        warnings.showwarning = show
+        _train(directory, 0, stop, hook, placement, runs)
+    return seen
+
+
+def _session_end_warnings(directory, stop, hook=None, placement="hooks"):
+    """The tf1_accum warnings of `_train` from micro-batch 0 to ``stop``, after its first run."""
+    return [
+        message for message, runs in _session_warnings(directory, stop, hook, placement) if runs
+    ]
 
 
 def test_without_the_hook_a_session_ending_after_a_save_at_its_last_update_warns(tmp_path):
@@ -137,7 +161,23 @@ def test_without_the_hook_a_window_saved_by_luck_warns_that_it_may_be_lost(tmp_p
     assert saved["global_step"] == 1 and saved["Accumulation/counter"] == 2
 
 
-def test_a_session_ending_on_an_update_warns_of_nothing_without_the_hook(tmp_path):
+def test_without_the_hook_a_session_is_warned_before_its_first_run(tmp_path):
+    # It ends on an update: only the warning at its start.
+    assert _session_warnings(str(tmp_path / "boundary"), 2 * N) == [
+        (
+            "tf1_accum: this session runs an AccumulationOptimizer's train op (window counter "
+            "Accumulation/counter:0) without the accumulation hook: if it ends in the middle "
+            "of a window (an input that runs out), the micro-batches accumulated since the "
+            "last update may be in no checkpoint, and a resumed run starts that window over "
+            "without them. Add opt.make_session_run_hook() to the session's hooks (in an "
+            "Estimator, to the EstimatorSpec's training_hooks): at the end it saves the "
+            "partial window, or applies it with flush_at_end=True.",
+            0,
+        )
+    ]
+
+
+def test_a_session_ending_on_an_update_warns_of_nothing_at_its_end_without_the_hook(tmp_path):
     assert _session_end_warnings(str(tmp_path / "boundary"), 2 * N) == []
     assert _session_end_warnings(str(tmp_path / "stopped"), len(BATCHES)) == []
 
@@ -148,7 +188,7 @@ def test_a_session_ending_on_an_update_warns_of_nothing_without_the_hook(tmp_pat
 def test_the_hook_silences_the_warning_at_the_end(tmp_path, stop, placement, flush_at_end):
     directory = str(tmp_path / "hooked")
     hook = {"flush_at_end": flush_at_end}
-    assert _session_end_warnings(directory, stop, hook, placement) == []
+    assert _session_warnings(directory, stop, hook, placement) == []
     saved = _final_checkpoint(directory)
     assert saved["Accumulation/counter"] == (0 if flush_at_end else stop % N)
 

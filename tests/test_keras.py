@@ -346,6 +346,37 @@ def test_fit_without_a_flush_warns_at_its_end_of_epochs_that_ended_mid_window(fl
     ]
 
 
+def test_fit_without_a_flush_is_warned_before_its_first_micro_batch(floatx):
+    floatx("float64")
+    made, seen = [], []
+
+    def make():
+        made.append(legacy.Adam(0.05))
+        return made[-1]
+
+    def show(message, *args, **kwargs):
+        if str(message).startswith("tf1_accum: fit runs"):
+            state = v1.get_collection(tf1_accum.STATE_COLLECTION)
+            [counter] = [v for v in state if v.op.name.endswith("counter")]
+            get = keras.backend.get_value
+            seen.append((str(message), get(made[0].iterations), get(counter)))
+
+    rng = np.random.RandomState(1)
+    x, y = rng.randn(7 * B, 4), rng.randn(7 * B, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        _, iterations, _ = _fit(make, B, x, y, wrap=True)
+    [(message, updates, micro_batches)] = seen
+    assert (updates, micro_batches, iterations) == (0, 0, 3)
+    assert message.startswith(
+        "tf1_accum: fit runs 7 micro-batches an epoch in windows of 4, so 2 of its 2 epochs "
+        "end in the middle of an accumulation window, and none of its callbacks runs the "
+        "optimizer's flush_op"
+    )
+    assert message.endswith("opt.flush_op))].")
+
+
 def test_fit_with_a_flush_at_each_epochs_end_does_not_warn(floatx):
     floatx("float64")
     assert _fit_warnings(callbacks=[_flush_at_epoch_end]) == ([], 4)

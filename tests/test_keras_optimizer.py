@@ -12,6 +12,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -301,6 +302,80 @@ def test_fit_without_a_flush_warns_at_its_end(float64):
         "tf1_accum: fit ended 2 of its 2 epochs in the middle of an accumulation window"
     )
     assert "the last 2 were not applied at all" in message
+
+
+def _warned_when(model, run):
+    """``run()``'s tf1_accum warnings, each with `_state` of ``model`` as it was given."""
+    seen = []
+
+    def show(message, *args, **kwargs):
+        if str(message).startswith("tf1_accum"):
+            seen.append((str(message), _state(model)))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        run()
+    return seen
+
+
+def test_fit_without_a_flush_warns_before_its_first_micro_batch(float64):
+    # 5 micro-batches an epoch, windows of 4: the epochs would end with 1, then 2.
+    x, y = _data(5 * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N))
+        (begin, before), (end, after) = _warned_when(model, lambda: _fit(model, x, y, 2))
+    assert before == (0, 0) and after == (2, 2)
+    assert begin == (
+        "tf1_accum: fit runs 5 micro-batches an epoch in windows of 4, so 2 of its 2 epochs "
+        "end in the middle of an accumulation window, and none of its callbacks runs the "
+        "optimizer's flush_op: each such epoch's last micro-batches would go into the next "
+        "epoch's first window (fit with batches steps times larger applies a short last "
+        "batch), and the last 2 would not be applied at all. Run flush_op at each epoch's "
+        f"end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: "
+        "tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+    )
+    assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
+
+
+def test_fit_with_its_own_callback_is_warned_when_an_epoch_ends_mid_window(float64):
+    # The callback might run flush_op: known only once the first epoch ends,
+    # before the next epoch's first update.
+    x, y = _data(5 * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N))
+        logged = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: None)
+        warned = _warned_when(model, lambda: _fit(model, x, y, 2, callbacks=[logged]))
+    (epoch_end, at_epoch_end), (end, after) = warned
+    assert at_epoch_end == (1, 1) and after == (2, 2)
+    assert epoch_end == (
+        "tf1_accum: fit's epoch 1 ended with 1 micro-batches in an accumulation window, and no "
+        "callback ran the optimizer's flush_op: they go into the next epoch's first window, "
+        "where fit with batches steps times larger applies a short last batch. Run flush_op "
+        f"at each epoch's end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end="
+        "lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+    )
+    assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
+
+
+def test_fit_whose_epochs_end_on_an_update_or_that_flushes_is_not_warned_at_its_start(float64):
+    x, y = _data(8 * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+        _compile(model, optimizer)
+        assert _warned_when(model, lambda: _fit(model, x, y, 2)) == []
+        flush = keras.callbacks.LambdaCallback(
+            on_epoch_end=lambda epoch, logs: v1.keras.backend.get_session().run(optimizer.flush_op)
+        )
+        # 6 micro-batches an epoch, flushed at each end: nothing to warn of.
+        assert (
+            _warned_when(model, lambda: _fit(model, x[: 6 * B], y[: 6 * B], 2, callbacks=[flush]))
+            == []
+        )
+        assert _state(model) == (8, 0)
 
 
 def test_learning_rate_is_the_wrapped_optimizers():

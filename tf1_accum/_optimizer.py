@@ -17,6 +17,7 @@ from tf1_accum import _hooks
 from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _scaffold
+from tf1_accum import _schedule_check
 from tf1_accum import _stats
 from tf1_accum import _sync_replicas
 from tf1_accum import _unhooked
@@ -556,4 +557,6 @@ def _build(
         train_op = tf.group(train.applied, name="train")
     _guard.mark(window.scope, "train_op", train_op, train)
     _guard.mark([b.window.scope for b in wrapper._builds.of(outer)], "flush_op", flushed)
+    if global_step is not None:  # a schedule counted in micro-batches: say so before it runs
+        _schedule_check.warn_of_schedules(train_op, global_step)
     return train_op

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 import typing
+import warnings
 
 import numpy as np
+from tf1_accum._compat import function_bodies
 from tf1_accum._compat import tf
 
+from tf1_accum import _validate
 from tf1_accum._window import APPLY_DUE_COLLECTION
+from tf1_accum.check._catalogue import message
 
 # Ops that hand the global step on as a number of steps.
 _STEP_OPS = frozenset(
@@ -34,6 +38,22 @@ class _Size(typing.NamedTuple):
     exact: float  # examples / batch_size, unrounded
     actual: float  # batches, rounded as ``batch`` rounds (math.inf: repeated forever)
     epochs: float  # product of the repeat counts (math.inf: forever)
+
+
+def warn_of_schedules(train_op: tf.Operation, global_step: tf.Variable) -> None:
+    """Warns, as ``train_op`` is built, of each step count `schedule_findings` finds in it."""
+    reached: set[tf.Operation] = set()  # what a run of the train op may run, bodies too
+    stack = [train_op]
+    while stack:
+        op = stack.pop()
+        if op not in reached:
+            reached.add(op)
+            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+            stack += [o for body in function_bodies(op) for o in body.get_operations()]
+    for _, where in schedule_findings(train_op.graph, {global_step.op}, reached):
+        warnings.warn(
+            f"tf1_accum: {message('TFA013', where)}", stacklevel=_validate._caller_stacklevel()
+        )
 
 
 def schedule_findings(

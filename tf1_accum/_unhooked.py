@@ -24,6 +24,8 @@ TRAIN_OP_COUNTERS = "tf1_accum_train_op_counters"
 
 # session -> names of the counters that an accumulation hook of the session keeps.
 _kept: weakref.WeakKeyDictionary[tf.compat.v1.Session, set[str]] = weakref.WeakKeyDictionary()
+# Sessions whose first run CheckpointSaverHook has seen.
+_started: weakref.WeakSet[tf.compat.v1.Session] = weakref.WeakSet()
 
 _FIX = (
     "Add opt.make_session_run_hook() to the session's hooks (in an Estimator, to the "
@@ -38,16 +40,43 @@ def keep_windows(session: tf.compat.v1.Session, counters: typing.Iterable[tf.Var
 
 
 def watch_checkpoint_saver_hook() -> None:
-    """Makes ``CheckpointSaverHook.end`` warn of a partial window it would leave out (once)."""
+    """Makes ``CheckpointSaverHook`` warn of a session without the accumulation hook (once).
 
-    def watching(original: typing.Callable[..., None]) -> typing.Callable[..., None]:
+    Before the session's first run (every hook's ``after_create_session`` has
+    run, so the accumulation hook has said which windows it keeps), and at its
+    end when a window is partial.
+    """
+
+    def starting(original: typing.Callable[..., typing.Any]) -> typing.Callable[..., typing.Any]:
+        def before_run(self: typing.Any, run_context: typing.Any) -> typing.Any:
+            session = run_context.session
+            if session not in _started:
+                _started.add(session)
+                counters = session.graph.get_collection(TRAIN_OP_COUNTERS)
+                unkept = [c.name for c in counters if c.name not in _kept.get(session, ())]
+                if unkept:
+                    warnings.warn(
+                        "tf1_accum: this session runs an AccumulationOptimizer's train op "
+                        f"(window counter {', '.join(unkept)}) without the accumulation hook: "
+                        "if it ends in the middle of a window (an input that runs out), the "
+                        "micro-batches accumulated since the last update "
+                        "may be in no checkpoint, and a resumed run starts that window over "
+                        "without them. " + _FIX,
+                        stacklevel=_validate._caller_stacklevel(),
+                    )
+            return original(self, run_context)
+
+        return before_run
+
+    def ending(original: typing.Callable[..., None]) -> typing.Callable[..., None]:
         def end(self: typing.Any, session: tf.compat.v1.Session) -> None:
             _warn_if_left_out(self, session)
             return original(self, session)
 
         return end
 
-    patch(tf.compat.v1.train.CheckpointSaverHook, "end", "self session", watching)
+    patch(tf.compat.v1.train.CheckpointSaverHook, "before_run", "self run_context", starting)
+    patch(tf.compat.v1.train.CheckpointSaverHook, "end", "self session", ending)
 
 
 def _warn_if_left_out(
@@ -84,27 +113,92 @@ def _warn_if_left_out(
         )
 
 
+_KERAS_FIX = (
+    "Run flush_op at each epoch's end: callbacks=[tf_keras.callbacks.LambdaCallback("
+    "on_epoch_end=lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+)
+
+
 def watch_keras_fit() -> None:
-    """Makes Keras's ``fit`` warn of epochs that ended mid-window (one read an epoch)."""
+    """Makes Keras's ``fit`` warn of epochs that end mid-window: at its start, and at its end."""
     callback_list = keras_callback_list()
     if callback_list is not None:
+        patch(callback_list, "on_train_begin", "self logs", _warning_at_begin)
         patch(callback_list, "on_epoch_end", "self epoch logs", _reading_epochs)
         patch(callback_list, "on_train_end", "self logs", _warning_at_end)
+
+
+def _accumulating(callbacks: typing.Any) -> typing.Any:
+    """The fit model's optimizer if it accumulates (a TF1 one is behind ``.optimizer``), or None."""
+    optimizer = getattr(getattr(callbacks, "model", None), "optimizer", None)
+    for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
+        if getattr(candidate, "_built_windows", None) is not None:
+            return candidate
+    return None
+
+
+def _pending(optimizer: typing.Any) -> int:
+    """The micro-batches in ``optimizer``'s windows in Keras's session."""
+    session = tf.compat.v1.keras.backend.get_session()
+    counters = [counter for counter, _ in optimizer._built_windows(session.graph)]
+    return sum(int(count) for count in session.run(counters))
+
+
+def _warning_at_begin(train_begin: typing.Callable[..., None]) -> typing.Callable[..., None]:
+    def on_train_begin(self: typing.Any, logs: typing.Any = None) -> None:
+        train_begin(self, logs)
+        optimizer = _accumulating(self)
+        params = getattr(self, "params", None) or {}
+        steps, samples, size = (params.get(k) for k in ("steps", "samples", "batch_size"))
+        steps = steps or (samples and size and -(-samples // size))
+        # Keras's own callbacks run no flush_op; the program's own (a LambdaCallback) may.
+        own = [c for c in self.callbacks if type(c).__module__ != type(self).__module__]
+        lambdas = [c for c in self.callbacks if type(c).__name__ == "LambdaCallback"]
+        if optimizer is None or not steps or own or lambdas:
+            return
+        pending, n = _pending(optimizer), optimizer.steps
+        ends = [(pending + e * steps) % n for e in range(1, int(params.get("epochs") or 1) + 1)]
+        if any(ends):
+            self.__dict__["_tf1_accum_warned"] = True
+            warnings.warn(
+                keras_names(
+                    f"tf1_accum: fit runs {steps} micro-batches an epoch in windows of {n}, so "
+                    f"{sum(1 for e in ends if e)} of its {len(ends)} epochs end in the middle of "
+                    "an accumulation window, and none of its callbacks runs the optimizer's "
+                    "flush_op: each such epoch's last micro-batches would go into the next "
+                    "epoch's first window (fit with batches steps times larger applies a short "
+                    "last batch)"
+                    + (f", and the last {ends[-1]} would not be applied at all" if ends[-1] else "")
+                    + ". "
+                    + _KERAS_FIX
+                ),
+                stacklevel=_validate._caller_stacklevel(),
+            )
+
+    return on_train_begin
 
 
 def _reading_epochs(epoch_end: typing.Callable[..., None]) -> typing.Callable[..., None]:
     def on_epoch_end(self: typing.Any, epoch: int, logs: typing.Any = None) -> None:
         epoch_end(self, epoch, logs)
-        # The model's optimizer if it accumulates (a TF1 one is behind ``.optimizer``).
-        optimizer = getattr(getattr(self, "model", None), "optimizer", None)
-        for candidate in (optimizer, getattr(optimizer, "optimizer", None)):
-            built_windows = getattr(candidate, "_built_windows", None)
-            if built_windows is not None:
-                session = tf.compat.v1.keras.backend.get_session()
-                counters = [counter for counter, _ in built_windows(session.graph)]
-                pending = sum(int(count) for count in session.run(counters))
-                self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
-                break
+        optimizer = _accumulating(self)
+        if optimizer is None:
+            return
+        pending = _pending(optimizer)
+        self.__dict__.setdefault("_tf1_accum_epochs", []).append(pending)
+        epochs = (getattr(self, "params", None) or {}).get("epochs") or 0
+        # Not known at the start (a callback might flush): warn before the next epoch's updates.
+        if pending and epoch + 1 < epochs and not self.__dict__.get("_tf1_accum_warned"):
+            self.__dict__["_tf1_accum_warned"] = True
+            warnings.warn(
+                keras_names(
+                    f"tf1_accum: fit's epoch {epoch + 1} ended with {pending} micro-batches in "
+                    "an accumulation window, and no callback ran the optimizer's flush_op: they "
+                    "go into the next epoch's first window, where fit with batches steps times "
+                    "larger applies a short last batch. " + _KERAS_FIX
+                ),
+                stacklevel=_validate._caller_stacklevel(),
+            )
 
     return on_epoch_end
 
@@ -113,6 +207,7 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
     def on_train_end(self: typing.Any, logs: typing.Any = None) -> None:
         train_end(self, logs)
         pending = self.__dict__.pop("_tf1_accum_epochs", [])
+        self.__dict__.pop("_tf1_accum_warned", None)
         mid_window = [count for count in pending if count]
         if not mid_window:
             return
@@ -123,9 +218,8 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
                 "each such epoch's last micro-batches went into the next epoch's first window, "
                 "where fit with batches steps times larger applies a short last batch"
                 + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
-                + ". Run flush_op at each epoch's end: callbacks=[tf_keras.callbacks."
-                "LambdaCallback(on_epoch_end=lambda epoch, logs: "
-                "tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
+                + ". "
+                + _KERAS_FIX
             ),
             stacklevel=_validate._caller_stacklevel(),
         )
