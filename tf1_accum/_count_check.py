@@ -134,7 +134,8 @@ def data_counts(roots: typing.Sequence[tf.Tensor]) -> list[DataCount]:
     """The data-dependent counts the loss (or gradients) ``roots`` divides by; sorted.
 
     None when the walk shows them weighed already: a scalar count multiplies
-    what is accumulated (a hand-written weighted mean).
+    what is accumulated (a hand-written weighted mean). Each count is named
+    once, by its op.
     """
     found: dict[str, DataCount] = {}
     for op in _walk([r.op for r in roots], _values):
@@ -154,9 +155,7 @@ def data_counts(roots: typing.Sequence[tf.Tensor]) -> list[DataCount]:
     return [found[name] for name in sorted(found)]
 
 
-def warn_if_unweighted(
-    roots: typing.Sequence[tf.Tensor], weight: object, how: str, what: str = "the loss"
-) -> None:
+def warn_if_unweighted(roots: typing.Sequence[tf.Tensor], weight: object, how: str) -> None:
     """Warns of each data-dependent count ``roots`` divide by, if no ``weight`` is given.
 
     ``how`` shows the call with ``{}`` where the weight goes.
@@ -166,7 +165,7 @@ def warn_if_unweighted(
     mistake = CATALOGUE["TFA014"]
     for count in data_counts(roots):
         warnings.warn(
-            f"tf1_accum: {what} {count.where}, and no weight= was given (TFA014, "
+            f"tf1_accum: the loss {count.where}, and no weight= was given (TFA014, "
             f"{mistake.title}): {mistake.why}. Instead, pass {how.format(count.weight)}, "
             f"that count computed from each micro-batch (see {mistake.doc}).",
             UserWarning,
