@@ -85,23 +85,28 @@ def _from_data(tensor: tf.Tensor) -> bool:
     return not variables and any(_is_data(o) for o in ops)
 
 
-def _sized_by_data(tensor: tf.Tensor) -> bool:
-    """Whether ``tensor``'s number of elements comes from fed values (a ``boolean_mask``)."""
+def _sized_by_data(tensor: tf.Tensor, fixed: set[tf.Operation]) -> bool:
+    """Whether ``tensor``'s number of elements comes from fed values (a ``boolean_mask``).
+
+    ``fixed`` holds the ops found not to be: each walk adds those it saw, and
+    stops at them (the sizes of a deep model's layers are walked once).
+    """
 
     def sizes(op: tf.Operation) -> list[tf.Tensor]:
         if op.type in _GATHER_OPS:
             return [op.inputs[1]]  # as many as the indices
-        if op.type in _FIXED_SIZE_OPS or op.type in _SIZED_BY_VALUES:
+        if op.type in _FIXED_SIZE_OPS or op.type in _SIZED_BY_VALUES or op in fixed:
             return []
         return [t for t in op.inputs if t.shape.ndims != 0 and t.dtype != tf.resource]
 
-    return any(
-        op.type in _SIZED_BY_VALUES and any(_from_data(t) for t in op.inputs)
-        for op in _walk([tensor.op], sizes)
-    )
+    seen = _walk([tensor.op], sizes)
+    if any(op.type in _SIZED_BY_VALUES and any(map(_from_data, op.inputs)) for op in seen):
+        return True
+    fixed.update(seen)
+    return False
 
 
-def _count(denominator: tf.Tensor) -> DataCount | None:
+def _count(denominator: tf.Tensor, fixed: set[tf.Operation]) -> DataCount | None:
     """The data-dependent count ``denominator`` is computed from, if a scalar one."""
     if denominator.shape.num_elements() != 1:
         return None  # a softmax's sums, a per-sequence mean: not the micro-batch's count
@@ -115,7 +120,7 @@ def _count(denominator: tf.Tensor) -> DataCount | None:
         if op.type in ("Sum", "Mean") and _from_data(op.inputs[0]):
             what = f"{denominator.name} ({denominator.op.type}), the {op.type} of fed data"
             return DataCount(op.name, f"divides by {what}", f"<the tensor {denominator.name}>")
-        if op.type in ("Size", "Shape") and _sized_by_data(op.inputs[0]):
+        if op.type in ("Size", "Shape") and _sized_by_data(op.inputs[0], fixed):
             return _averaged(op.inputs[0])
         if op.type in _COUNT_OPS:
             stack += list(op.inputs)
@@ -138,18 +143,19 @@ def data_counts(roots: typing.Sequence[tf.Tensor]) -> list[DataCount]:
     once, by its op.
     """
     found: dict[str, DataCount] = {}
+    fixed: set[tf.Operation] = set()
     for op in _walk([r.op for r in roots], _values):
         count = None
         if op.type in _DIVIDE_OPS:
-            count = _count(op.inputs[1])
+            count = _count(op.inputs[1], fixed)
         elif op.type == "Mul":
             for factor in op.inputs:
                 if factor.op.type in ("Reciprocal", "Inv"):
-                    count = _count(factor.op.inputs[0])
-                elif _count(factor) is not None:
+                    count = _count(factor.op.inputs[0], fixed)
+                elif _count(factor, fixed) is not None:
                     return []
         elif op.type == "Mean" and op.outputs[0].shape.num_elements() == 1:
-            count = _averaged(op.inputs[0]) if _sized_by_data(op.inputs[0]) else None
+            count = _averaged(op.inputs[0]) if _sized_by_data(op.inputs[0], fixed) else None
         if count is not None:
             found.setdefault(count.op_name, count)
     return [found[name] for name in sorted(found)]
