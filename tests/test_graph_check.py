@@ -848,6 +848,16 @@ def _refused_in_one_run():
     return str(refused.value)
 
 
+def _token_mean_by_hand():
+    """Gradients of a loss averaged over the fed mask's tokens, accumulated unweighted."""
+    model = HandWritten()
+    mask = v1.placeholder(tf.float32, [None], name="mask")
+    loss = tf.reduce_sum(tf.reduce_sum(model.x * model.w, axis=1) * mask) / tf.reduce_sum(mask)
+    grads = tf.gradients(loss, model.vars[:1])
+    accum = model.accums[0].assign_add(grads[0])
+    return model.opt.apply_gradients([(model.accums[0] / 4.0, model.vars[0])]), accum
+
+
 # Each mistake by code: a corpus file the source checker finds it in, a graph
 # check_graph finds it in, an error refusing it at run time (None: not that detector's).
 MISTAKES = {
@@ -864,6 +874,7 @@ MISTAKES = {
     "TFA011": (None, _never_reset, None),
     "TFA012": (None, _step_per_micro_batch, None),
     "TFA013": (None, lambda: None, None),  # built by _bert_findings
+    "TFA014": (None, _token_mean_by_hand, None),
 }
 CORPUS_DIR = pathlib.Path(__file__).parent / "check_corpus"
 

@@ -11,6 +11,7 @@ with validation data, ``model.save('....h5')``, then ``load_model`` and
 import os
 import pathlib
 import subprocess
+import warnings
 import sys
 import warnings
 
@@ -606,3 +607,77 @@ def test_keras_save_example(capsys):
     assert result["updates"] == result["large_batch_updates"] == 3
     assert "resumed vs uninterrupted 0," in capsys.readouterr().out
     assert keras.backend.floatx() == "float32"  # as the example found it
+
+
+VOCABULARY, LENGTH = 7, 5
+
+
+def _sequences(examples, seed):
+    """Token ids padded with 0, and one-hot targets whose padding rows are all 0."""
+    rng = np.random.RandomState(seed)
+    lengths = rng.randint(1, LENGTH + 1, size=examples)
+    ids = np.where(
+        np.arange(LENGTH) >= lengths[:, None],
+        0,
+        rng.randint(1, VOCABULARY, size=(examples, LENGTH)),
+    )
+    targets = np.eye(VOCABULARY)[(3 * ids + 1) % VOCABULARY] * (ids > 0)[..., None]
+    return ids.astype(np.float64), targets
+
+
+def _token_mean(y_true, y_pred):
+    """Cross entropy averaged over the real tokens (a padding row of y_true is all 0)."""
+    xent = keras.losses.categorical_crossentropy(y_true, y_pred, from_logits=True)
+    return tf.reduce_sum(xent) / tf.reduce_sum(y_true, name="tokens")
+
+
+def _fit_tokens(optimizer, ids, targets, batch_size):
+    """A model of tokens fitted with ``optimizer`` (a callable of the model); its weights."""
+    with tf.Graph().as_default(), v1.Session():
+        model = keras.Sequential(
+            [
+                keras.layers.Embedding(
+                    VOCABULARY,
+                    3,
+                    input_length=LENGTH,
+                    embeddings_initializer=keras.initializers.RandomNormal(seed=1),
+                ),
+                keras.layers.Dense(
+                    VOCABULARY, kernel_initializer=keras.initializers.glorot_uniform(2)
+                ),
+            ]
+        )
+        model.compile(loss=_token_mean, optimizer=optimizer(model))
+        model.fit(ids, targets, batch_size=batch_size, epochs=1, shuffle=False, verbose=0)
+        return model.get_weights()
+
+
+def _relative(weights, expected):
+    return max(np.abs(w - e).max() / np.abs(e).max() for w, e in zip(weights, expected))
+
+
+def test_a_token_mean_loss_is_exact_with_weight_and_warned_of_without(float64):
+    ids, targets = _sequences(3 * N * B, seed=4)
+    expected = _fit_tokens(lambda model: legacy.SGD(0.5), ids, targets, N * B)
+
+    def weighted(model):
+        tokens = lambda: tf.math.count_nonzero(model.inputs[0], dtype=tf.float64)  # noqa: E731
+        return tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.5), N, weight=tokens)
+
+    assert _relative(_fit_tokens(weighted, ids, targets, B), expected) <= 1e-10
+    unweighted = lambda model: tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.5), N)  # noqa: E731
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        off = _relative(_fit_tokens(unweighted, ids, targets, B), expected)
+    assert off > 1e-3
+    [text] = [str(w.message) for w in caught if "(TFA014" in str(w.message)]
+    assert text.startswith("tf1_accum: the loss divides by ")
+    assert "the Sum of fed data, and no weight= was given" in text
+    assert "pass KerasAccumulationOptimizer(optimizer, steps, weight=lambda: <the tensor " in text
+
+
+def test_a_weight_that_is_no_tensor_nor_callable_is_refused():
+    with pytest.raises(TypeError, match="weight must be a scalar tensor, or a callable"):
+        tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.5), N, weight=lambda element: 1.0)
+    with pytest.raises(TypeError, match="weight must be a"):
+        tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.5), N, weight=3)

@@ -5,6 +5,7 @@ its plain large-batch original; these tests run them with small settings, in
 the test's graph mode, and assert on the values they return.
 """
 
+import argparse
 import importlib.util
 import pathlib
 
@@ -75,3 +76,29 @@ def test_summaries_are_written_once_per_update(tmp_path, capsys):
     assert result["max_rel_diff"] <= program.TOLERANCE
     assert result["max_rel_diff_written"] <= program.SUMMARY_TOLERANCE
     assert min(result["expected"]) > 0.0
+
+
+def test_thumt_token_mean_is_warned_without_weight_and_exact_with_it(capsys):
+    program = _load("token_mean")
+    for dtype, tolerance in program.TOLERANCE.items():
+        result = program.main(["--dtype", dtype])
+        assert result["weighted"] <= tolerance, dtype
+        # Micro-batches of different token counts: the plain mean is off, and was warned of.
+        assert result["unweighted"] > 1e-3, dtype
+        [text] = result["warned"]
+        assert text.startswith("tf1_accum: the loss divides by tokens:0 (Sum), the Sum of fed")
+        assert "AccumulationOptimizer(optimizer, steps, weight=<the tensor tokens:0>)" in text
+    assert "with weight=tf.reduce_sum(target_length): " in capsys.readouterr().out
+
+
+def test_thumt_mean_over_all_positions_needs_no_weight(recwarn):
+    """A mean over batch x length positions, a fixed count: silent, and exact without weight=."""
+    program = _load("token_mean")
+    args = argparse.Namespace(micro_batch=4, steps=4, updates=5)
+    data = program.make_data(80, seed=1)
+    expected = program.large_batch(data, args, "float64", token_mean=False)
+    values = program.train(data, args, "float64", weighted=False, token_mean=False)
+    assert program.difference(values, expected) <= program.TOLERANCE["float64"]
+    assert not [w for w in recwarn if "TFA014" in str(w.message)]
+    start = np.random.RandomState(0).randn(program.VOCABULARY, program.WIDTH)
+    assert np.abs(values["embedding"] - start).max() > 1e-3

@@ -8,6 +8,7 @@ import typing
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
+from tf1_accum import _count_check
 from tf1_accum import _distributed
 from tf1_accum import _guard
 from tf1_accum import _keras
@@ -116,7 +117,10 @@ def build_accumulation(
         var_list: Variables to train; defaults to the graph's trainable ones.
         global_step: Optional integer variable, incremented once per update.
         weight: Optional scalar tensor computed from each micro-batch (e.g.
-            its number of examples); a negative or non-finite one fails the run.
+            its number of examples, or of tokens for a loss averaged over
+            tokens); a negative or non-finite one fails the run. Without it, a
+            loss divided by a count of the fed data (``reduce_sum(mask)``) is
+            warned of (:ref:`real-programs-token-mean`).
         average, clip_norm, transform, skip_nonfinite, update_ops: see `WindowOptions`.
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
@@ -149,6 +153,8 @@ def build_accumulation(
         )
     graph = loss.graph
     var_list, update_ops = check_in_graph(optimizer, options, loss, var_list, global_step, weight)
+    how = "build_accumulation(loss, optimizer, weight={})"
+    _count_check.warn_if_unweighted([loss], weight, how)
     # Checked: from here on the graph grows, and a failure puts its collections back.
     with graph.as_default(), _validate.restored_on_failure(graph, "build_accumulation"):
         if loss.shape.ndims is None:

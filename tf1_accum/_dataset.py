@@ -11,6 +11,7 @@ from tf1_accum._compat import next_as_optional
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
+from tf1_accum import _count_check
 from tf1_accum import _distributed
 from tf1_accum import _guard
 from tf1_accum import _stats
@@ -197,6 +198,8 @@ def build_dataset_accumulation(
                     g.get_collection_ref(key)[:] = items
             _validate.check_loss(loss)
             _validate.check_weight(w, loss.graph)
+            how = "build_dataset_accumulation(..., weight=lambda element: {}, from the element)"
+            _count_check.warn_if_unweighted([loss], w, how)
             trainable = _validate.check_var_list(var_list, graph)
             _validate.check_trainable(loss, trainable)
             pairs = optimizer.compute_gradients(loss, var_list=trainable)

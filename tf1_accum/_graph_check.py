@@ -12,6 +12,7 @@ from tf1_accum._compat import control_flow_context
 from tf1_accum._compat import function_bodies
 from tf1_accum._compat import tf
 
+from tf1_accum import _count_check
 from tf1_accum import _guard
 from tf1_accum import _schedule_check
 from tf1_accum import _validate
@@ -20,7 +21,7 @@ from tf1_accum.check._catalogue import KINDS, message
 
 # The order of the findings (their kinds).
 _KINDS = """apply_needs_feed apply_accumulates ops_in_one_run never_reset sum_not_mean
-step_not_per_update schedule_in_micro_batches""".split()
+step_not_per_update schedule_in_micro_batches mean_over_data_count""".split()
 
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp"})
 # Ops that hand a ref or resource tensor on unchanged (input 0), and their Ref twins.
@@ -107,6 +108,9 @@ def check_graph(
       every micro-batch, or twice by one apply.
     * ``"schedule_in_micro_batches"`` (TFA013): see
       :ref:`real-programs-schedules`.
+    * ``"mean_over_data_count"`` (TFA014): the gradients accumulated by hand
+      are of a loss divided by a count the fed data decides (its tokens), and
+      nothing multiplies them by it (:ref:`real-programs-token-mean`).
 
     tf1_accum's own train ops give no findings. Not checked: ``tf.function``
     calls, function bodies of an imported ``GraphDef``, sparse sums without
@@ -423,6 +427,12 @@ def _findings(
     findings += _step_findings(g, apply_set, accum_set, apply_name)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
         findings.append(_finding("schedule_in_micro_batches", op_name, where))
+    # The gradients hand-written accumulate ops add (tf1_accum's own warned when built).
+    adds = [op for op in g.fresh if g.accumulates[op] in (used & g.accumulators) - g.owned]
+    for count in _count_check.data_counts([op.inputs[_value_index(op)] for op in adds]):
+        where = f"The gradients accumulated are of a loss that {count.where}, "
+        where += f"and nothing weighs them by it: weight={count.weight}"
+        findings.append(_finding("mean_over_data_count", count.op_name, where))
     findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
     return findings
 

@@ -19,6 +19,7 @@ from tf1_accum import _validate
 from tf1_accum import _keras
 from tf1_accum._accumulation import prepare
 from tf1_accum._optimizer import AccumulationOptimizer
+from tf1_accum._optimizer import check_weight
 from tf1_accum._optimizer import TrainOpWindow
 
 try:
@@ -120,6 +121,13 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             (``tf_keras.optimizers.legacy.Adam``, ...); its ``clipnorm`` and
             ``global_clipnorm`` clip the window's mean.
         steps: Micro-batches per update, an int of at least 1.
+        weight: Optional: a micro-batch's scalar weight, as a callable with
+            no argument that returns it when ``fit`` builds the train op,
+            computed from the model's inputs or targets (``lambda:
+            tf.reduce_sum(tf.cast(tf.not_equal(model.targets[0], 0),
+            tf.float32))`` for a loss averaged over the non-padding tokens);
+            or a tensor. It is not saved with the model: give it again to the
+            optimizer of a loaded one. See :ref:`real-programs-token-mean`.
         average, clip_norm, skip_nonfinite: See `WindowOptions` (:ref:`window-options`).
         name: Name of the optimizer and of the accumulation's name scope.
 
@@ -137,6 +145,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         optimizer: typing.Any,
         steps: int,
         *,
+        weight: tf.Tensor | typing.Callable[[], tf.Tensor] | None = None,
         average: bool = True,
         clip_norm: float | None = None,
         skip_nonfinite: bool = True,
@@ -145,6 +154,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ) -> None:
         _check_wrapped(optimizer)
         _validate.check_steps(steps)
+        check_weight(weight)
         # Keras runs the model's updates itself: update_ops=[].
         _, self._options = prepare(
             "KerasAccumulationOptimizer", optimizer, None, {**locals(), "update_ops": []}
@@ -158,6 +168,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         super().__init__(name)
         self._optimizer = optimizer
         self._steps = int(steps)
+        self._window_weight = weight
         # (graph, AccumulationOptimizer, state variables), per train op.
         self._built: list[tuple[tf.Graph, AccumulationOptimizer, list[tf.Variable]]] = []
         # Weights set before the window existed (load_model).
@@ -225,7 +236,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 "each model with its own KerasAccumulationOptimizer."
             )
         accumulation = AccumulationOptimizer._of_options(
-            self._optimizer, self._steps, self._options, self._name
+            self._optimizer, self._steps, self._options, self._name, self._window_weight
         )
         train_op = accumulation.apply_gradients(grads_and_vars, name=name)
         wrapped = {id(v) for v in self._optimizer.weights}

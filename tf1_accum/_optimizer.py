@@ -11,6 +11,7 @@ from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _validate
+from tf1_accum import _count_check
 from tf1_accum import _distributed
 from tf1_accum import _guard
 from tf1_accum import _hooks
@@ -32,7 +33,7 @@ if typing.TYPE_CHECKING:
     from tf1_accum._window import Applied
 
 
-def _check_weight(weight: object) -> None:
+def check_weight(weight: object) -> None:
     """Checks ``weight``: None, a scalar tensor, or a callable of no argument returning one."""
     if callable(weight) and not isinstance(weight, tf.Tensor):
         try:
@@ -257,7 +258,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         optimizer: As in `build_accumulation`.
         steps: Micro-batches per update, an int of at least 1.
         weight: A micro-batch's scalar weight tensor, or a callable with no
-            argument that returns one when the train op is built.
+            argument that returns one when the train op is built (as in
+            `build_accumulation`, which says when a loss needs one).
         average, clip_norm, transform, skip_nonfinite, statistics, micro_batch_size, update_ops:
             See `WindowOptions` (:ref:`window-options`).
         cross_replica: As in `build_accumulation`; every worker runs the train
@@ -287,8 +289,9 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         cross_replica: _distributed.Engine | None = None,
         name: str = "Accumulation",
     ) -> None:
-        _check_weight(weight)
+        check_weight(weight)
         self._weight, self._cross_replica = weight, cross_replica
+        self._with_weight = "AccumulationOptimizer(optimizer, steps, weight={})"
         prepared = _accumulation.prepare(
             "AccumulationOptimizer", optimizer, cross_replica, locals()
         )
@@ -296,11 +299,17 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     @classmethod
     def _of_options(
-        cls, optimizer: typing.Any, steps: int, options: WindowOptions, name: str
+        cls,
+        optimizer: typing.Any,
+        steps: int,
+        options: WindowOptions,
+        name: str,
+        weight: typing.Any,
     ) -> AccumulationOptimizer:
-        """One with ``options`` made (the Keras wrapper's); no weight, no cross_replica."""
+        """One with ``options`` made (the Keras wrapper's, and its ``weight``); no cross_replica."""
         wrapper = cls.__new__(cls)
-        wrapper._weight = wrapper._cross_replica = None
+        wrapper._weight, wrapper._cross_replica = weight, None
+        wrapper._with_weight = "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
         prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, None, options)
         wrapper._start(steps, name, *prepared)
         return wrapper
@@ -494,6 +503,7 @@ def _build(
     if callable(weight):
         weight = weight()
         _validate.check_weight(weight, graph)
+    _count_check.warn_if_unweighted(roots, weight, wrapper._with_weight)
     update_ops = _options.update_ops_in(options, outer)
     with tf.compat.v1.name_scope(name, wrapper.get_name()) as scope:
         window = _accumulation.make_window(pairs, options, scope, wrapper._cross_replica)

@@ -102,6 +102,15 @@ CATALOGUE = {m.code: m for m in (
         "boundaries, and Estimator.train's max_steps "
         "(num_train_steps = int(examples / (batch_size * N) * epochs))",
         "real_programs.html#real-programs-schedules", False, "schedule_in_micro_batches"),
+    Mistake("TFA014", "mean over a data-dependent count",
+        "the loss is a mean over a count the fed data decides (tokens, valid positions), so "
+        "each micro-batch's mean is over another count, and their plain mean weighs a "
+        "micro-batch of few tokens as much as one of many: the update is not the large batch's",
+        "pass that count as weight=, a scalar tensor computed from each micro-batch "
+        "(tf1_accum.build_accumulation(loss, optimizer, weight=tf.reduce_sum(mask)); "
+        "AccumulationOptimizer and KerasAccumulationOptimizer also take a callable returning "
+        "it, build_dataset_accumulation a callable of the element)",
+        "real_programs.html#real-programs-token-mean", False, "mean_over_data_count"),
 )}  # fmt: skip
 
 #: check_graph's kinds to their entries.
