@@ -5,10 +5,7 @@ from __future__ import annotations
 import functools
 import typing
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import empty_optional
-from tf1_accum._compat import next_as_optional
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, empty_optional, next_as_optional, tf
 
 from tf1_accum import _validate
 from tf1_accum import _distributed

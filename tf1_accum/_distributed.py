@@ -5,10 +5,7 @@ from __future__ import annotations
 import typing
 
 import numpy as np
-from tf1_accum._compat import COLLECTIVE_TIMEOUT
-from tf1_accum._compat import collective_broadcast
-from tf1_accum._compat import collective_sum
-from tf1_accum._compat import tf
+from tf1_accum._compat import COLLECTIVE_TIMEOUT, collective_broadcast, collective_sum, tf
 
 from tf1_accum import _validate
 from tf1_accum._state import Part

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import typing
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import function_bodies
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, function_bodies, tf
 
 from tf1_accum import _guard
 from tf1_accum import _schedule_check

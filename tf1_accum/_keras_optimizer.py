@@ -12,8 +12,7 @@ import typing
 
 import numpy as np
 from tf1_accum import _compat
-from tf1_accum._compat import keras_names
-from tf1_accum._compat import tf
+from tf1_accum._compat import keras_names, tf
 
 from tf1_accum import _validate
 from tf1_accum import _keras

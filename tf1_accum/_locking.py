@@ -5,10 +5,7 @@ from __future__ import annotations
 import contextlib
 import typing
 
-from tf1_accum._compat import add_control_inputs
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import set_control_inputs
-from tf1_accum._compat import tf
+from tf1_accum._compat import add_control_inputs, control_flow_context, set_control_inputs, tf
 
 from tf1_accum._options import Gradient
 from tf1_accum._shared_apply import SharedApply

@@ -10,8 +10,7 @@ import re
 import typing
 import warnings
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, tf
 
 from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION

@@ -6,8 +6,7 @@ import inspect
 import typing
 import warnings
 
-from tf1_accum._compat import cached_property
-from tf1_accum._compat import tf
+from tf1_accum._compat import cached_property, tf
 
 from tf1_accum import _accumulation
 from tf1_accum import _validate

@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import typing
 
-from tf1_accum._compat import add_control_inputs
-from tf1_accum._compat import set_input
-from tf1_accum._compat import tf
+from tf1_accum._compat import add_control_inputs, set_input, tf
 
 from tf1_accum._state import MUTEX_COLLECTION
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 import typing
 import warnings
 
-from tf1_accum._compat import sync_replicas_parts
-from tf1_accum._compat import tf
+from tf1_accum._compat import sync_replicas_parts, tf
 
 from tf1_accum import _validate
 
