@@ -7,17 +7,9 @@ import typing
 
 from tf1_accum._compat import tf
 
-from tf1_accum import _validate
-from tf1_accum import _distributed
-from tf1_accum import _guard
-from tf1_accum import _keras
-from tf1_accum import _migration
-from tf1_accum import _stats
-from tf1_accum._window import Applied
-from tf1_accum._window import Window
-from tf1_accum._window import gradients
-from tf1_accum._options import GradientTransform
-from tf1_accum._options import Pairs
+from tf1_accum import _validate, _distributed, _guard, _keras, _migration, _stats
+from tf1_accum._window import Applied, Window, gradients
+from tf1_accum._options import GradientTransform, Pairs
 from tf1_accum import _options
 from tf1_accum._options import WindowOptions
 

@@ -7,12 +7,8 @@ import typing
 
 from tf1_accum._compat import control_flow_context, empty_optional, next_as_optional, tf
 
-from tf1_accum import _validate
-from tf1_accum import _distributed
-from tf1_accum import _guard
-from tf1_accum import _stats
-from tf1_accum._accumulation import make_window
-from tf1_accum._accumulation import prepare
+from tf1_accum import _validate, _distributed, _guard, _stats
+from tf1_accum._accumulation import make_window, prepare
 from tf1_accum._window import Window
 from tf1_accum._options import GradientTransform
 from tf1_accum._window import exclusive

@@ -8,8 +8,7 @@ import numpy as np
 from tf1_accum._compat import COLLECTIVE_TIMEOUT, collective_broadcast, collective_sum, tf
 
 from tf1_accum import _validate
-from tf1_accum._state import Part
-from tf1_accum._state import plain_variables
+from tf1_accum._state import Part, plain_variables
 
 if typing.TYPE_CHECKING:
     from tf1_accum._window import Added

@@ -10,9 +10,7 @@ import typing
 
 from tf1_accum._compat import control_flow_context, function_bodies, tf
 
-from tf1_accum import _guard
-from tf1_accum import _schedule_check
-from tf1_accum import _validate
+from tf1_accum import _guard, _schedule_check, _validate
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum.check._catalogue import KINDS, message
 

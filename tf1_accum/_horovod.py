@@ -11,8 +11,7 @@ import typing
 
 from tf1_accum._compat import tf
 
-from tf1_accum import _validate
-from tf1_accum import _distributed
+from tf1_accum import _validate, _distributed
 
 _NO_HOROVOD = (
     "HorovodAllReduce needs Horovod built with TensorFlow support, and "

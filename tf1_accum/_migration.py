@@ -13,8 +13,7 @@ import warnings
 from tf1_accum._compat import control_flow_context, tf
 
 from tf1_accum import _validate
-from tf1_accum._state import STATE_COLLECTION
-from tf1_accum._state import state_variable
+from tf1_accum._state import STATE_COLLECTION, state_variable
 
 if typing.TYPE_CHECKING:
     from tf1_accum._window import Gradient

@@ -8,19 +8,9 @@ import warnings
 
 from tf1_accum._compat import cached_property, tf
 
-from tf1_accum import _accumulation
-from tf1_accum import _validate
-from tf1_accum import _distributed
-from tf1_accum import _guard
-from tf1_accum import _hooks
-from tf1_accum import _keras
-from tf1_accum import _migration
-from tf1_accum import _scaffold
-from tf1_accum import _stats
-from tf1_accum import _sync_replicas
-from tf1_accum import _unhooked
-from tf1_accum._window import Window
-from tf1_accum._window import APPLY_DUE_COLLECTION
+from tf1_accum import _accumulation, _validate, _distributed, _guard, _hooks, _keras, _migration
+from tf1_accum import _scaffold, _stats, _sync_replicas, _unhooked
+from tf1_accum._window import Window, APPLY_DUE_COLLECTION
 from tf1_accum._options import GradientTransform
 from tf1_accum import _options
 from tf1_accum._options import WindowOptions

@@ -16,8 +16,7 @@ from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._options import WindowOptions
-from tf1_accum._state import Part
-from tf1_accum._state import state_variable
+from tf1_accum._state import Part, state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
 EMA_DECAY = 0.9
