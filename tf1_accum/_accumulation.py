@@ -7,11 +7,9 @@ import typing
 
 from tf1_accum._compat import tf
 
-from tf1_accum import _validate, _distributed, _guard, _keras, _migration, _stats
+from tf1_accum import _validate, _distributed, _guard, _keras, _migration, _stats, _options
 from tf1_accum._window import Applied, Window, gradients
-from tf1_accum._options import GradientTransform, Pairs
-from tf1_accum import _options
-from tf1_accum._options import WindowOptions
+from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
 
 class Accumulation(typing.NamedTuple):

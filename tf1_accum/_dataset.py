@@ -9,11 +9,9 @@ from tf1_accum._compat import control_flow_context, empty_optional, next_as_opti
 
 from tf1_accum import _validate, _distributed, _guard, _stats
 from tf1_accum._accumulation import make_window, prepare
-from tf1_accum._window import Window
+from tf1_accum._window import Window, exclusive, reference_control_flow
 from tf1_accum._options import GradientTransform
-from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
-from tf1_accum._window import reference_control_flow
 
 # Op collections model code adds to: what the loop body adds cannot be fetched outside it.
 _OP_COLLECTIONS = (

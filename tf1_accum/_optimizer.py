@@ -9,11 +9,9 @@ import warnings
 from tf1_accum._compat import cached_property, tf
 
 from tf1_accum import _accumulation, _validate, _distributed, _guard, _hooks, _keras, _migration
-from tf1_accum import _scaffold, _stats, _sync_replicas, _unhooked
+from tf1_accum import _scaffold, _stats, _sync_replicas, _unhooked, _options
 from tf1_accum._window import Window, APPLY_DUE_COLLECTION
-from tf1_accum._options import GradientTransform
-from tf1_accum import _options
-from tf1_accum._options import WindowOptions
+from tf1_accum._options import GradientTransform, WindowOptions
 
 if typing.TYPE_CHECKING:
     from tf1_accum._options import Pairs
