@@ -16,8 +16,7 @@ from tf1_accum import _validate
 from tf1_accum._state import STATE_COLLECTION, state_variable
 
 if typing.TYPE_CHECKING:
-    from tf1_accum._window import Gradient
-    from tf1_accum._window import Pairs
+    from tf1_accum._window import Gradient, Pairs
 
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
