@@ -100,10 +100,7 @@ class HorovodAllReduce(_distributed.Engine):
         # A scope of its own: the op's name stays the Horovod name beside a second op of this key.
         with tf.compat.v1.name_scope(None, "horovod"):
             return self._hvd.allreduce(
-                flat,
-                op=self._hvd.Sum,
-                name=f"{self.name}_window_{key}",
-                ignore_name_scope=True,
+                flat, op=self._hvd.Sum, name=f"{self.name}_window_{key}", ignore_name_scope=True
             )
 
     def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
