@@ -153,8 +153,7 @@ def build_accumulation(
         # zero_op and apply_op run without a feed: they drop the caller's
         # control dependencies, which may read one.
         accum_op, _ = window.exclusive(
-            lambda: (window.add(grads, weight, run_with=update_ops).op, None),
-            name="accumulate",
+            lambda: (window.add(grads, weight, run_with=update_ops).op, None), name="accumulate"
         )
         with tf.control_dependencies(None), window.control_flow(global_step):
             zero_op, _ = window.exclusive(lambda: (window.reset(), None), name="zero")
