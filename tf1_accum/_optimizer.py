@@ -10,12 +10,8 @@ from tf1_accum._compat import cached_property, tf
 
 from tf1_accum import _accumulation, _validate, _distributed, _guard, _hooks, _keras, _migration
 from tf1_accum import _scaffold, _stats, _sync_replicas, _unhooked, _options
-from tf1_accum._window import Window, APPLY_DUE_COLLECTION
-from tf1_accum._options import GradientTransform, WindowOptions
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._options import Pairs
-    from tf1_accum._window import Applied
+from tf1_accum._window import Applied, Window, APPLY_DUE_COLLECTION
+from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
 
 def _check_weight(weight: object) -> None:

@@ -13,9 +13,7 @@ import warnings
 from tf1_accum._compat import sync_replicas_parts, tf
 
 from tf1_accum import _validate
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._options import Pairs
+from tf1_accum._options import Pairs
 
 
 class SyncPush(tf.compat.v1.train.Optimizer):
