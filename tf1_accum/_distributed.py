@@ -9,9 +9,7 @@ from tf1_accum._compat import COLLECTIVE_TIMEOUT, collective_broadcast, collecti
 
 from tf1_accum import _validate
 from tf1_accum._state import Part, plain_variables
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._window import Added
+from tf1_accum._window import Added
 
 
 class Engine:
