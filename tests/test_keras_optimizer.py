@@ -13,7 +13,6 @@ import pathlib
 import subprocess
 import warnings
 import sys
-import warnings
 
 import numpy as np
 import pytest

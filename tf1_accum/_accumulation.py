@@ -7,20 +7,10 @@ import typing
 
 from tf1_accum._compat import tf
 
-from tf1_accum import _validate
-from tf1_accum import _count_check
-from tf1_accum import _distributed
-from tf1_accum import _guard
-from tf1_accum import _keras
-from tf1_accum import _migration
-from tf1_accum import _stats
-from tf1_accum._window import Applied
-from tf1_accum._window import Window
-from tf1_accum._window import gradients
-from tf1_accum._options import GradientTransform
-from tf1_accum._options import Pairs
+from tf1_accum import _validate, _count_check, _distributed, _guard, _keras, _migration, _stats
 from tf1_accum import _options
-from tf1_accum._options import WindowOptions
+from tf1_accum._window import Applied, Window, gradients
+from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
 
 class Accumulation(typing.NamedTuple):
@@ -169,8 +159,7 @@ def build_accumulation(
         # zero_op and apply_op run without a feed: they drop the caller's
         # control dependencies, which may read one.
         accum_op, _ = window.exclusive(
-            lambda: (window.add(grads, weight, run_with=update_ops).op, None),
-            name="accumulate",
+            lambda: (window.add(grads, weight, run_with=update_ops).op, None), name="accumulate"
         )
         with tf.control_dependencies(None), window.control_flow(global_step):
             zero_op, _ = window.exclusive(lambda: (window.reset(), None), name="zero")

@@ -309,13 +309,11 @@ def keras_clip(optimizer: typing.Any, grads_and_vars: list[typing.Any]) -> list[
     instead, which the window's mean does not go through.
     """
     norm, value = getattr(optimizer, "clipnorm", None), getattr(optimizer, "clipvalue", None)
-    if not TF1 or (norm is None and value is None):
-        return grads_and_vars
-    clipped = []
-    for grad, var in grads_and_vars:
-        grad = grad if norm is None else tf.clip_by_norm(grad, norm)
-        clipped.append((grad if value is None else tf.clip_by_value(grad, -value, value), var))
-    return clipped
+    if TF1 and norm is not None:
+        grads_and_vars = [(tf.clip_by_norm(g, norm), v) for g, v in grads_and_vars]
+    if TF1 and value is not None:
+        grads_and_vars = [(tf.clip_by_value(g, -value, value), v) for g, v in grads_and_vars]
+    return grads_and_vars
 
 
 def in_keras_saved_model_save() -> bool:

@@ -5,23 +5,13 @@ from __future__ import annotations
 import functools
 import typing
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import empty_optional
-from tf1_accum._compat import next_as_optional
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, empty_optional, next_as_optional, tf
 
-from tf1_accum import _validate
-from tf1_accum import _count_check
-from tf1_accum import _distributed
-from tf1_accum import _guard
-from tf1_accum import _stats
-from tf1_accum._accumulation import make_window
-from tf1_accum._accumulation import prepare
-from tf1_accum._window import Window
+from tf1_accum import _validate, _count_check, _distributed, _guard, _stats
+from tf1_accum._accumulation import make_window, prepare
+from tf1_accum._window import Window, exclusive, reference_control_flow
 from tf1_accum._options import GradientTransform
-from tf1_accum._window import exclusive
 from tf1_accum._state import new_mutex
-from tf1_accum._window import reference_control_flow
 
 # Op collections model code adds to: what the loop body adds cannot be fetched outside it.
 _OP_COLLECTIONS = (

@@ -5,17 +5,11 @@ from __future__ import annotations
 import typing
 
 import numpy as np
-from tf1_accum._compat import COLLECTIVE_TIMEOUT
-from tf1_accum._compat import collective_broadcast
-from tf1_accum._compat import collective_sum
-from tf1_accum._compat import tf
+from tf1_accum._compat import COLLECTIVE_TIMEOUT, collective_broadcast, collective_sum, tf
 
 from tf1_accum import _validate
-from tf1_accum._state import Part
-from tf1_accum._state import plain_variables
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._window import Added
+from tf1_accum._state import Part, plain_variables
+from tf1_accum._window import Added
 
 
 class Engine:

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import typing
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import function_bodies
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, function_bodies, tf
 
-from tf1_accum import _count_check
-from tf1_accum import _guard
-from tf1_accum import _schedule_check
-from tf1_accum import _validate
+from tf1_accum import _count_check, _guard, _schedule_check, _validate
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum.check._catalogue import KINDS, message
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import typing
 import weakref
 
-from tf1_accum._compat import guard_runs
-from tf1_accum._compat import tf
+from tf1_accum._compat import guard_runs, tf
 
 from tf1_accum.check._catalogue import refusal
 

@@ -11,8 +11,7 @@ import typing
 
 from tf1_accum._compat import tf
 
-from tf1_accum import _validate
-from tf1_accum import _distributed
+from tf1_accum import _validate, _distributed
 
 _NO_HOROVOD = (
     "HorovodAllReduce needs Horovod built with TensorFlow support, and "
@@ -101,10 +100,7 @@ class HorovodAllReduce(_distributed.Engine):
         # A scope of its own: the op's name stays the Horovod name beside a second op of this key.
         with tf.compat.v1.name_scope(None, "horovod"):
             return self._hvd.allreduce(
-                flat,
-                op=self._hvd.Sum,
-                name=f"{self.name}_window_{key}",
-                ignore_name_scope=True,
+                flat, op=self._hvd.Sum, name=f"{self.name}_window_{key}", ignore_name_scope=True
             )
 
     def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:

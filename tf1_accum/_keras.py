@@ -11,11 +11,8 @@ import re
 import sys
 import typing
 
-from tf1_accum._compat import keras_clip
-from tf1_accum._compat import keras_inner_optimizer
-from tf1_accum._compat import keras_optimizer_name
-from tf1_accum._compat import keras_names
-from tf1_accum._compat import tf
+from tf1_accum._compat import keras_clip, keras_inner_optimizer, keras_names
+from tf1_accum._compat import keras_optimizer_name, tf
 
 # Keras optimizer class name -> the tf.compat.v1.train optimizer doing the same job.
 _KERAS_TO_V1 = {

@@ -12,15 +12,11 @@ import typing
 
 import numpy as np
 from tf1_accum import _compat
-from tf1_accum._compat import keras_names
-from tf1_accum._compat import tf
+from tf1_accum._compat import keras_names, tf
 
-from tf1_accum import _validate
-from tf1_accum import _keras
+from tf1_accum import _validate, _keras
 from tf1_accum._accumulation import prepare
-from tf1_accum._optimizer import AccumulationOptimizer
-from tf1_accum._optimizer import check_weight
-from tf1_accum._optimizer import TrainOpWindow
+from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow, check_weight
 
 try:
     keras = _compat.keras()

@@ -5,10 +5,7 @@ from __future__ import annotations
 import contextlib
 import typing
 
-from tf1_accum._compat import add_control_inputs
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import set_control_inputs
-from tf1_accum._compat import tf
+from tf1_accum._compat import add_control_inputs, control_flow_context, set_control_inputs, tf
 
 from tf1_accum._options import Gradient
 from tf1_accum._shared_apply import SharedApply
@@ -98,7 +95,7 @@ def _section(
     apply waits for) lose the lock as a control input, or would deadlock.
     """
     names = {op.name for op in created}
-    section = _ancestors([t.op if isinstance(t, tf.Tensor) else t for t in finished], names)
+    section = ancestors([t.op if isinstance(t, tf.Tensor) else t for t in finished], names)
     # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
     section = {name: op for name, op in section.items() if not _makes_state(op)}
     for op in created:
@@ -116,7 +113,7 @@ def _makes_state(op: tf.Operation) -> bool:
     )
 
 
-def _ancestors(
+def ancestors(
     ops: typing.Iterable[tf.Operation], names: typing.Container[str]
 ) -> dict[str, tf.Operation]:
     """``ops`` and what they depend on, among the ops named in ``names``, by name."""
@@ -173,7 +170,7 @@ def apply_one_at_a_time(
 
     # The ops each gradient needs, and those only it needs (safe to hold back).
     names = {op.name for op in built}
-    needs = [set(_ancestors([values_of(g).op], names).values()) for g in grads]
+    needs = [set(ancestors([values_of(g).op], names).values()) for g in grads]
     shared_ops = {op for k, a in enumerate(needs) for b in needs[k + 1 :] for op in a & b}
     own = [a - shared_ops for a in needs]
     owner = {op: k for k, ops in enumerate(own) for op in ops}

@@ -10,16 +10,11 @@ import re
 import typing
 import warnings
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, tf
 
 from tf1_accum import _validate
-from tf1_accum._state import STATE_COLLECTION
-from tf1_accum._state import state_variable
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._window import Gradient
-    from tf1_accum._window import Pairs
+from tf1_accum._options import Gradient, Pairs
+from tf1_accum._state import STATE_COLLECTION, state_variable
 
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:

@@ -6,31 +6,13 @@ import inspect
 import typing
 import warnings
 
-from tf1_accum._compat import cached_property
-from tf1_accum._compat import tf
+from tf1_accum._compat import cached_property, tf
 
-from tf1_accum import _accumulation
-from tf1_accum import _validate
-from tf1_accum import _count_check
-from tf1_accum import _distributed
-from tf1_accum import _guard
-from tf1_accum import _hooks
-from tf1_accum import _keras
-from tf1_accum import _migration
-from tf1_accum import _scaffold
-from tf1_accum import _schedule_check
-from tf1_accum import _stats
-from tf1_accum import _sync_replicas
-from tf1_accum import _unhooked
-from tf1_accum._window import Window
-from tf1_accum._window import APPLY_DUE_COLLECTION
-from tf1_accum._options import GradientTransform
+from tf1_accum import _accumulation, _validate, _count_check, _distributed, _guard, _hooks, _keras
+from tf1_accum import _migration, _scaffold, _schedule_check, _stats, _sync_replicas, _unhooked
 from tf1_accum import _options
-from tf1_accum._options import WindowOptions
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._options import Pairs
-    from tf1_accum._window import Applied
+from tf1_accum._window import Applied, Window, APPLY_DUE_COLLECTION
+from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
 
 def check_weight(weight: object) -> None:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, tf
 
 from tf1_accum import _validate
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import contextlib
 import typing
 
-from tf1_accum._compat import add_control_inputs
-from tf1_accum._compat import set_input
-from tf1_accum._compat import tf
+from tf1_accum._compat import add_control_inputs, set_input, tf
+from tf1_accum._locking import ancestors
 
 from tf1_accum._state import MUTEX_COLLECTION
 
@@ -70,7 +69,7 @@ def _locked(
     name: str,
 ) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
-    section = _ancestors(last, created)
+    section = ancestors([last], created).values()
 
     def on_device(mutex: tf.Tensor) -> typing.ContextManager[object]:
         return tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
@@ -103,16 +102,3 @@ def _locked(
             with on_device(mutex), tf.control_dependencies(finished):
                 releases.append(tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name=f"{name}_unlock"))
     add_control_inputs(last, releases)
-
-
-def _ancestors(last: tf.Operation, created: typing.Container[str]) -> list[tf.Operation]:
-    """``last`` and the ops of ``created`` it depends on."""
-    found: dict[str, tf.Operation] = {}
-    stack = [last]
-    while stack:
-        op = stack.pop()
-        if op.name in found or op.name not in created:
-            continue
-        found[op.name] = op
-        stack += [t.op for t in op.inputs] + list(op.control_inputs)
-    return list(found.values())

@@ -7,8 +7,7 @@ import typing
 from tf1_accum._compat import tf
 
 from tf1_accum._saver import Saver
-from tf1_accum._state import STATE_COLLECTION
-from tf1_accum._state import plain_variables
+from tf1_accum._state import STATE_COLLECTION, plain_variables
 
 
 class _PlainOrFullSaver(Saver):

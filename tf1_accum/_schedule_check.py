@@ -57,9 +57,7 @@ def warn_of_schedules(train_op: tf.Operation, global_step: tf.Variable) -> None:
 
 
 def schedule_findings(
-    graph: tf.Graph,
-    global_steps: set[tf.Operation],
-    apply_set: set[tf.Operation],
+    graph: tf.Graph, global_steps: set[tf.Operation], apply_set: set[tf.Operation]
 ) -> list[tuple[str, str]]:
     """The step counts in micro-batches, as ``(op_name, where)`` of each finding."""
     steps = _window_steps(graph, apply_set)

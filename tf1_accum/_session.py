@@ -11,11 +11,7 @@ import weakref
 import numpy as np
 from tf1_accum._compat import tf
 
-from tf1_accum import _accumulation
-from tf1_accum import _validate
-from tf1_accum import _migration
-from tf1_accum import _split
-from tf1_accum import _stats
+from tf1_accum import _accumulation, _validate, _migration, _split, _stats
 
 
 class WindowFetches(list):

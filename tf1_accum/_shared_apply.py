@@ -13,8 +13,7 @@ import functools
 import typing
 
 import numpy as np
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import tf
+from tf1_accum._compat import control_flow_context, tf
 
 from tf1_accum._wrapping import counts_its_own_steps
 

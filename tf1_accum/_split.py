@@ -13,9 +13,7 @@ import numpy as np
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._accumulation import Accumulation
+from tf1_accum._accumulation import Accumulation
 
 # The session helper's window runner: (micro-batch feeds, retry out of memory) -> results.
 _Results = typing.TypeVar("_Results")

@@ -16,8 +16,7 @@ from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._options import WindowOptions
-from tf1_accum._state import Part
-from tf1_accum._state import state_variable
+from tf1_accum._state import Part, state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
 EMA_DECAY = 0.9
@@ -395,8 +394,7 @@ def build_running_average(
             )
         update_op = tf.group(*updates, name="update")
         reset_op = tf.group(
-            count.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False),
-            name="reset",
+            count.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False), name="reset"
         )
         reads = [tf.identity(a.read_value(), name="read") for a in averages]
     return RunningAverage(update_op=update_op, averages=reads, count=count, reset_op=reset_op)

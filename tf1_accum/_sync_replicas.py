@@ -10,13 +10,10 @@ from __future__ import annotations
 import typing
 import warnings
 
-from tf1_accum._compat import sync_replicas_parts
-from tf1_accum._compat import tf
+from tf1_accum._compat import sync_replicas_parts, tf
 
 from tf1_accum import _validate
-
-if typing.TYPE_CHECKING:
-    from tf1_accum._options import Pairs
+from tf1_accum._options import Pairs
 
 
 class SyncPush(tf.compat.v1.train.Optimizer):

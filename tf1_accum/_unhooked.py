@@ -10,11 +10,7 @@ import typing
 import warnings
 import weakref
 
-from tf1_accum._compat import keras_callback_list
-from tf1_accum._compat import keras_names
-from tf1_accum._compat import patch
-from tf1_accum._compat import saver_hook_state
-from tf1_accum._compat import tf
+from tf1_accum._compat import keras_callback_list, keras_names, patch, saver_hook_state, tf
 
 from tf1_accum import _validate
 

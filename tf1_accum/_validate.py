@@ -13,9 +13,7 @@ import typing
 import warnings
 
 import numpy as np
-from tf1_accum._compat import keras_names
-from tf1_accum._compat import tf
-from tf1_accum._compat import tensorflow_dir
+from tf1_accum._compat import keras_names, tf, tensorflow_dir
 
 from tf1_accum import _keras
 

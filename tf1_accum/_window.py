@@ -13,24 +13,12 @@ import numpy as np
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate
-from tf1_accum._locking import apply_one_at_a_time
-from tf1_accum._locking import exclusive
-from tf1_accum._locking import reference_control_flow
-from tf1_accum._locking import values_of
-from tf1_accum._options import Gradient
-from tf1_accum._options import GradientTransform
-from tf1_accum._options import Pairs
-from tf1_accum._options import WindowMean
-from tf1_accum._options import WindowOptions
-from tf1_accum._options import transformed
-from tf1_accum._options import transforms_of
+from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
+from tf1_accum._options import Gradient, GradientTransform, Pairs, WindowMean, WindowOptions
+from tf1_accum._options import transformed, transforms_of
 from tf1_accum._shared_apply import SharedApply
-from tf1_accum._stats import GradientStatistics
-from tf1_accum._stats import WindowStatistics
-from tf1_accum._stats import square_norms
-from tf1_accum._state import Part
-from tf1_accum._state import new_mutex
-from tf1_accum._state import state_variable
+from tf1_accum._stats import GradientStatistics, WindowStatistics, square_norms
+from tf1_accum._state import Part, new_mutex, state_variable
 from tf1_accum._sync_replicas import SyncPush
 from tf1_accum._wrapping import scales_loss as _scales_loss
 

@@ -22,10 +22,7 @@ def wrapping_chain(optimizer: object) -> typing.Iterator[object]:
 
 def _loss_scale_optimizer(optimizer: object) -> object | None:
     """The outermost loss-scale optimizer in ``optimizer``'s chain, or None."""
-    return next(
-        (o for o in wrapping_chain(optimizer) if "LossScale" in type(o).__name__),
-        None,
-    )
+    return next((o for o in wrapping_chain(optimizer) if "LossScale" in type(o).__name__), None)
 
 
 def scales_loss(optimizer: object) -> bool:

@@ -16,6 +16,7 @@ keep their lines and columns.
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import contextlib
 import functools
 import io
@@ -47,9 +48,7 @@ _SCOPES = (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp
 def parse(source: str, filename: str = "<unknown>") -> ast.Module:
     """The module tree of ``source`` as Python 3.9 and later give it; SyntaxError where
     this Python cannot parse it."""
-    tree = (
-        ast.parse(source, filename) if sys.version_info >= (3, 8) else _parse_37(source, filename)
-    )
+    tree = (ast.parse if sys.version_info >= (3, 8) else _parse_37)(source, filename)
     if sys.version_info < (3, 9):
         tree = _shape(tree)
     if sys.version_info < (3, 8):
@@ -62,32 +61,20 @@ def _parse_37(source: str, filename: str) -> ast.Module:
     """``ast.parse`` on Python 3.7, whose C code overflows the stack (a crash) on an
     expression nested some 100,000 deep: on a thread with a stack that holds it, then
     refused, as later Pythons' parser refuses it, if deeper than Python recursion goes."""
-    parsed: list = []
     previous = threading.stack_size(1 << 30)
     try:
-        thread = threading.Thread(target=lambda: parsed.append(_try(ast.parse, source, filename)))
-        thread.start()
-        thread.join()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:  # its thread starts at submit
+            tree = pool.submit(ast.parse, source, filename).result()  # or its error raised
     finally:
         threading.stack_size(previous)
-    tree = parsed[0]
-    if isinstance(tree, BaseException):
-        raise tree
-    deepest, stack = 0, [(tree, 1)]
+    deepest, stack = 0, [(typing.cast(ast.AST, tree), 1)]
     while stack:
         node, depth = stack.pop()
         deepest = max(deepest, depth)
         stack += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
     if deepest > sys.getrecursionlimit():
         raise RecursionError("maximum recursion depth exceeded during ast.parse")
-    return typing.cast(ast.Module, tree)
-
-
-def _try(function: typing.Callable[..., typing.Any], *args: typing.Any) -> typing.Any:
-    try:
-        return function(*args)
-    except (SyntaxError, ValueError, MemoryError, RecursionError) as error:
-        return error
+    return tree
 
 
 def scope_line(node: ast.stmt | ast.expr) -> int:

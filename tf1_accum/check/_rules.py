@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import ast
 import typing
-from collections.abc import Iterable, Iterator
-from collections.abc import Set as AbstractSet
+from collections.abc import Iterable, Iterator, Set as AbstractSet
 
 from tf1_accum.check._compat import cached_property, unparse
 from tf1_accum.check._flow import (

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import ast
 import typing
-from collections.abc import Callable, Iterable
-from collections.abc import Set as AbstractSet
+from collections.abc import Callable, Iterable, Set as AbstractSet
 from typing import Any
 
 from tf1_accum.check._compat import cached_property
