@@ -526,3 +526,19 @@ def test_keras_save_example(capsys):
     assert result["updates"] == result["large_batch_updates"] == 3
     assert "resumed vs uninterrupted 0," in capsys.readouterr().out
     assert keras.backend.floatx() == "float32"  # as the example found it
+
+
+def test_a_removed_property_names_the_window_field_it_became():
+    with tf.Graph().as_default(), v1.Session():
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+        model = _trained_model(optimizer)
+        with pytest.raises(
+            AttributeError,
+            match=r"KerasAccumulationOptimizer\.micro_step was removed: read "
+            r"opt\.window\.counter instead.*kept for one release only",
+        ):
+            optimizer.micro_step  # noqa: B018
+        assert optimizer.window.counter is not None
+        with pytest.raises(AttributeError, match="object has no attribute 'no_such_name'"):
+            optimizer.no_such_name  # noqa: B018
+        del model

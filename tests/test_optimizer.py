@@ -612,3 +612,33 @@ def test_update_ops_of_the_model_itself_train_without_a_warning():
                 sess.run(g_train, {noise: batch})
             after = sess.run(v1.trainable_variables("generator"))
         assert not np.array_equal(before[0], after[0])
+
+
+@pytest.mark.parametrize(
+    "name, field",
+    [
+        ("micro_step", "counter"),
+        ("applied", "applied"),
+        ("global_norm", "global_norm"),
+        ("skipped_windows", "skipped_windows"),
+        ("statistics", "statistics"),
+        ("flush_statistics", "flush_statistics"),
+    ],
+)
+def test_a_removed_property_names_the_window_field_it_became(name, field):
+    # The own-increment recipe of earlier docs: the step hung on the wrapper's `applied`.
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 3)
+        train_op = wrapper.minimize(model.loss)
+        with pytest.raises(
+            AttributeError,
+            match=rf"AccumulationOptimizer\.{name} was removed: read opt\.window\.{field} "
+            r"instead.*kept for one release only",
+        ):
+            with tf.control_dependencies([train_op]):
+                getattr(wrapper, name)
+        assert field in wrapper.window._fields  # where the message points
+        with pytest.raises(AttributeError, match="^'AccumulationOptimizer' object has no attri"):
+            wrapper.no_such_name  # noqa: B018
+        assert not hasattr(wrapper, name)

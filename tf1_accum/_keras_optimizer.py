@@ -20,6 +20,7 @@ from tf1_accum import _keras
 from tf1_accum._accumulation import prepare
 from tf1_accum._optimizer import AccumulationOptimizer
 from tf1_accum._optimizer import TrainOpWindow
+from tf1_accum._optimizer import missing_attribute
 
 try:
     keras = _compat.keras()
@@ -196,6 +197,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             ValueError: If ``fit`` (or ``apply_gradients``) built none in this graph yet.
         """
         return self._accumulation("window").window
+
+    def __getattr__(self, name: str) -> typing.NoReturn:
+        """Raises AttributeError; a removed property's names its `window` field (one release)."""
+        raise missing_attribute(self, name)
 
     @property
     def flush_op(self) -> tf.Operation:

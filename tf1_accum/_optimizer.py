@@ -155,6 +155,33 @@ class TrainOpWindow(typing.NamedTuple):
     options: WindowOptions
 
 
+#: The wrappers' properties that became `TrainOpWindow` fields: name -> field.
+_MOVED_TO_WINDOW = {
+    "micro_step": "counter",
+    "applied": "applied",
+    "global_norm": "global_norm",
+    "skipped_windows": "skipped_windows",
+    "statistics": "statistics",
+    "flush_statistics": "flush_statistics",
+}
+
+
+def missing_attribute(wrapper: object, name: str) -> AttributeError:
+    """The AttributeError of a wrapper's missing ``name``: where it went, if it moved.
+
+    The pointer to the window stays for one release after the move.
+    """
+    kind = type(wrapper).__name__
+    if name not in _MOVED_TO_WINDOW:
+        return AttributeError(f"'{kind}' object has no attribute '{name}'")
+    return AttributeError(
+        f"tf1_accum: {kind}.{name} was removed: read opt.window.{_MOVED_TO_WINDOW[name]} "
+        "instead, a field of the TrainOpWindow record of the train op built in the default "
+        "graph (build the train op first; with several, each AccumulationOptimizer's "
+        "window is its own). This pointer to the new name is kept for one release only."
+    )
+
+
 class _Build(typing.NamedTuple):
     """What building one train op returned."""
 
@@ -295,6 +322,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return _keras.given(self._optimizer)
 
     steps = property(lambda self: self._steps, doc="Micro-batches per update.")
+
+    def __getattr__(self, name: str) -> typing.NoReturn:
+        """Raises AttributeError; a removed property's names its `window` field (one release)."""
+        raise missing_attribute(self, name)
 
     @property
     def window(self) -> TrainOpWindow:
