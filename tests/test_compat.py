@@ -203,6 +203,8 @@ def test_the_api_is_version_2s_on_every_version():
 _PRIVATE = (
     "_get_control_flow_context",
     "_set_control_flow_context",
+    "_vars",
+    "__variable_store",
     "_add_control_input",
     "_remove_all_control_inputs",
     "_update_input",

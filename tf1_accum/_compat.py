@@ -89,6 +89,12 @@ def without_control_inputs() -> typing.Iterator[None]:
         yield
 
 
+def variable_store(graph: _tensorflow.Graph) -> dict:
+    """``tf.compat.v1.get_variable``'s variables of ``graph`` by name (the store's dict), or {}."""
+    stores = graph.get_collection(("__variable_store",))
+    return stores[0]._vars if stores else {}
+
+
 def set_input(op: _tensorflow.Operation, index: int, tensor: _tensorflow.Tensor) -> None:
     """Makes ``op`` read ``tensor`` as its input ``index``, after it was built."""
     op._update_input(index, tensor)

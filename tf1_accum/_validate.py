@@ -16,6 +16,7 @@ import numpy as np
 from tf1_accum._compat import keras_names
 from tf1_accum._compat import tf
 from tf1_accum._compat import tensorflow_dir
+from tf1_accum._compat import variable_store
 
 from tf1_accum import _keras
 
@@ -414,9 +415,14 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
     """Puts the graph's collections back if the build inside raises; the error says what stays."""
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
+    names_before = set(variable_store(graph))
     try:
         yield
     except Exception as error:
+        # Names tf.compat.v1.get_variable gave (a transform's variable): free for a retry.
+        store = variable_store(graph)
+        for name in set(store) - names_before:
+            del store[name]
         variables = (
             tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
             tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
@@ -437,8 +443,8 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
             )
             if made:
                 note += (
-                    f", without the variables made meanwhile ({', '.join(made)}). A name "
-                    "that tf.compat.v1.get_variable gave stays taken in its variable scope"
+                    f", without the variables made meanwhile ({', '.join(made)}), whose "
+                    "tf.compat.v1.get_variable names are free for a build again"
                 )
             _add_note(error, note + ".")
         if isinstance(error, AttributeError) and KERAS_3_SYMPTOM in str(error):
