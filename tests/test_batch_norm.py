@@ -225,3 +225,32 @@ def test_the_dataset_loop_rejects_ops_built_outside_it():
                 loss_fn, v1.train.GradientDescentOptimizer(0.1), dataset, 2, update_ops=[outside]
             )
         assert v1.get_collection(tf1_accum.STATE_COLLECTION) == []
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_micro_batch_refused_for_its_weight_moves_no_statistic(way):
+    # The weight is the first label: -1 in the window's first micro-batch.
+    windows = _windows(1)
+    bad = (windows[0][0][0], np.abs(windows[0][0][1]))
+    bad[1][0, 0] = -1.0
+    window = [bad] + [(x, np.abs(y)) for x, y in windows[0][1:]]
+    with tf.Graph().as_default() as graph:
+        built = way.build(
+            lambda b: _model(b[0], b[1])[2],
+            v1.train.AdamOptimizer(0.05),
+            window,
+            STEPS,
+            weight=lambda b: b[1][0, 0],
+        )
+        variables = v1.global_variables()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = sess.run(variables)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="weight is negative"):
+                way.run_window(sess, built, window)
+            after = sess.run(variables)
+            mean, variance = sess.run(_moving(graph))
+    np.testing.assert_array_equal(mean, np.zeros(FEATURES))
+    np.testing.assert_array_equal(variance, np.ones(FEATURES))
+    for var, old, new in zip(variables, before, after):
+        np.testing.assert_array_equal(new, old, err_msg=var.op.name)

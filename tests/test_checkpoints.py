@@ -142,3 +142,42 @@ def test_a_mid_window_checkpoint_does_not_restore_into_the_other_kind_of_window(
         with v1.Session() as sess:
             with pytest.raises(tf.errors.NotFoundError, match=f"Key {missing} not found"):
                 v1.train.Saver().restore(sess, path)
+
+
+def test_a_weighted_checkpoint_of_the_previous_window_layout_is_refused_saying_what_to_do(
+    tmp_path,
+):
+    """The previous layout named a weighted window's counter ``counter`` and kept a
+    ``weight_scale`` (its accumulators held scaled sums): the library's Saver restores
+    nothing of it and says how to go on, instead of TensorFlow's bare NotFoundError."""
+    batch = make_batches(tf.float64, False, 1, 5)[0]
+    with tf.Graph().as_default():
+        model, acc = _window_of(True)
+        v1.Variable(np.float64(2.0**-1), name="old_weight_scale")
+        old_names = {
+            v.op.name.replace("weighted_counter", "counter"): v for v in v1.global_variables()
+        }
+        old_names["accumulation/weight_scale"] = old_names.pop("old_weight_scale")
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(acc.accum_op, model.feed(batch))
+            path = v1.train.Saver(old_names).save(sess, str(tmp_path / "previous"))
+    with tf.Graph().as_default():
+        model, acc = _window_of(True)
+        saver = tf1_accum.Saver()
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(acc.accum_op, model.feed(batch))
+            before = values_by_name(sess, v1.global_variables())
+            with pytest.raises(
+                tf.errors.NotFoundError,
+                match=r"^tf1_accum: the checkpoint .*previous holds no "
+                r"accumulation/weighted_counter: its accumulation window has another layout "
+                r".*nothing was restored\. Either restore it with the tf1_accum and options "
+                r"that saved it, finish the window there .* and save again at the window's "
+                r"boundary; or .*tf1_accum.plain_variables\(\)",
+            ):
+                saver.restore(sess, path)
+            after = values_by_name(sess, v1.global_variables())
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)

@@ -202,6 +202,9 @@ def test_the_api_is_version_2s_on_every_version():
 # TensorFlow's private names that only _compat may use.
 _PRIVATE = (
     "_get_control_flow_context",
+    "_set_control_flow_context",
+    "_vars",
+    "__variable_store",
     "_add_control_input",
     "_remove_all_control_inputs",
     "_update_input",

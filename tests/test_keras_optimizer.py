@@ -680,3 +680,19 @@ def test_a_weight_that_is_no_tensor_nor_callable_is_refused():
         tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.5), N, weight=lambda element: 1.0)
     with pytest.raises(TypeError, match="weight must be a"):
         tf1_accum.KerasAccumulationOptimizer(legacy.SGD(0.5), N, weight=3)
+
+
+def test_a_removed_property_names_the_window_field_it_became():
+    with tf.Graph().as_default(), v1.Session():
+        optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
+        model = _trained_model(optimizer)
+        with pytest.raises(
+            AttributeError,
+            match=r"KerasAccumulationOptimizer\.micro_step was removed: read "
+            r"opt\.window\.counter instead.*kept for one release only",
+        ):
+            optimizer.micro_step  # noqa: B018
+        assert optimizer.window.counter is not None
+        with pytest.raises(AttributeError, match="object has no attribute 'no_such_name'"):
+            optimizer.no_such_name  # noqa: B018
+        del model

@@ -544,7 +544,28 @@ def _other_models_warnings(record):
     return [str(w.message) for w in record if "belongs to another model" in str(w.message)]
 
 
-def test_an_update_op_of_another_model_in_update_ops_is_named_at_build():
+def _build_gan_half(way, loss, var_list):
+    """The train step of one half of the GAN through ``way``: a function of (sess, feed)."""
+    if way == "optimizer":
+        train = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.01), 2).minimize(
+            loss, var_list=var_list
+        )
+        return lambda sess, feed: sess.run(train, feed)
+    acc = tf1_accum.build_accumulation(loss, v1.train.AdamOptimizer(0.01), var_list=var_list)
+    if way == "ops":
+        return lambda sess, feed: sess.run(acc.accum_op, feed)
+    return lambda sess, feed: tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=2)
+
+
+@pytest.mark.parametrize(
+    "way, runner",
+    [
+        ("optimizer", "the train op of Accumulation_1"),
+        ("ops", "accum_op of accumulation_1"),
+        ("split", "accum_op of accumulation_1"),
+    ],
+)
+def test_an_update_op_of_another_model_in_update_ops_is_named_at_build(way, runner):
     """The generator's train op would run the discriminator's batch-norm update on real data."""
     batch = np.random.RandomState(1).randn(4, 2)
     with tf.Graph().as_default():
@@ -553,26 +574,22 @@ def test_an_update_op_of_another_model_in_update_ops_is_named_at_build():
         g_vars = v1.trainable_variables("generator")
         with warnings.catch_warnings(record=True) as record:
             warnings.simplefilter("always")
-            tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.01), 2).minimize(
-                d_loss, var_list=d_vars
-            )
+            _build_gan_half(way, d_loss, d_vars)
             assert _other_models_warnings(record) == []  # its loss reads both placeholders
-            g_train = tf1_accum.AccumulationOptimizer(v1.train.AdamOptimizer(0.01), 2).minimize(
-                g_loss, var_list=g_vars
-            )
+            g_train = _build_gan_half(way, g_loss, g_vars)
         [message] = _other_models_warnings(record)
         assert re.match(
             r"tf1_accum: the update op discriminator_1/bn/[\w/]+ is in "
-            r"tf.compat.v1.GraphKeys.UPDATE_OPS, which the train op of Accumulation_1 runs "
+            rf"tf.compat.v1.GraphKeys.UPDATE_OPS, which {runner} runs "
             r"with each micro-batch \(update_ops=None, the default\), and it needs "
-            r"placeholder real_images fed, which this train op's loss does not read.*Pass "
+            r"placeholder real_images fed, which the loss does not read.*Pass "
             r"update_ops= this model's ops",
             message,
         ), message
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             with pytest.raises(tf.errors.InvalidArgumentError, match="real_images"):
-                sess.run(g_train, {noise: batch})
+                g_train(sess, {noise: batch})
 
 
 def test_update_ops_of_the_model_itself_train_without_a_warning():
@@ -595,3 +612,33 @@ def test_update_ops_of_the_model_itself_train_without_a_warning():
                 sess.run(g_train, {noise: batch})
             after = sess.run(v1.trainable_variables("generator"))
         assert not np.array_equal(before[0], after[0])
+
+
+@pytest.mark.parametrize(
+    "name, field",
+    [
+        ("micro_step", "counter"),
+        ("applied", "applied"),
+        ("global_norm", "global_norm"),
+        ("skipped_windows", "skipped_windows"),
+        ("statistics", "statistics"),
+        ("flush_statistics", "flush_statistics"),
+    ],
+)
+def test_a_removed_property_names_the_window_field_it_became(name, field):
+    # The own-increment recipe of earlier docs: the step hung on the wrapper's `applied`.
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        wrapper = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 3)
+        train_op = wrapper.minimize(model.loss)
+        with pytest.raises(
+            AttributeError,
+            match=rf"AccumulationOptimizer\.{name} was removed: read opt\.window\.{field} "
+            r"instead.*kept for one release only",
+        ):
+            with tf.control_dependencies([train_op]):
+                getattr(wrapper, name)
+        assert field in wrapper.window._fields  # where the message points
+        with pytest.raises(AttributeError, match="^'AccumulationOptimizer' object has no attri"):
+            wrapper.no_such_name  # noqa: B018
+        assert not hasattr(wrapper, name)

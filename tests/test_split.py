@@ -1001,7 +1001,8 @@ def _built_for_one_batch_size(x, y, features):
     return acc, {x: inputs.reshape([ROWS] + x.shape.as_list()[1:]), y: labels}, loss
 
 
-@pytest.mark.parametrize("labels", [[None, 1], [ROWS, 1]], ids=["labels-any", "labels-fixed"])
+@pytest.mark.parametrize("labels", [None, "fixed"], ids=["labels-any", "labels-fixed"])
+@pytest.mark.parametrize("fixed", [ROWS, 4], ids=["at-the-batch", "at-the-micro-batch"])
 @pytest.mark.parametrize(
     "split, cut",
     [
@@ -1010,25 +1011,31 @@ def _built_for_one_batch_size(x, y, features):
     ],
     ids=["size", "fit"],
 )
-def test_a_placeholder_built_for_one_batch_size_is_refused_before_anything_runs(labels, split, cut):
+def test_a_placeholder_built_for_one_batch_size_is_refused_before_anything_runs(
+    labels, fixed, split, cut
+):
+    # Fixed at the micro-batch size too: TensorFlow's own error, which names no fix, comes later.
     split = {k: v() if k == "memory_fit" else v for k, v in split.items()}
     with tf.Graph().as_default():
-        x = v1.placeholder(tf.float64, [ROWS, 4], name="x")
-        y = v1.placeholder(tf.float64, labels, name="y")
+        x = v1.placeholder(tf.float64, [fixed, 4], name="x")
+        y = v1.placeholder(tf.float64, [fixed if labels else None, 1], name="y")
         acc, feed, _ = _built_for_one_batch_size(x, y, x)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
-            sess.run(acc.accum_op, feed)  # a window in progress
+            held = int(fixed == ROWS)  # a window in progress, where the graph takes the batch
+            if held:
+                sess.run(acc.accum_op, feed)
             before = values_by_name(sess, acc.var_list)
             counting = CountingSession(sess)
             message = (
-                rf"x:0 is a placeholder of shape \[12, 4\]: its batch dimension is fixed at 12 "
-                rf"rows, and {cut}.*None as its first dimension \(\[None, 4\]\)"
+                rf"x:0 is a placeholder of shape \[{fixed}, 4\]: its batch dimension is fixed at "
+                rf"{fixed} rows, and {cut}.* \(the batch fed to it has 12 rows.*None as its "
+                r"first dimension \(\[None, 4\]\)"
             )
             with pytest.raises(ValueError, match=message):
                 tf1_accum.run_accumulation(counting, acc, feed, **split)
             assert counting.calls == []
-            assert sess.run(acc.counter) == 1
+            assert sess.run(acc.counter) == held
             assert_same_values(values_by_name(sess, acc.var_list), before, 0, "refused")
 
 
@@ -1063,3 +1070,103 @@ def test_a_reshape_to_one_batch_size_fails_with_a_hint_and_discards_the_window()
             tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=ROWS)
             got = values_by_name(sess, acc.var_list)
     assert_same_values(got, expected, RTOL[tf.float64], "the whole batch after the failure")
+
+
+def _codebook_model():
+    """A model reading a [13, 3] codebook beside its batch: (x, y, codebook, loss)."""
+    x = v1.placeholder(tf.float64, [None, 3], name="x")
+    y = v1.placeholder(tf.float64, [None, 1], name="y")
+    codebook = v1.placeholder(tf.float64, [13, 3], name="codebook")
+    w = v1.get_variable("w", initializer=np.random.RandomState(0).randn(13, 1))
+    scores = tf.tanh(tf.matmul(x, codebook, transpose_b=True))
+    return x, y, codebook, tf.reduce_mean((tf.matmul(scores, w) - y) ** 2)
+
+
+@pytest.mark.parametrize("named", ["tensor", "name"])
+def test_a_feed_declared_unbatched_is_fed_whole_to_every_micro_batch(named):
+    # The batch happens to have as many rows as the codebook: 13.
+    rng = np.random.RandomState(4)
+    inputs, labels, table = rng.randn(13, 3), rng.randn(13, 1), rng.randn(13, 3)
+    with tf.Graph().as_default():
+        x, y, codebook, loss = _codebook_model()
+        train = v1.train.GradientDescentOptimizer(0.1).minimize(loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train, {x: inputs, y: labels, codebook: table})
+            expected = values_by_name(sess, v1.trainable_variables())
+    with tf.Graph().as_default():
+        x, y, codebook, loss = _codebook_model()
+        acc = tf1_accum.build_accumulation(
+            loss, v1.train.GradientDescentOptimizer(0.1), weight=tf.shape(y)[0]
+        )
+        feed = {x: inputs, y: labels, codebook: table}
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, acc.var_list)
+            with pytest.raises(
+                ValueError,
+                match=r"codebook:0 is a placeholder of shape \[13, 3\]: its batch dimension is "
+                r"fixed at 13 rows.* if it is not batch data, name it in "
+                r"unbatched_feeds=\['codebook:0'\] to feed it whole",
+            ):
+                tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=4)
+            assert_same_values(values_by_name(sess, acc.var_list), before, 0, "refused")
+            whole = codebook if named == "tensor" else "codebook:0"
+            tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=4, unbatched_feeds=[whole])
+            got = values_by_name(sess, acc.var_list)
+    assert_same_values(got, expected, RTOL[tf.float64], "the split with the codebook whole")
+    assert not np.allclose(got["w"], before["w"])
+
+
+@pytest.mark.parametrize(
+    "unbatched, split, error, message",
+    [
+        (
+            "codebook:0",
+            {"micro_batch_size": 4},
+            TypeError,
+            r"unbatched_feeds must be a list of "
+            r"feed dict keys \(placeholders or their names\) fed whole to every micro-batch, "
+            r"got 'codebook:0'",
+        ),
+        (
+            ["other:0"],
+            {"micro_batch_size": 4},
+            ValueError,
+            r"unbatched_feeds names other:0, "
+            r"which no feed dict of the batch feeds",
+        ),
+        (
+            ["nothing:0"],
+            {"micro_batch_size": 4},
+            ValueError,
+            r"unbatched_feeds has a key "
+            r"'nothing:0' that names no tensor",
+        ),
+        (
+            ["codebook:0"],
+            {},
+            ValueError,
+            r"unbatched_feeds names feeds that a split of the "
+            r"large batch feeds whole, and no split is asked for",
+        ),
+    ],
+    ids=["a-string", "not-fed", "no-tensor", "no-split"],
+)
+def test_bad_unbatched_feeds_are_refused_before_anything_runs(unbatched, split, error, message):
+    rng = np.random.RandomState(4)
+    with tf.Graph().as_default():
+        x, y, codebook, loss = _codebook_model()
+        v1.placeholder(tf.float64, [2], name="other")
+        acc = tf1_accum.build_accumulation(
+            loss, v1.train.GradientDescentOptimizer(0.1), weight=tf.shape(y)[0]
+        )
+        feed = {x: rng.randn(8, 3), y: rng.randn(8, 1), codebook: rng.randn(13, 3)}
+        feeds = feed if split else [feed]
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            counting = CountingSession(sess)
+            with pytest.raises(error, match=message):
+                tf1_accum.run_accumulation(counting, acc, feeds, unbatched_feeds=unbatched, **split)
+            assert counting.calls == []
+            assert sess.run(acc.counter) == 0

@@ -9,6 +9,10 @@ import pytest
 import tensorflow as tf
 
 import tf1_accum
+from _helpers import Model
+from _helpers import concat
+from _helpers import make_batches
+from _ways import WAYS
 
 v1 = tf.compat.v1
 
@@ -552,8 +556,8 @@ def test_a_failing_loss_fn_leaves_no_variable_and_says_what_remains(case):
     assert _notes(info) == [
         f"tf1_accum: build_dataset_accumulation failed after building {built} ops, which "
         "stay in the graph unused; the graph's collections are as they were, without the "
-        f"variables made meanwhile ({variable}). A name that tf.compat.v1.get_variable gave "
-        "stays taken in its variable scope."
+        f"variables made meanwhile ({variable}), whose tf.compat.v1.get_variable names are "
+        "free for a build again."
     ]
 
 
@@ -599,3 +603,47 @@ def test_a_build_that_fails_after_building_leaves_every_collection_as_it_was(bui
             build(loss, lambda g, v, window: g[:1])
         assert len(graph.get_operations()) > before[0]
         assert _snapshot(graph)[1:] == before[1:]
+
+
+def _halving(fails):
+    """A transform holding its factor in a tf.compat.v1.get_variable; ``fails``: then raises."""
+
+    def transform(gradient, variable, window):
+        scale = v1.get_variable(
+            variable.op.name.split("/")[-1] + "_scale",
+            initializer=np.float64(0.5),
+            trainable=False,
+        )
+        if fails:
+            raise RuntimeError("the transform's own bug")
+        return gradient * tf.cast(scale, gradient.dtype)
+
+    return transform
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_a_build_that_failed_in_a_transform_builds_again_in_the_same_graph(way):
+    window = make_batches(tf.float64, False, 3, 4)
+
+    def model_fn(batch):
+        with v1.variable_scope("model", reuse=v1.AUTO_REUSE):
+            return Model(tf.float64, False, inputs=batch[0], labels=batch[1]).loss
+
+    with tf.Graph().as_default():
+        inputs, labels = concat(window)
+        loss = model_fn((tf.constant(inputs), tf.constant(labels)))
+        train = v1.train.GradientDescentOptimizer(0.05).minimize(loss)  # 0.1, halved
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train)
+            expected = sess.run(v1.trainable_variables())
+    with tf.Graph().as_default():
+        with pytest.raises(RuntimeError, match="the transform's own bug"):
+            way.build(model_fn, _sgd(), window, 3, transform=_halving(fails=True))
+        built = way.build(model_fn, _sgd(), window, 3, transform=_halving(fails=False))
+        with way.session() as sess:
+            way.run_window(sess, built, window)
+            got = sess.run(v1.trainable_variables())
+    assert len(got) == len(expected) == 3
+    for value, want in zip(got, expected):
+        np.testing.assert_allclose(value, want, rtol=1e-10)

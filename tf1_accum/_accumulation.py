@@ -153,6 +153,10 @@ def build_accumulation(
         pairs = gradients(loss, optimizer, var_list)
         with tf.compat.v1.name_scope(name, "accumulation", values=[loss]) as scope:
             window = make_window(pairs, options, scope, cross_replica)
+        if options.update_ops is None:
+            roots = [loss.op] + ([] if weight is None else [weight.op])
+            reads = {op.name for root in roots for op in _validate._ancestors(root)}
+            _validate.warn_of_other_models(update_ops, reads, f"accum_op of {scope.rstrip('/')}")
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         grads = [g for g, _ in pairs]

@@ -79,6 +79,22 @@ def add_control_inputs(op: _tensorflow.Operation, inputs: typing.Sequence[typing
     op._add_control_inputs(inputs)
 
 
+@contextlib.contextmanager
+def without_control_inputs() -> typing.Iterator[None]:
+    """Builds ops that wait for none of the enclosing control dependencies (flow context kept)."""
+    graph = _tensorflow.compat.v1.get_default_graph()
+    context = graph._get_control_flow_context()
+    with graph.control_dependencies(None):  # which clears the flow context too: put it back
+        graph._set_control_flow_context(context)
+        yield
+
+
+def variable_store(graph: _tensorflow.Graph) -> dict:
+    """``tf.compat.v1.get_variable``'s variables of ``graph`` by name (the store's dict), or {}."""
+    stores = graph.get_collection(("__variable_store",))
+    return stores[0]._vars if stores else {}
+
+
 def set_input(op: _tensorflow.Operation, index: int, tensor: _tensorflow.Tensor) -> None:
     """Makes ``op`` read ``tensor`` as its input ``index``, after it was built."""
     op._update_input(index, tensor)

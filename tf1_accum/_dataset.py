@@ -197,8 +197,7 @@ def build_dataset_accumulation(
             window = make_window(pairs, options, scope, cross_replica, mutex)
             made.append((window, loss.dtype.base_dtype))
             grads = [g for g, _ in pairs]
-            with tf.control_dependencies(added):
-                count = window.add(grads, w).count
+            count = window.add(grads, w, run_with=added).count
             return count, loss, w
 
         def draw_one(

@@ -96,4 +96,28 @@ def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -
     fetched = [m for op in ops + [t.op for t in tensors] for m in found.of(op)] if found else []
     for first, second in pairs(fetched):
         what = f"{first.field} ({first.op}) and {second.field} ({second.op}) of one accumulation"
-        raise ValueError(refusal("TFA010", what + " are fetched in one session.run"))
+        raise ValueError(
+            refusal("TFA010", what + " are fetched in one session.run", _fix(first, second))
+        )
+
+
+#: What each op does to its window, for the pairs whose fix is not fused=True.
+_DOES = {
+    "zero_op": "zero_op discards the window's micro-batches: run it before a window or in "
+    "place of its apply",
+    "flush_op": "flush_op applies what the window holds: run it once the loop's last train op "
+    "has run",
+    "accum_apply_op": "accum_apply_op adds the window's last micro-batch and applies: run it "
+    "alone, with that micro-batch's feed",
+    "apply_op": "apply_op applies the window, fed nothing, after its micro-batches",
+}
+
+
+def _fix(first: Mark, second: Mark) -> str | None:
+    """What to do instead of fetching ``first`` with ``second`` (None: the catalogue's fix)."""
+    if {first.field, second.field} == {"accum_op", "apply_op"}:
+        return None  # the catalogue's: each alone, or fused=True's accum_apply_op
+    does = [_DOES[m.field] for m in (first, second) if m.field in _DOES]
+    return f"run {first.field} and {second.field} each in a session.run of its own; " + (
+        "; ".join(does) or "each changes the window"
+    )

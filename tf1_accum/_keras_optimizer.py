@@ -17,6 +17,7 @@ from tf1_accum._compat import keras_names, tf
 from tf1_accum import _validate, _keras
 from tf1_accum._accumulation import prepare
 from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow, check_weight
+from tf1_accum._optimizer import missing_attribute
 
 try:
     keras = _compat.keras()
@@ -204,6 +205,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             ValueError: If ``fit`` (or ``apply_gradients``) built none in this graph yet.
         """
         return self._accumulation("window").window
+
+    def __getattr__(self, name: str) -> typing.NoReturn:
+        """Raises AttributeError; a removed property's names its `window` field (one release)."""
+        raise missing_attribute(self, name)
 
     @property
     def flush_op(self) -> tf.Operation:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import typing
-import warnings
 
 from tf1_accum._compat import cached_property, tf
 
@@ -110,30 +109,6 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
     return checks
 
 
-def _warn_of_other_models(update_ops: list[tf.Operation], reach: _Reach) -> None:
-    """Warns of an op of ``UPDATE_OPS`` needing a feed the loss does not read (another model's)."""
-    for update in update_ops:
-        # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
-        op = getattr(update, "op", update)
-        ops = _validate._ancestors(op, known=reach.reads)
-        fed = [o.name for o in ops if o.type == "Placeholder"]
-        if fed:
-            warnings.warn(
-                f"tf1_accum: the update op {op.name} is in "
-                "tf.compat.v1.GraphKeys.UPDATE_OPS, which the train op of "
-                f"{reach.name} runs with each micro-batch (update_ops=None, the "
-                f"default), and it needs placeholder {', '.join(sorted(fed))} fed, "
-                "which this train op's loss does not read: it belongs to another model "
-                "(a GAN's other network). Each run would fail with \"You must feed a "
-                f"value for placeholder tensor '{sorted(fed)[0]}'\". Pass update_ops= "
-                "this model's ops (e.g. tf.compat.v1.get_collection(tf.compat.v1."
-                'GraphKeys.UPDATE_OPS, scope="generator")), or [] for none.',
-                UserWarning,
-                stacklevel=_validate._caller_stacklevel(),
-            )
-            return
-
-
 class TrainOpWindow(typing.NamedTuple):
     """The window of a train op an `AccumulationOptimizer` built: its ``window``.
 
@@ -162,6 +137,33 @@ class TrainOpWindow(typing.NamedTuple):
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
     options: WindowOptions
+
+
+#: The wrappers' properties that became `TrainOpWindow` fields: name -> field.
+_MOVED_TO_WINDOW = {
+    "micro_step": "counter",
+    "applied": "applied",
+    "global_norm": "global_norm",
+    "skipped_windows": "skipped_windows",
+    "statistics": "statistics",
+    "flush_statistics": "flush_statistics",
+}
+
+
+def missing_attribute(wrapper: object, name: str) -> AttributeError:
+    """The AttributeError of a wrapper's missing ``name``: where it went, if it moved.
+
+    The pointer to the window stays for one release after the move.
+    """
+    kind = type(wrapper).__name__
+    if name not in _MOVED_TO_WINDOW:
+        return AttributeError(f"'{kind}' object has no attribute '{name}'")
+    return AttributeError(
+        f"tf1_accum: {kind}.{name} was removed: read opt.window.{_MOVED_TO_WINDOW[name]} "
+        "instead, a field of the TrainOpWindow record of the train op built in the default "
+        "graph (build the train op first; with several, each AccumulationOptimizer's "
+        "window is its own). This pointer to the new name is kept for one release only."
+    )
 
 
 class _Build(typing.NamedTuple):
@@ -312,6 +314,10 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         return _keras.given(self._optimizer)
 
     steps = property(lambda self: self._steps, doc="Micro-batches per update.")
+
+    def __getattr__(self, name: str) -> typing.NoReturn:
+        """Raises AttributeError; a removed property's names its `window` field (one release)."""
+        raise missing_attribute(self, name)
 
     @property
     def window(self) -> TrainOpWindow:
@@ -491,7 +497,7 @@ def _build(
         window = _accumulation.make_window(pairs, options, scope, wrapper._cross_replica)
     reach = _Reach(window, roots)
     if options.update_ops is None:
-        _warn_of_other_models(update_ops, reach)
+        _validate.warn_of_other_models(update_ops, reach.reads, f"the train op of {reach.name}")
     applier: tf.compat.v1.train.Optimizer = wrapper._optimizer
     own: list[tf.Operation] = []
     if isinstance(applier, tf.compat.v1.train.SyncReplicasOptimizer):

@@ -9,6 +9,7 @@ from tf1_accum._compat import add_control_inputs, set_input, tf
 from tf1_accum._locking import ancestors
 
 from tf1_accum._state import MUTEX_COLLECTION
+from tf1_accum._state import STATE_COLLECTION
 
 
 class Saver(tf.compat.v1.train.Saver):
@@ -40,7 +41,37 @@ class Saver(tf.compat.v1.train.Saver):
 
     Raises:
         ValueError, TypeError: As ``tf.compat.v1.train.Saver``.
+        NotFoundError: From `restore`, as ``tf.compat.v1.train.Saver``'s; a
+            checkpoint lacking a window's variable (another layout of the
+            window: an earlier tf1_accum, other options) is refused whole,
+            saying what to do.
     """
+
+    def restore(self, sess: typing.Any, save_path: typing.Any) -> None:
+        """As ``Saver.restore``; a checkpoint of another window layout is refused, saying why."""
+        try:
+            super().restore(sess, save_path)
+        except tf.errors.NotFoundError as error:
+            # RestoreV2 reads every key before any assign: nothing was restored.
+            saved = {name for name, _ in tf.train.list_variables(save_path)}
+            graph = sess.graph
+            missing = [v.op.name for v in graph.get_collection(STATE_COLLECTION)]
+            missing = [name for name in missing if name not in saved]
+            if not missing:
+                raise
+            message = (
+                f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its "
+                "accumulation window has another layout than this graph's (saved by another "
+                "version of tf1_accum, or built with other options: weight=, statistics=). "
+                "Its partial window cannot be restored exactly, and a window mapped by hand "
+                "would apply mis-scaled: nothing was restored. Either restore it with the "
+                "tf1_accum and options that saved it, finish the window there (apply_op, or "
+                "the wrapper's flush_op) and save again at the window's boundary; or keep "
+                "only the model's variables, dropping the partial window: initialize every "
+                "variable, then tf.compat.v1.train.Saver(tf1_accum.plain_variables())"
+                ".restore(sess, path)."
+            )
+            raise type(error)(error.node_def, error.op, message) from error
 
     def build(self) -> None:
         """As ``Saver.build``: the save and restore ops, each holding every window's mutex."""

@@ -64,6 +64,7 @@ def run_accumulation(
     micro_batch_size: int | None = None,
     micro_batches: int | None = None,
     memory_fit: _split.MemoryFit | None = None,
+    unbatched_feeds: typing.Iterable[typing.Any] | None = None,
 ) -> WindowFetches:
     """Runs one window: accumulates each micro-batch, then applies once.
 
@@ -109,6 +110,10 @@ def run_accumulation(
         micro_batches: Micro-batches to split the large batch into, instead.
         memory_fit: A `MemoryFit`: find micro-batches that fit in memory,
             retrying a window that runs out of it. The same one every window.
+        unbatched_feeds: Keys of the large batch's feed dict (placeholders or
+            their names) that are not batch data, fed whole to every
+            micro-batch (a codebook, a table) however many rows they have.
+            Only with a split.
 
     Returns:
         A list (``WindowFetches``) of the fetched values per micro-batch (``None``
@@ -155,7 +160,7 @@ def run_accumulation(
     if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
         # The large batch, split here: see _split.
         split = _split.plan_window(
-            accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit
+            accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit, unbatched_feeds
         )
         with _one_window_at_a_time(accumulation):
             return _split.run_window(
@@ -165,6 +170,13 @@ def run_accumulation(
                 ),
                 lambda: _counter(sess, accumulation, None),
             )
+    if unbatched_feeds is not None:
+        raise ValueError(
+            "unbatched_feeds names feeds that a split of the large batch feeds whole, and no "
+            "split is asked for: pass micro_batch_size=, micro_batches= or memory_fit= with "
+            "it, or leave it out (each feed dict given is one micro-batch, fed as it is). "
+            "Nothing was run."
+        )
     if isinstance(feed_dicts, collections.abc.Mapping):
         raise TypeError(
             "feed_dicts must be an iterable of feed dicts, one per micro-batch, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import collections.abc
+import contextlib
 import typing
 
 import numpy as np
@@ -208,6 +209,7 @@ def plan_window(
     micro_batch_size: int | None,
     micro_batches: int | None,
     memory_fit: MemoryFit | None,
+    unbatched_feeds: typing.Iterable[typing.Any] | None = None,
 ) -> Plan:
     """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`."""
     for name, value in (("micro_batch_size", micro_batch_size), ("micro_batches", micro_batches)):
@@ -230,6 +232,7 @@ def plan_window(
             "of them) to split it. Nothing was run."
         )
     graph = accumulation.counter.graph
+    whole = _unbatched(graph, unbatched_feeds, feeds)
     batches = []
     for index, feed in enumerate(feeds):
         label = "feed_dicts" if feed is feed_dicts else f"feed_dicts[{index}]"
@@ -238,7 +241,7 @@ def plan_window(
                 f"{label} must be a feed dict holding a large batch to split, got "
                 f"{_validate.describe(feed)}."
             )
-        batches.append(_batch(graph, dict(feed), label))
+        batches.append(_batch(graph, dict(feed), label, whole))
     weighted = accumulation.options is not None and accumulation.options.weighted
     if memory_fit is not None and not weighted:
         raise ValueError(
@@ -251,8 +254,14 @@ def plan_window(
     for batch in batches:
         cuts = _sizes(plan, batch, _largest(plan, batch))
         sizes += cuts
-        if batch.fixed and (memory_fit is not None or min(cuts) < batch.rows):
-            key, shape = next(iter(batch.fixed.items()))
+        # Batch data through a placeholder fixed at the batch's rows (split) or another size.
+        refused = [
+            (key, shape)
+            for key, shape in batch.fixed.items()
+            if memory_fit is not None or min(cuts) < batch.rows or shape[0] != batch.rows
+        ]
+        if refused:
+            key, shape = refused[0]
             cut = (
                 f"{_split_asked(plan)} cuts the batch into micro-batches of "
                 f"{_sizes_text(cuts)} rows"
@@ -261,9 +270,12 @@ def plan_window(
             )
             raise ValueError(
                 f"{_key_name(key)} is a placeholder of shape {shape}: its batch dimension is "
-                f"fixed at {batch.rows} rows, and {cut}. Build the graph for any batch size: "
+                f"fixed at {shape[0]} rows, and {cut} (the batch fed to it has {batch.rows} "
+                "rows; only a placeholder whose batch dimension is None takes every micro-batch "
+                "the split makes). Build the graph for any batch size: "
                 f"None as its first dimension ({[None, *shape[1:]]}), and -1 where the batch "
-                "is reshaped (tf.reshape(x, [-1, 784])). Nothing was run."
+                "is reshaped (tf.reshape(x, [-1, 784])); or, if it is not batch data, name it "
+                f"in unbatched_feeds=[{_key_name(key)!r}] to feed it whole. Nothing was run."
             )
     if not weighted and len(set(sizes)) > 1:  # never with memory_fit (weighted)
         rows = [b.rows for b in batches]
@@ -396,24 +408,57 @@ def _sizes_text(sizes: typing.Iterable[int]) -> str:
     )
 
 
-def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
+def _unbatched(graph: tf.Graph, keys: object, feeds: list) -> set:
+    """``unbatched_feeds``, checked: the tensors it names, each a key of a feed dict."""
+    if keys is None:
+        return set()
+    if isinstance(keys, (str, tf.Tensor)) or not isinstance(keys, collections.abc.Iterable):
+        raise TypeError(
+            "unbatched_feeds must be a list of feed dict keys (placeholders or their names) "
+            f"fed whole to every micro-batch, got {_validate.describe(keys)}."
+        )
+    fed = set()
+    for key in (key for feed in feeds for key in feed):
+        with contextlib.suppress(ValueError):  # a bad key: refused with its feed dict's label
+            fed.add(_feed_tensor(graph, key, "feed_dicts"))
+    tensors = set()
+    for key in keys:
+        tensor = _feed_tensor(graph, key, "unbatched_feeds")
+        if tensor not in fed:
+            raise ValueError(
+                f"unbatched_feeds names {_key_name(key)}, which no feed dict of the batch "
+                "feeds: name the keys of feed_dicts that are not batch data. Nothing was run."
+            )
+        tensors.add(tensor)
+    return tensors
+
+
+def _feed_tensor(graph: tf.Graph, key: object, label: str) -> typing.Any:
+    """The tensor a feed dict key names (a name, looked up in ``graph``)."""
+    if not isinstance(key, str):
+        return key
+    try:
+        return graph.as_graph_element(key)
+    except (KeyError, ValueError, TypeError) as error:
+        raise ValueError(f"{label} has a key {key!r} that names no tensor: {error}") from None
+
+
+def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
     """Finds which values of one large feed dict are split, and its rows; returns a `_Batch`.
 
     Split: a value of the batch's rows (the leading size most candidates
-    share) whose key leaves the leading dimension unknown; the rest go whole.
+    share) whose key leaves the leading dimension unknown and is not in
+    ``whole`` (``unbatched_feeds``); the rest go whole.
     """
     values = {}
     candidates = {}  # key -> leading size
-    fixed = {}  # key -> (leading size, shape): placeholders of a fixed leading size
+    fixed: dict[typing.Any, tuple] = {}  # key -> (leading size, shape): fixed leading size
+    misfit: dict[typing.Any, tuple] = {}  # the same, where the value has another leading size
     for key, value in feed.items():
-        tensor = key
-        if isinstance(key, str):
-            try:
-                tensor = graph.as_graph_element(key)
-            except (KeyError, ValueError, TypeError) as error:
-                raise ValueError(
-                    f"{label} has a key {key!r} that names no tensor: {error}"
-                ) from None
+        tensor = _feed_tensor(graph, key, label)
+        if tensor in whole:
+            values[key] = value
+            continue
         if isinstance(tensor, tf.SparseTensor):
             raise TypeError(
                 f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), "
@@ -425,14 +470,16 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
         shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None
         known = shape is not None and shape.ndims is not None
         if value.ndim == 0 or (known and (shape.ndims == 0 or shape.as_list()[0] is not None)):
-            if value.ndim and known and shape.ndims and value.shape[0] == shape.as_list()[0]:
-                fixed[key] = (value.shape[0], shape.as_list())
+            if value.ndim and known and shape.ndims:
+                sized = misfit if value.shape[0] != shape.as_list()[0] else fixed
+                sized[key] = (value.shape[0], shape.as_list())
             continue  # fed whole, unless it has the batch's rows (see plan_window)
         candidates[key] = value.shape[0]
-    sizes = collections.Counter(size for size, _ in fixed.values()).most_common(2)
+    sized = {**fixed, **misfit}
+    sizes = collections.Counter(size for size, _ in sized.values()).most_common(2)
     if not candidates and (len(sizes) == 1 or (sizes and sizes[0][1] > sizes[1][1])):
-        # A graph built for one batch size: its rows are the placeholders'.
-        candidates = {key: size for key, (size, _) in fixed.items()}
+        # A graph built for one batch size: its rows are the values'.
+        candidates = {key: size for key, (size, _) in sized.items()}
     if not candidates:
         raise ValueError(
             f"{label} holds nothing to split: no value has a leading batch dimension "
@@ -445,9 +492,9 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
         keys = ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
         raise ValueError(
             f"{label} has no one batch dimension: as many arrays have {tied[0]} rows as "
-            f"{tied[1]} ({keys}). Feed an array that is not batch data "
-            "through a placeholder of known leading size (shape [100, 16], not [None, 16]), "
-            "so that it is fed whole. Nothing was run."
+            f"{tied[1]} ({keys}). Name the arrays that are not batch data in "
+            "unbatched_feeds=[...], or feed them through a placeholder of known leading size "
+            "(shape [100, 16], not [None, 16]), so that they are fed whole. Nothing was run."
         )
     rows = counted[0][0]
     if rows == 0:
@@ -455,7 +502,7 @@ def _batch(graph: tf.Graph, feed: dict, label: str) -> _Batch:
             f"{label} holds a batch of 0 rows: nothing to accumulate. Nothing was run."
         )
     split = frozenset(key for key, size in candidates.items() if size == rows and key not in fixed)
-    batch_shaped = {key: shape for key, (size, shape) in fixed.items() if size == rows}
+    batch_shaped = {k: sized[k][1] for k in values if k in sized and sized[k][0] == rows}
     return _Batch(values, rows, split, batch_shaped)
 
 

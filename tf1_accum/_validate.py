@@ -13,7 +13,7 @@ import typing
 import warnings
 
 import numpy as np
-from tf1_accum._compat import keras_names, tf, tensorflow_dir
+from tf1_accum._compat import keras_names, tf, tensorflow_dir, variable_store
 
 from tf1_accum import _keras
 
@@ -398,6 +398,36 @@ _LIBRARY_DIRS = (
 )
 
 
+def warn_of_other_models(
+    update_ops: typing.Sequence[tf.Operation | tf.Tensor],
+    reads: typing.Container[str],
+    runner: str,
+) -> None:
+    """Warns of an op of ``UPDATE_OPS`` needing a feed the loss does not read (another model's).
+
+    ``reads``: the names of the ops the loss (and weight) reads; ``runner``:
+    what runs the update ops with each micro-batch (``"the train op of ..."``).
+    """
+    for update in update_ops:
+        # UPDATE_OPS may hold tensors too (an assign's value, a moving average's).
+        op = getattr(update, "op", update)
+        fed = sorted(o.name for o in _ancestors(op, known=reads) if o.type == "Placeholder")
+        if fed:
+            warnings.warn(
+                f"tf1_accum: the update op {op.name} is in "
+                f"tf.compat.v1.GraphKeys.UPDATE_OPS, which {runner} runs with each "
+                f"micro-batch (update_ops=None, the default), and it needs placeholder "
+                f"{', '.join(fed)} fed, which the loss does not read: it belongs to another "
+                "model (a GAN's other network). Each run would fail with \"You must feed a "
+                f"value for placeholder tensor '{fed[0]}'\". Pass update_ops= this model's "
+                "ops (e.g. tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, "
+                'scope="generator")), or [] for none.',
+                UserWarning,
+                stacklevel=_caller_stacklevel(),
+            )
+            return
+
+
 def _caller_stacklevel() -> int:
     """The ``stacklevel`` of the first frame outside tf1_accum, TensorFlow and tf_keras."""
     frame: types.FrameType | None = sys._getframe(1)
@@ -412,9 +442,14 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
     """Puts the graph's collections back if the build inside raises; the error says what stays."""
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
+    names_before = set(variable_store(graph))
     try:
         yield
     except Exception as error:
+        # Names tf.compat.v1.get_variable gave (a transform's variable): free for a retry.
+        store = variable_store(graph)
+        for name in set(store) - names_before:
+            del store[name]
         variables = (
             tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
             tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
@@ -435,8 +470,8 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
             )
             if made:
                 note += (
-                    f", without the variables made meanwhile ({', '.join(made)}). A name "
-                    "that tf.compat.v1.get_variable gave stays taken in its variable scope"
+                    f", without the variables made meanwhile ({', '.join(made)}), whose "
+                    "tf.compat.v1.get_variable names are free for a build again"
                 )
             _add_note(error, note + ".")
         if isinstance(error, AttributeError) and KERAS_3_SYMPTOM in str(error):

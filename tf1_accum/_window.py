@@ -10,7 +10,10 @@ import functools
 import typing
 
 import numpy as np
+from tf1_accum._compat import add_control_inputs
+from tf1_accum._compat import control_flow_context
 from tf1_accum._compat import tf
+from tf1_accum._compat import without_control_inputs
 
 from tf1_accum import _validate
 from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
@@ -198,11 +201,17 @@ class Window:
         """Adds one micro-batch's gradients (aligned with ``var_list``), times ``weight``.
 
         Weight 0 adds nothing, even a NaN, but is counted; ``run_with`` runs
-        before every stateful op. Returns an `Added`.
+        before every stateful op, after the weight's check. Returns an `Added`.
         """
+        with tf.compat.v1.name_scope(self.scope):
+            # Checked first, free of the caller's dependencies (a lock): the
+            # update ops wait for it, so a refused micro-batch moves nothing.
+            with without_control_inputs():
+                for part in self.parts:
+                    weight = part.checked(weight)
+            if weight is not None:
+                _run_after(run_with, weight)
         with tf.compat.v1.name_scope(self.scope), tf.control_dependencies(run_with):
-            for part in self.parts:
-                weight = part.checked(weight)
             sums = tuple(part.add(gradients, weight) for part in self.parts)
             # The window's first add assigns: no reset pass, no zeros (see _VariableAccumulator).
             first = tf.equal(self.counter.read_value(), 0, name="first")
@@ -459,6 +468,18 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
     global_vars[:] = [v for v in global_vars if id(v) not in ids]
     for v in variables:
         graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
+
+
+def _run_after(ops: typing.Sequence[tf.Operation | tf.Tensor], checked: tf.Tensor) -> None:
+    """Makes ``ops`` (update ops) wait for ``checked`` (a checked weight) where they can.
+
+    Not those of another graph or version 1 ``tf.cond`` / ``tf.while_loop``
+    than the check's, which cannot wait for it.
+    """
+    for op in dict.fromkeys(getattr(item, "op", item) for item in ops):
+        same_context = control_flow_context(op) is control_flow_context(checked.op)
+        if op.graph is checked.graph and same_context and checked.op not in op.control_inputs:
+            add_control_inputs(op, [checked.op])
 
 
 def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:

@@ -125,10 +125,13 @@ def message(code: str, where: str = "") -> str:
     return f"{where + ': ' if where else ''}{mistake.why}; {mistake.fix}"
 
 
-def refusal(code: str, what: str) -> str:
-    """The text of the error that refuses to run ``code``'s mistake (``what``: this case)."""
+def refusal(code: str, what: str, fix: str | None = None) -> str:
+    """The text of the error that refuses to run ``code``'s mistake (``what``: this case).
+
+    ``fix``: what to do in this case, if not the mistake's usual fix.
+    """
     mistake = CATALOGUE[code]
     return (
         f"tf1_accum: {what} ({code}, {mistake.title}): {mistake.why}. Nothing was run. "
-        f"Instead, {mistake.fix} (see {mistake.doc})."
+        f"Instead, {fix or mistake.fix} (see {mistake.doc})."
     )
