@@ -595,3 +595,44 @@ def test_update_ops_of_the_model_itself_train_without_a_warning():
                 sess.run(g_train, {noise: batch})
             after = sess.run(v1.trainable_variables("generator"))
         assert not np.array_equal(before[0], after[0])
+
+
+def test_a_learning_rate_fed_differently_within_a_window_is_refused():
+    """Fed 0.05, 0.05 then 0.5, the window would be applied at 0.5: the third run is refused."""
+    batches = make_batches(tf.float64, False, 3, 4)
+
+    def build():
+        model = Model(tf.float64, False)
+        rate = v1.placeholder(tf.float64, [], name="rate")
+        return model, rate, v1.train.AdamOptimizer(rate)
+
+    with tf.Graph().as_default():
+        model, rate, adam = build()
+        opt = tf1_accum.AccumulationOptimizer(adam, 3)
+        train_op = opt.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches[:2]:
+                sess.run(train_op, {**model.feed(batch), rate: 0.05})
+            before = values_by_name(sess, v1.global_variables())
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=r"micro-batch 2 of the window feeds rate:0 0.5, and micro-batch 0 fed it "
+                r"0.05: the update reads it, and runs once for the window, with one value",
+            ):
+                sess.run(train_op, {**model.feed(batches[2]), rate: 0.5})
+            # Nothing was added: the window holds its two micro-batches, as they were.
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "refused")
+            assert int(sess.run(opt.window.counter)) == 2
+            assert sess.run(opt.window.applied, {**model.feed(batches[2]), rate: 0.05})
+            got = values_by_name(sess, tf1_accum.plain_variables())
+            # The next window takes another rate.
+            sess.run(train_op, {**model.feed(batches[0]), rate: 0.5})
+    with tf.Graph().as_default():
+        model, rate, adam = build()
+        train_op = adam.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_op, {**model.feed(concat(batches)), rate: 0.05})
+            expected = values_by_name(sess, v1.global_variables())
+    assert_same_values(got, expected, RTOL[tf.float64], "one rate for the window")

@@ -12,6 +12,7 @@ from tf1_accum._compat import tf
 from tf1_accum import _accumulation
 from tf1_accum import _validate
 from tf1_accum import _distributed
+from tf1_accum import _fed
 from tf1_accum import _guard
 from tf1_accum import _hooks
 from tf1_accum import _keras
@@ -514,13 +515,19 @@ def _build(
             # With global_step: each run first checks that nothing else moved it.
             checked = [] if start is None else [start.check(steps)]
             checked += _check_alone(reach, _reaches(outer))
-            with tf.control_dependencies(checked):
+            # What the add waits for once the apply shows what it reads (a fed learning rate).
+            with tf.compat.v1.name_scope(window.scope):
+                gate = tf.no_op(name="fed_values_held")
+            with tf.control_dependencies(checked + [gate]):
                 added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
             # The counter's increment waits for every add: the apply follows them.
             with tf.compat.v1.name_scope(window.scope):
                 due = tf.greater_equal(tf.identity(added.count), steps, name="due")
             graph.add_to_collection(APPLY_DUE_COLLECTION, due)
-            return window.apply(applier, global_step, when=due), None
+            applied = window.apply(applier, global_step, when=due)
+            with tf.compat.v1.name_scope(window.scope):
+                _fed.hold(window.counter, gate, added.op, applied.applied)
+            return applied, None
 
         train, _ = window.exclusive(accumulate_and_apply)
         # Built now (a MonitoredSession finalizes the graph), outside any

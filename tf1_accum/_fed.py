@@ -1,0 +1,103 @@
+"""One value per window for what only the update reads and each run feeds (a learning rate).
+
+A train op that accumulates and, every ``steps`` runs, applies reads such a
+placeholder in every run but uses only the last run's value: a window fed
+0.05, 0.05 then 0.5 would be applied at 0.5. `hold` makes each run check its
+value against the window's first micro-batch's, in the graph, before the run
+adds anything, so it holds whatever runs the op (a session, Keras, a hook).
+"""
+
+from __future__ import annotations
+
+import typing
+
+from tf1_accum._compat import add_control_inputs
+from tf1_accum._compat import tf
+
+_PLACEHOLDERS = ("Placeholder", "PlaceholderWithDefault")
+
+
+def hold(
+    counter: tf.Variable,
+    gate: tf.Operation,
+    added: tf.Operation,
+    applied: tf.Tensor,
+) -> None:
+    """Makes ``gate`` (which every op of the add waits for) check the fed values.
+
+    The placeholders checked are those ``applied`` (the conditional apply)
+    reads and ``added`` (the micro-batch's add) does not: not the batch, nor
+    a weight. The value of the window's first micro-batch (``counter`` 0) is
+    kept in a hash table of the session (nothing to initialize or save); a
+    session that finds none (a new one, a restored window) keeps the first it
+    sees.
+    """
+    batch = _ancestors([added])
+    fed = [
+        op.outputs[0]
+        for op in _ancestors([applied.op]).values()
+        if op.type in _PLACEHOLDERS
+        and op.name not in batch
+        and op.outputs[0].shape.is_fully_defined()
+        and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer)
+    ]
+    if not fed:
+        return
+    fed.sort(key=lambda t: t.name)
+    size = sum(t.shape.num_elements() for t in fed)
+    with tf.init_scope(), tf.device(counter.device):
+        table = tf.raw_ops.MutableHashTableOfTensorsV2(
+            key_dtype=tf.int64,
+            value_dtype=tf.float64,
+            value_shape=[size],
+            use_node_name_sharing=True,
+            name="fed_at_first_micro_batch",
+        )
+    key = tf.constant([0], tf.int64)
+    value = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in fed], 0)
+    unknown = tf.fill([size], tf.constant(float("nan"), tf.float64))
+    first = tf.raw_ops.LookupTableFindV2(table_handle=table, keys=key, default_value=unknown)[0]
+    count = tf.identity(counter.read_value())
+    same = tf.reduce_all(tf.equal(first, value))
+    held = tf.reduce_any([tf.equal(count, 0), tf.reduce_any(tf.math.is_nan(first)), same])
+    names = ", ".join(t.name for t in fed)
+
+    def refuse() -> tf.Tensor:
+        # The message is made only for a refusal: each run costs a lookup and a compare.
+        shown = [
+            tf.strings.reduce_join(tf.strings.as_string(v, shortest=True), separator=", ")
+            for v in (value, first)
+        ]
+        message = tf.strings.join(
+            ["tf1_accum: micro-batch ", tf.strings.as_string(count)]
+            + [f" of the window feeds {names} ", shown[0], ", and micro-batch 0 fed it ", shown[1]]
+            + [_RULE]
+        )
+        with tf.control_dependencies([tf.debugging.Assert(held, [message])]):
+            return tf.constant(False)
+
+    checked = tf.cond(held, lambda: tf.constant(True), refuse, name="one_value_per_window")
+    with tf.control_dependencies([checked]):
+        keep = tf.raw_ops.LookupTableInsertV2(
+            table_handle=table, keys=key, values=tf.expand_dims(value, 0)
+        )
+    add_control_inputs(gate, [keep])
+
+
+_RULE = (
+    ": the update reads it, and runs once for the window, with one value. "
+    "Feed the same value to every micro-batch of a window (change it once window.applied "
+    "is True). This micro-batch was not added."
+)
+
+
+def _ancestors(ops: typing.Iterable[tf.Operation]) -> dict[str, tf.Operation]:
+    """``ops`` and every op they read or wait for, by name."""
+    seen: dict[str, tf.Operation] = {}
+    stack = list(ops)
+    while stack:
+        op = stack.pop()
+        if op.name not in seen:
+            seen[op.name] = op
+            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return seen
