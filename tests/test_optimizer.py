@@ -636,3 +636,29 @@ def test_a_learning_rate_fed_differently_within_a_window_is_refused():
             sess.run(train_op, {**model.feed(concat(batches)), rate: 0.05})
             expected = values_by_name(sess, v1.global_variables())
     assert_same_values(got, expected, RTOL[tf.float64], "one rate for the window")
+
+
+@pytest.mark.parametrize("field", ["applied", "global_norm", "statistics"])
+def test_the_window_record_inside_a_loss_scale_optimizer_names_the_working_nesting(field):
+    """What each run computes stays in the loss scale's conditional: refused, naming the fix."""
+    batches = make_batches(tf.float32, False, 3, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        wrapper = tf1_accum.AccumulationOptimizer(
+            v1.train.GradientDescentOptimizer(0.1), 3, statistics=True, micro_batch_size=3
+        )
+        opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(wrapper, "dynamic")
+        train_op = opt.minimize(model.loss)
+        with pytest.raises(
+            ValueError,
+            match=rf"window\.{field} of this AccumulationOptimizer is built inside another "
+            r"optimizer's conditional (.|\n)*AccumulationOptimizer\(MixedPrecisionLossScale"
+            r"Optimizer\(opt, loss_scale\), steps\)",
+        ):
+            getattr(wrapper.window, field)
+        # What lives outside the conditional still reads: the counter.
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches[:2]:
+                sess.run(train_op, model.feed(batch))
+            assert int(sess.run(wrapper.window.counter)) == 2

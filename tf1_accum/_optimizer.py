@@ -7,6 +7,7 @@ import typing
 import warnings
 
 from tf1_accum._compat import cached_property
+from tf1_accum._compat import control_flow_context
 from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation
@@ -179,6 +180,32 @@ class TrainOpWindow(typing.NamedTuple):
     accumulators: typing.List[tf.Variable]
     var_list: typing.List[tf.Variable]
     options: WindowOptions
+
+
+def _unreachable(field: str) -> property:
+    """A field of `_NestedWindow` that refuses, saying why and what nests the other way."""
+
+    def refuse(self: TrainOpWindow) -> typing.NoReturn:
+        raise ValueError(
+            f"window.{field} of this AccumulationOptimizer is built inside another "
+            "optimizer's conditional (MixedPrecisionLossScaleOptimizer(AccumulationOptimizer"
+            "(...)) builds the wrapper's apply in its tf.cond), where it cannot be fetched "
+            "nor used in a tf.cond outside. Nest them the other way to read it: "
+            "AccumulationOptimizer(MixedPrecisionLossScaleOptimizer(opt, loss_scale), steps) "
+            "(the overflow check then acts on the window's mean). counter, skipped_windows "
+            "and flush_op can be used either way."
+        )
+
+    return property(refuse)
+
+
+class _NestedWindow(TrainOpWindow):
+    """The window of a train op built inside another optimizer's conditional."""
+
+    __slots__ = ()
+    applied = _unreachable("applied")
+    global_norm = _unreachable("global_norm")
+    statistics = _unreachable("statistics")
 
 
 class _Build(typing.NamedTuple):
@@ -541,7 +568,9 @@ def _build(
                 return window.apply(applier, global_step, when=pending), None
 
             flushed, _ = window.exclusive(flush, name="flush")
-    record = TrainOpWindow(
+    # Inside a loss-scale optimizer's conditional, what each run computes stays in it.
+    nested = graph is not outer or control_flow_context(train.applied.op) is not None
+    record = (_NestedWindow if nested else TrainOpWindow)(
         counter=window.counter,
         applied=train.applied,
         global_norm=train.norm,
