@@ -218,8 +218,9 @@ _HAND_WRITTEN = (
 )
 _DELETE_IT = (
     "Delete that increment; or keep it, run it only when an update was applied "
-    "(tf.cond(opt.window.applied, ...), see the Real programs guide) and give the "
-    "wrapper no global_step."
+    "(tf.cond(opt.window.applied, ...), see the Real programs guide) as "
+    "global_step.assign_add(1) (an assign(global_step + 1) loses counts between "
+    "asynchronous workers), and give the wrapper no global_step."
 )
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 
