@@ -662,3 +662,27 @@ def test_the_window_record_inside_a_loss_scale_optimizer_names_the_working_nesti
             for batch in batches[:2]:
                 sess.run(train_op, model.feed(batch))
             assert int(sess.run(wrapper.window.counter)) == 2
+
+
+@pytest.mark.parametrize("form", ["assign_add", "assign"])
+def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused(form):
+    """Given global_step, the wrapper counts each update; an increment on applied again."""
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+        train_op = opt.minimize(model.loss, global_step=step)
+
+        def increment():
+            if form == "assign_add":
+                return tf.identity(v1.assign_add(step, 1))
+            return tf.identity(v1.assign(step, step + 1))
+
+        counted = tf.cond(opt.window.applied, increment, lambda: tf.identity(step), name="count")
+        tf.group(train_op, counted)
+        with pytest.raises(
+            ValueError,
+            match=r"count\S* increments global_step \(global_step\) in a tf.cond on "
+            r"window.applied, and AccumulationOptimizer, given that global_step (.|\n)*Keep one",
+        ):
+            v1.train.MonitoredSession(hooks=[opt.make_session_run_hook()])

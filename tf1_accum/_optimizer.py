@@ -570,6 +570,12 @@ def _build(
             flushed, _ = window.exclusive(flush, name="flush")
     # Inside a loss-scale optimizer's conditional, what each run computes stays in it.
     nested = graph is not outer or control_flow_context(train.applied.op) is not None
+    if start is not None and not nested:
+        start.applied = train.applied  # what a hand-written increment hangs on
+        step_op, _ = start.given()
+        outer.add_to_collection(
+            _migration.APPLIED_WITH_STEP, f"{train.applied.name} {step_op.name}"
+        )
     record = (_NestedWindow if nested else TrainOpWindow)(
         counter=window.counter,
         applied=train.applied,
