@@ -624,6 +624,14 @@ def test_a_learning_rate_fed_differently_within_a_window_is_refused():
             # Nothing was added: the window holds its two micro-batches, as they were.
             assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "refused")
             assert int(sess.run(opt.window.counter)) == 2
+            # A flush applies the window: at its rate too.
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=r"flush_op, applying a window of 2 micro-batches, feeds rate:0 0.5, and "
+                r"micro-batch 0 fed it 0.05",
+            ):
+                sess.run(opt.flush_op, {rate: 0.5})
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "flush")
             assert sess.run(opt.window.applied, {**model.feed(batches[2]), rate: 0.05})
             got = values_by_name(sess, tf1_accum.plain_variables())
             # The next window takes another rate.

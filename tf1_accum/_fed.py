@@ -17,12 +17,53 @@ from tf1_accum._compat import tf
 _PLACEHOLDERS = ("Placeholder", "PlaceholderWithDefault")
 
 
+class Held(typing.NamedTuple):
+    """The placeholders held to one value per window, and the session's record of it."""
+
+    fed: typing.List[tf.Tensor]
+    table: tf.Tensor  # key 0: their values at the window's first micro-batch, flattened
+
+    def check(self, count: tf.Tensor, who: tuple[str, str]) -> tf.Tensor:
+        """The values fed now, once asserted those of the window's first micro-batch.
+
+        An empty window (``count`` 0) holds any. ``who``: the run, named in a
+        refusal around ``count``.
+        """
+        value = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in self.fed], 0)
+        unknown = tf.fill(tf.shape(value), tf.constant(float("nan"), tf.float64))
+        first = tf.raw_ops.LookupTableFindV2(
+            table_handle=self.table, keys=_key(), default_value=unknown
+        )[0]
+        # No record (a new session, a restored window), or the values it holds.
+        held = [tf.reduce_any(tf.math.is_nan(first)), tf.reduce_all(tf.equal(first, value))]
+        holds = tf.reduce_any(held + [tf.equal(count, 0)])
+        names = ", ".join(t.name for t in self.fed)
+
+        def refuse() -> tf.Tensor:
+            # The message is made only for a refusal: each run costs a lookup and a compare.
+            shown = [
+                tf.strings.reduce_join(tf.strings.as_string(v, shortest=True), separator=", ")
+                for v in (value, first)
+            ]
+            message = tf.strings.join(
+                [f"tf1_accum: {who[0]}", tf.strings.as_string(count)]
+                + [f"{who[1]} feeds {names} ", shown[0], ", and micro-batch 0 fed it "]
+                + [shown[1], _RULE]
+            )
+            with tf.control_dependencies([tf.debugging.Assert(holds, [message])]):
+                return tf.constant(False)
+
+        checked = tf.cond(holds, lambda: tf.constant(True), refuse, name="one_value_per_window")
+        with tf.control_dependencies([checked]):
+            return tf.identity(value)
+
+
 def hold(
     counter: tf.Variable,
     gate: tf.Operation,
     added: tf.Operation,
     applied: tf.Tensor,
-) -> None:
+) -> Held | None:
     """Makes ``gate`` (which every op of the add waits for) check the fed values.
 
     The placeholders checked are those ``applied`` (the conditional apply)
@@ -30,7 +71,7 @@ def hold(
     a weight. The value of the window's first micro-batch (``counter`` 0) is
     kept in a hash table of the session (nothing to initialize or save); a
     session that finds none (a new one, a restored window) keeps the first it
-    sees.
+    sees. Returns what `Held.check` checks a flush with, or None (nothing fed).
     """
     batch = _ancestors([added])
     fed = [
@@ -42,7 +83,7 @@ def hold(
         and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer)
     ]
     if not fed:
-        return
+        return None
     fed.sort(key=lambda t: t.name)
     size = sum(t.shape.num_elements() for t in fed)
     with tf.init_scope(), tf.device(counter.device):
@@ -53,41 +94,25 @@ def hold(
             use_node_name_sharing=True,
             name="fed_at_first_micro_batch",
         )
-    key = tf.constant([0], tf.int64)
-    value = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in fed], 0)
-    unknown = tf.fill([size], tf.constant(float("nan"), tf.float64))
-    first = tf.raw_ops.LookupTableFindV2(table_handle=table, keys=key, default_value=unknown)[0]
+    held = Held(fed, table)
     count = tf.identity(counter.read_value())
-    same = tf.reduce_all(tf.equal(first, value))
-    held = tf.reduce_any([tf.equal(count, 0), tf.reduce_any(tf.math.is_nan(first)), same])
-    names = ", ".join(t.name for t in fed)
-
-    def refuse() -> tf.Tensor:
-        # The message is made only for a refusal: each run costs a lookup and a compare.
-        shown = [
-            tf.strings.reduce_join(tf.strings.as_string(v, shortest=True), separator=", ")
-            for v in (value, first)
-        ]
-        message = tf.strings.join(
-            ["tf1_accum: micro-batch ", tf.strings.as_string(count)]
-            + [f" of the window feeds {names} ", shown[0], ", and micro-batch 0 fed it ", shown[1]]
-            + [_RULE]
-        )
-        with tf.control_dependencies([tf.debugging.Assert(held, [message])]):
-            return tf.constant(False)
-
-    checked = tf.cond(held, lambda: tf.constant(True), refuse, name="one_value_per_window")
-    with tf.control_dependencies([checked]):
-        keep = tf.raw_ops.LookupTableInsertV2(
-            table_handle=table, keys=key, values=tf.expand_dims(value, 0)
-        )
+    value = held.check(count, ("micro-batch ", " of the window"))
+    keep = tf.raw_ops.LookupTableInsertV2(
+        table_handle=table, keys=_key(), values=tf.expand_dims(value, 0)
+    )
     add_control_inputs(gate, [keep])
+    return held
+
+
+def _key() -> tf.Tensor:
+    """The table's one key."""
+    return tf.constant([0], tf.int64)
 
 
 _RULE = (
     ": the update reads it, and runs once for the window, with one value. "
     "Feed the same value to every micro-batch of a window (change it once window.applied "
-    "is True). This micro-batch was not added."
+    "is True). Nothing was changed."
 )
 
 

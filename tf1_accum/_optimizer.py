@@ -553,8 +553,10 @@ def _build(
             graph.add_to_collection(APPLY_DUE_COLLECTION, due)
             applied = window.apply(applier, global_step, when=due)
             with tf.compat.v1.name_scope(window.scope):
-                _fed.hold(window.counter, gate, added.op, applied.applied)
+                held.append(_fed.hold(window.counter, gate, added.op, applied.applied))
             return applied, None
+
+        held: list[_fed.Held | None] = []
 
         train, _ = window.exclusive(accumulate_and_apply)
         # Built now (a MonitoredSession finalizes the graph), outside any
@@ -564,8 +566,14 @@ def _build(
 
             def flush() -> tuple[Applied, None]:
                 with tf.compat.v1.name_scope(window.scope):
-                    pending = tf.greater(tf.identity(window.counter), 0, name="pending")
-                return window.apply(applier, global_step, when=pending), None
+                    count = tf.identity(window.counter)
+                    pending = tf.greater(count, 0, name="pending")
+                    # Fed to the flush, a learning rate is the window's, as in its micro-batches.
+                    fed = held[0] if graph is outer else None
+                    who = ("flush_op, applying a window of ", " micro-batches,")
+                    checked = [fed.check(count, who)] if fed else []
+                with tf.control_dependencies(checked):
+                    return window.apply(applier, global_step, when=pending), None
 
             flushed, _ = window.exclusive(flush, name="flush")
     # Inside a loss-scale optimizer's conditional, what each run computes stays in it.
