@@ -617,8 +617,8 @@ def test_a_learning_rate_fed_differently_within_a_window_is_refused():
             before = values_by_name(sess, v1.global_variables())
             with pytest.raises(
                 tf.errors.InvalidArgumentError,
-                match=r"micro-batch 2 of the window feeds rate:0 0.5, and micro-batch 0 fed it "
-                r"0.05: the update reads it, and runs once for the window, with one value",
+                match=r"this micro-batch feeds rate:0 another value than micro-batch 0 of the "
+                r"window fed it: the update reads it(.|\n)*\[0.5\] \[0.05\] \[2\]",
             ):
                 sess.run(train_op, {**model.feed(batches[2]), rate: 0.5})
             # Nothing was added: the window holds its two micro-batches, as they were.
@@ -627,8 +627,8 @@ def test_a_learning_rate_fed_differently_within_a_window_is_refused():
             # A flush applies the window: at its rate too.
             with pytest.raises(
                 tf.errors.InvalidArgumentError,
-                match=r"flush_op, applying a window of 2 micro-batches, feeds rate:0 0.5, and "
-                r"micro-batch 0 fed it 0.05",
+                match=r"flush_op feeds rate:0 another value than micro-batch 0 of the window fed "
+                r"it(.|\n)*\[0.5\] \[0.05\] \[2\]",
             ):
                 sess.run(opt.flush_op, {rate: 0.5})
             assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "flush")

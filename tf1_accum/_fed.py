@@ -23,11 +23,10 @@ class Held(typing.NamedTuple):
     fed: typing.List[tf.Tensor]
     table: tf.Tensor  # key 0: their values at the window's first micro-batch, flattened
 
-    def check(self, count: tf.Tensor, who: tuple[str, str]) -> tf.Tensor:
+    def check(self, count: tf.Tensor, who: str) -> tf.Tensor:
         """The values fed now, once asserted those of the window's first micro-batch.
 
-        An empty window (``count`` 0) holds any. ``who``: the run, named in a
-        refusal around ``count``.
+        An empty window (``count`` 0) holds any. ``who``: the run, as a refusal names it.
         """
         value = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in self.fed], 0)
         unknown = tf.fill(tf.shape(value), tf.constant(float("nan"), tf.float64))
@@ -37,23 +36,18 @@ class Held(typing.NamedTuple):
         # No record (a new session, a restored window), or the values it holds.
         held = [tf.reduce_any(tf.math.is_nan(first)), tf.reduce_all(tf.equal(first, value))]
         holds = tf.reduce_any(held + [tf.equal(count, 0)])
-        names = ", ".join(t.name for t in self.fed)
-
-        def refuse() -> tf.Tensor:
-            # The message is made only for a refusal: each run costs a lookup and a compare.
-            shown = [
-                tf.strings.reduce_join(tf.strings.as_string(v, shortest=True), separator=", ")
-                for v in (value, first)
-            ]
-            message = tf.strings.join(
-                [f"tf1_accum: {who[0]}", tf.strings.as_string(count)]
-                + [f"{who[1]} feeds {names} ", shown[0], ", and micro-batch 0 fed it "]
-                + [shown[1], _RULE]
-            )
-            with tf.control_dependencies([tf.debugging.Assert(holds, [message])]):
-                return tf.constant(False)
-
-        checked = tf.cond(holds, lambda: tf.constant(True), refuse, name="one_value_per_window")
+        message = (
+            f"tf1_accum: {who} feeds {', '.join(t.name for t in self.fed)} another value than "
+            f"micro-batch 0 of the window fed it{_RULE} Values: fed now, fed with micro-batch "
+            "0, micro-batches in the window:"
+        )
+        # The op itself: tf.debugging.Assert would wrap it in a conditional, at a cost per run.
+        checked = tf.raw_ops.Assert(
+            condition=holds,
+            data=[tf.constant(message), value, first, count],
+            summarize=8,
+            name="one_value_per_window",
+        )
         with tf.control_dependencies([checked]):
             return tf.identity(value)
 
@@ -96,7 +90,7 @@ def hold(
         )
     held = Held(fed, table)
     count = tf.identity(counter.read_value())
-    value = held.check(count, ("micro-batch ", " of the window"))
+    value = held.check(count, "this micro-batch")
     keep = tf.raw_ops.LookupTableInsertV2(
         table_handle=table, keys=_key(), values=tf.expand_dims(value, 0)
     )
@@ -110,9 +104,9 @@ def _key() -> tf.Tensor:
 
 
 _RULE = (
-    ": the update reads it, and runs once for the window, with one value. "
-    "Feed the same value to every micro-batch of a window (change it once window.applied "
-    "is True). Nothing was changed."
+    ": the update reads it, and runs once for the window, with one value. Feed the same "
+    "value to every micro-batch of a window (change it once window.applied is True). "
+    "Nothing was changed."
 )
 
 

@@ -570,8 +570,7 @@ def _build(
                     pending = tf.greater(count, 0, name="pending")
                     # Fed to the flush, a learning rate is the window's, as in its micro-batches.
                     fed = held[0] if graph is outer else None
-                    who = ("flush_op, applying a window of ", " micro-batches,")
-                    checked = [fed.check(count, who)] if fed else []
+                    checked = [fed.check(count, "flush_op")] if fed else []
                 with tf.control_dependencies(checked):
                     return window.apply(applier, global_step, when=pending), None
 
