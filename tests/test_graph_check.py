@@ -651,6 +651,28 @@ def test_the_increment_hung_on_applied_is_clean():
         assert tf1_accum.check_graph(tf.group(train_op, increment)) == []
 
 
+@pytest.mark.parametrize("form", ["assign_add", "assign"])
+def test_an_increment_hung_on_applied_beside_the_wrappers_own_counts_twice(form):
+    with tf.Graph().as_default():
+        loss, _ = _bert_loss()
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 4)
+        train_op = opt.minimize(loss, global_step=step)
+
+        def count():
+            if form == "assign_add":
+                return tf.identity(v1.assign_add(step, 1))
+            return tf.identity(v1.assign(step, step + 1))
+
+        counted = tf.cond(opt.window.applied, count, lambda: tf.identity(step), name="count")
+        findings = tf1_accum.check_graph(tf.group(train_op, counted))
+    assert [f.kind for f in findings] == ["step_not_per_update"]
+    assert findings[0].op_name.startswith("count")
+    assert "(window.applied) holds, and the AccumulationOptimizer given that step" in (
+        findings[0].message
+    )
+
+
 def test_an_increment_with_each_accumulate_op_counts_micro_batches():
     with tf.Graph().as_default():
         model = HandWritten()

@@ -696,3 +696,53 @@ def test_a_removed_property_names_the_window_field_it_became():
         with pytest.raises(AttributeError, match="object has no attribute 'no_such_name'"):
             optimizer.no_such_name  # noqa: B018
         del model
+
+
+def test_a_learning_rate_fed_differently_within_a_window_is_refused(float64):
+    """A loop running apply_gradients' train op, the rate fed: one value per window."""
+    rng = np.random.RandomState(3)
+    x_data, y_data = rng.randn(3 * B, 5), rng.randn(3 * B, 2)
+
+    def build(accumulate):
+        x = v1.placeholder(tf.float64, [None, 5])
+        y = v1.placeholder(tf.float64, [None, 2])
+        rate = v1.placeholder(tf.float64, [], name="rate")
+        model = keras.Sequential(
+            [
+                keras.layers.Dense(
+                    2, input_shape=(5,), kernel_initializer=keras.initializers.glorot_uniform(4)
+                )
+            ]
+        )
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+        optimizer = legacy.SGD(rate)
+        if accumulate:
+            optimizer = tf1_accum.KerasAccumulationOptimizer(optimizer, 3)
+        variables = model.trainable_weights
+        train_op = optimizer.apply_gradients(zip(tf.gradients(loss, variables), variables))
+        return x, y, rate, model, train_op
+
+    with tf.Graph().as_default(), v1.Session() as sess:
+        x, y, rate, model, train_op = build(accumulate=True)
+        sess.run(v1.global_variables_initializer())
+        rows = [slice(i * B, (i + 1) * B) for i in range(3)]
+        for r in rows[:2]:
+            sess.run(train_op, {x: x_data[r], y: y_data[r], rate: 0.05})
+        before = model.get_weights()
+        with pytest.raises(
+            tf.errors.InvalidArgumentError,
+            match=r"this micro-batch feeds rate:0 another value than micro-batch 0 of the window "
+            r"fed it: the update reads it(.|\n)*\[0.5\] \[0.05\] \[2\]",
+        ):
+            sess.run(train_op, {x: x_data[rows[2]], y: y_data[rows[2]], rate: 0.5})
+        for got, want in zip(model.get_weights(), before):
+            np.testing.assert_array_equal(got, want)
+        sess.run(train_op, {x: x_data[rows[2]], y: y_data[rows[2]], rate: 0.05})
+        got = model.get_weights()
+    with tf.Graph().as_default(), v1.Session() as sess:
+        x, y, rate, model, train_op = build(accumulate=False)
+        sess.run(v1.global_variables_initializer())
+        sess.run(train_op, {x: x_data, y: y_data, rate: 0.05})
+        expected = model.get_weights()
+    for g, e in zip(got, expected):
+        np.testing.assert_allclose(g, e, rtol=1e-10)

@@ -642,3 +642,102 @@ def test_a_removed_property_names_the_window_field_it_became(name, field):
         with pytest.raises(AttributeError, match="^'AccumulationOptimizer' object has no attri"):
             wrapper.no_such_name  # noqa: B018
         assert not hasattr(wrapper, name)
+
+
+def test_a_learning_rate_fed_differently_within_a_window_is_refused():
+    """Fed 0.05, 0.05 then 0.5, the window would be applied at 0.5: the third run is refused."""
+    batches = make_batches(tf.float64, False, 3, 4)
+
+    def build():
+        model = Model(tf.float64, False)
+        rate = v1.placeholder(tf.float64, [], name="rate")
+        return model, rate, v1.train.AdamOptimizer(rate)
+
+    with tf.Graph().as_default():
+        model, rate, adam = build()
+        opt = tf1_accum.AccumulationOptimizer(adam, 3)
+        train_op = opt.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches[:2]:
+                sess.run(train_op, {**model.feed(batch), rate: 0.05})
+            before = values_by_name(sess, v1.global_variables())
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=r"this micro-batch feeds rate:0 another value than micro-batch 0 of the "
+                r"window fed it: the update reads it(.|\n)*\[0.5\] \[0.05\] \[2\]",
+            ):
+                sess.run(train_op, {**model.feed(batches[2]), rate: 0.5})
+            # Nothing was added: the window holds its two micro-batches, as they were.
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "refused")
+            assert int(sess.run(opt.window.counter)) == 2
+            # A flush applies the window: at its rate too.
+            with pytest.raises(
+                tf.errors.InvalidArgumentError,
+                match=r"flush_op feeds rate:0 another value than micro-batch 0 of the window fed "
+                r"it(.|\n)*\[0.5\] \[0.05\] \[2\]",
+            ):
+                sess.run(opt.flush_op, {rate: 0.5})
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "flush")
+            assert sess.run(opt.window.applied, {**model.feed(batches[2]), rate: 0.05})
+            got = values_by_name(sess, tf1_accum.plain_variables())
+            # The next window takes another rate.
+            sess.run(train_op, {**model.feed(batches[0]), rate: 0.5})
+    with tf.Graph().as_default():
+        model, rate, adam = build()
+        train_op = adam.minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            sess.run(train_op, {**model.feed(concat(batches)), rate: 0.05})
+            expected = values_by_name(sess, v1.global_variables())
+    assert_same_values(got, expected, RTOL[tf.float64], "one rate for the window")
+
+
+@pytest.mark.parametrize("field", ["applied", "global_norm", "statistics"])
+def test_the_window_record_inside_a_loss_scale_optimizer_names_the_working_nesting(field):
+    """What each run computes stays in the loss scale's conditional: refused, naming the fix."""
+    batches = make_batches(tf.float32, False, 3, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float32, False)
+        wrapper = tf1_accum.AccumulationOptimizer(
+            v1.train.GradientDescentOptimizer(0.1), 3, statistics=True, micro_batch_size=3
+        )
+        opt = v1.train.experimental.MixedPrecisionLossScaleOptimizer(wrapper, "dynamic")
+        train_op = opt.minimize(model.loss)
+        with pytest.raises(
+            ValueError,
+            match=rf"window\.{field} of this AccumulationOptimizer is built inside another "
+            r"optimizer's conditional (.|\n)*AccumulationOptimizer\(MixedPrecisionLossScale"
+            r"Optimizer\(opt, loss_scale\), steps\)",
+        ):
+            getattr(wrapper.window, field)
+        # What lives outside the conditional still reads: the counter.
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches[:2]:
+                sess.run(train_op, model.feed(batch))
+            assert int(sess.run(wrapper.window.counter)) == 2
+
+
+@pytest.mark.parametrize("form", ["assign_add", "assign"])
+def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused(form):
+    """Given global_step, the wrapper counts each update; an increment on applied again."""
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        step = v1.train.get_or_create_global_step()
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+        train_op = opt.minimize(model.loss, global_step=step)
+
+        def increment():
+            if form == "assign_add":
+                return tf.identity(v1.assign_add(step, 1))
+            return tf.identity(v1.assign(step, step + 1))
+
+        counted = tf.cond(opt.window.applied, increment, lambda: tf.identity(step), name="count")
+        tf.group(train_op, counted)
+        with pytest.raises(
+            ValueError,
+            match=r"count\S* increments global_step \(global_step\) in a tf.cond on "
+            r"window.applied, and AccumulationOptimizer, given that global_step (.|\n)*Keep one",
+        ):
+            v1.train.MonitoredSession(hooks=[opt.make_session_run_hook()])

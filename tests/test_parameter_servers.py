@@ -221,7 +221,15 @@ def _bert_style(hand_written):
         step = v1.train.get_or_create_global_step()
         opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
         train_op = opt.minimize(loss, global_step=step)
-        if hand_written:
+        if hand_written == "on_applied":
+            counted = tf.cond(
+                opt.window.applied,
+                lambda: tf.identity(v1.assign_add(step, 1, name="update_count")),
+                lambda: tf.identity(step),
+                name="count_updates",
+            )
+            train_op = tf.group(train_op, counted)
+        elif hand_written:
             train_op = tf.group(train_op, [step.assign(step + 1, name="bert_increment")])
         hook = opt.make_session_run_hook()
     return graph, hook
@@ -240,6 +248,20 @@ def test_a_hand_written_increment_of_a_shared_step_is_refused_when_the_session_s
     )
     assert "global_step.assign(global_step + 1)" in message
     assert "tf.cond(opt.window.applied, ...)" in message
+
+
+def test_an_increment_on_applied_beside_the_wrappers_own_is_refused_when_the_session_starts():
+    graph, hook = _bert_style(hand_written="on_applied")
+    with graph.as_default():
+        with pytest.raises(ValueError) as raised:
+            hook.begin()
+    message = str(raised.value)
+    assert re.search(
+        r"count_updates\S* increments global_step \(global_step\) in a tf.cond on "
+        r"window.applied, and AccumulationOptimizer, given that global_step",
+        message,
+    )
+    assert "global_step.assign_add(1)" in message
 
 
 def test_a_shared_step_alone_is_not_refused_nor_read_with_every_micro_batch():

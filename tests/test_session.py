@@ -540,6 +540,39 @@ def test_micro_batches_feeding_the_apply_different_values_are_refused(sgd_window
     assert_same_values(values_by_name(sess, acc.var_list), before, 0, "refused window")
 
 
+@pytest.mark.parametrize("way", ["fused", "split"])
+def test_fused_and_split_windows_feeding_different_rates_are_refused(way):
+    """As unfused: the fused run would apply the last micro-batch's rate to the whole window."""
+    batches = make_batches(tf.float64, False, 3, 4)
+    with tf.Graph().as_default():
+        model, rate, adam = _scheduled()
+        acc = tf1_accum.build_accumulation(
+            model.loss, adam, weight=tf.shape(model.labels)[0], fused=True
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, v1.global_variables())
+            counting = CountingSession(sess)
+            feeds = [{**model.feed(b), rate: r} for b, r in zip(batches, (0.05, 0.05, 0.5))]
+            message = (
+                r"micro-batch 2 feeds rate:0 0.5, and micro-batch 1 fed it 0.05: the apply "
+                r"reads it, and runs once for the window, with one value\. .* with fused=False"
+            )
+            with pytest.raises(ValueError, match=message):
+                if way == "fused":
+                    tf1_accum.run_accumulation(counting, acc, feeds)
+                else:  # a list of large batches, each split in one
+                    tf1_accum.run_accumulation(counting, acc, feeds, micro_batch_size=4)
+            assert counting.calls == []
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, way)
+            # One rate for the window: the large batch's step.
+            feeds = [{**model.feed(b), rate: 0.05} for b in batches]
+            tf1_accum.run_accumulation(sess, acc, feeds)
+            got = values_by_name(sess, v1.global_variables())
+    _, expected = _plain_adam_step(concat(batches), 0.05)
+    assert_same_values(got, expected, RTOL[tf.float64], way)
+
+
 def test_a_failed_apply_discards_the_window_and_the_next_call_runs(sgd_window):
     """The rate fed nowhere: the apply fails, and the helper (memory_fit too) runs on."""
     model, _, sess, batches = sgd_window

@@ -10,7 +10,7 @@ import typing
 
 from tf1_accum._compat import control_flow_context, function_bodies, tf
 
-from tf1_accum import _count_check, _guard, _schedule_check, _validate
+from tf1_accum import _count_check, _guard, _migration, _schedule_check, _validate
 from tf1_accum._state import STATE_COLLECTION
 from tf1_accum.check._catalogue import KINDS, message
 
@@ -420,6 +420,7 @@ def _findings(
             findings.append(_finding("never_reset", var.name, where))
     findings += _one_run_findings(apply_set, apply_name, g.graph)
     findings += _step_findings(g, apply_set, accum_set, apply_name)
+    findings += _twice_findings(g.graph, apply_set | accum_set, apply_name)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
         findings.append(_finding("schedule_in_micro_batches", op_name, where))
     # The gradients hand-written accumulate ops add (tf1_accum's own warned when built).
@@ -442,6 +443,23 @@ def _one_run_findings(
         where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
         where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
         findings.append(_finding("ops_in_one_run", second.op, where))
+    return findings
+
+
+def _twice_findings(
+    graph: tf.Graph, reached: set[tf.Operation], apply_name: str
+) -> list[GraphFinding]:
+    """(vi) an increment hung on ``window.applied`` of a wrapper that advances the step too."""
+    findings = []
+    for entry in graph.get_collection(_migration.APPLIED_WITH_STEP):
+        applied, step = tf.compat.as_str(entry).split(" ")
+        step_op = graph.get_operation_by_name(step)
+        for name in _migration.hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
+            if graph.get_operation_by_name(name) in reached:
+                where = f"Fetching {apply_name} runs {name}, which increments the global step "
+                where += f"{step} when {applied} (window.applied) holds, and the "
+                where += "AccumulationOptimizer given that step increments it too: twice per update"
+                findings.append(_finding("step_not_per_update", name, where))
     return findings
 
 

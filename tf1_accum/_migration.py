@@ -10,7 +10,7 @@ import re
 import typing
 import warnings
 
-from tf1_accum._compat import control_flow_context, tf
+from tf1_accum._compat import control_flow_context, function_bodies, tf
 
 from tf1_accum import _validate
 from tf1_accum._options import Gradient, Pairs
@@ -126,6 +126,7 @@ class WindowStart:
         self.shared = bool(there.job) and (there.job, there.task) != (here.job, here.task)
         # Ops of the wrapper's own built outside the conditional (a synchronous update).
         self.own: set[str] = set()
+        self.applied: tf.Tensor | None = None  # the train op's, once built
         dtype = global_step.dtype.base_dtype
         with tf.compat.v1.name_scope(scope), tf.device(counter.device):
             self.variable = state_variable(
@@ -137,6 +138,13 @@ class WindowStart:
             global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
             global_vars[:] = [v for v in global_vars if v is not self.variable]
             graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, self.variable)
+
+    def given(self) -> tuple[tf.Operation, tf.Tensor]:
+        """(the step's variable op, ``applied``), kept in `APPLIED_WITH_STEP` as names."""
+        step = self.global_step
+        target = step.op if getattr(step, "handle", None) is None else step.handle.op
+        assert self.applied is not None
+        return target, self.applied
 
     def check(self, steps: int) -> tf.Operation:
         """The op to run before a micro-batch is added: record, or check, the step."""
@@ -193,8 +201,14 @@ class WindowStart:
 
 
 def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
-    """Refuses a shared ``global_step`` that the graph also increments by hand (`hand_written`)."""
+    """Refuses a hand-written increment beside the wrapper's own (`hung_on_applied`).
+
+    On a shared ``global_step``, any one outside control flow (`hand_written`) too.
+    """
     for start in starts:
+        hung = [] if start is None or start.applied is None else hung_on_applied(*start.given())
+        if start is not None and hung:
+            raise ValueError(twice_per_update(hung[0], start.global_step.op.name))
         found = [] if start is None or not start.shared else start.hand_written()
         if start is not None and found:
             step = start.global_step
@@ -207,14 +221,64 @@ def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
             )
 
 
+def hung_on_applied(step: tf.Operation, applied: tf.Tensor) -> list[str]:
+    """The writes to the variable op ``step`` in a ``tf.cond`` on a window's ``applied``.
+
+    By name: the write, or the version 2 ``If`` whose branch writes.
+
+    A wrapper given that step advances it in the same updates: each counts twice.
+    """
+    target, found = step, []
+    for op in step.graph.get_operations():
+        context = control_flow_context(op)  # a version 1 tf.cond
+        pred = getattr(context, "pred", None)
+        if op.type in _STEP_WRITES and pred is not None and _reads(pred, applied.op):
+            if _variable_of(op.inputs[0]) is target:
+                found.append(op.name)
+        if op.type in ("If", "StatelessIf") and _reads(op.inputs[0], applied.op):
+            for body in function_bodies(op):  # a version 2 tf.cond
+                outer = dict(zip([t.op for t in body.inputs], op.inputs[1:]))
+                for inner in body.get_operations():
+                    handle = outer.get(inner.inputs[0].op) if inner.type in _STEP_WRITES else None
+                    if handle is not None and _variable_of(handle) is target:
+                        found.append(op.name)
+    return found
+
+
+def twice_per_update(increment: str, step: str) -> str:
+    """Why an increment of ``step`` hung on ``window.applied`` beside the wrapper's is refused."""
+    return (
+        f"tf1_accum: {increment} increments global_step ({step}) in a tf.cond on "
+        "window.applied, and AccumulationOptimizer, given that global_step "
+        "(minimize(..., global_step=...)), increments it with each update too: every "
+        "update would count twice, and a learning-rate schedule run ahead. Keep one: "
+        "give the wrapper no global_step and keep the increment, as "
+        "global_step.assign_add(1) (an assign(global_step + 1) loses counts between "
+        "asynchronous workers), or delete the increment."
+    )
+
+
+def _variable_of(tensor: tf.Tensor) -> tf.Operation:
+    """The op that ``tensor`` hands on unchanged through a version 1 conditional, or its own."""
+    op = tensor.op
+    while op.type in ("Switch", "RefSwitch", "Identity", "RefIdentity", "Enter") and op.inputs:
+        op = op.inputs[0].op
+    return op
+
+
+#: Graph collection of "applied step" names: a wrapper's ``window.applied``, and
+#: the variable op of the ``global_step`` it was given (which `check_graph` reads).
+APPLIED_WITH_STEP = "tf1_accum_applied_with_step"
+
 _HAND_WRITTEN = (
     "typically a hand-written global_step.assign(global_step + 1) grouped with the "
     "train op (BERT's create_optimizer)"
 )
 _DELETE_IT = (
     "Delete that increment; or keep it, run it only when an update was applied "
-    "(tf.cond(opt.window.applied, ...), see the Real programs guide) and give the "
-    "wrapper no global_step."
+    "(tf.cond(opt.window.applied, ...), see the Real programs guide) as "
+    "global_step.assign_add(1) (an assign(global_step + 1) loses counts between "
+    "asynchronous workers), and give the wrapper no global_step."
 )
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import inspect
 import typing
 
-from tf1_accum._compat import cached_property, tf
+from tf1_accum._compat import cached_property, control_flow_context, tf
 
-from tf1_accum import _accumulation, _validate, _count_check, _distributed, _guard, _hooks, _keras
-from tf1_accum import _migration, _scaffold, _schedule_check, _stats, _sync_replicas, _unhooked
+from tf1_accum import _accumulation, _validate, _count_check, _distributed, _fed, _guard
+from tf1_accum import _hooks, _keras, _migration, _scaffold, _schedule_check, _stats
+from tf1_accum import _sync_replicas, _unhooked
 from tf1_accum import _options
 from tf1_accum._window import Applied, Window, APPLY_DUE_COLLECTION
 from tf1_accum._options import GradientTransform, Pairs, WindowOptions
@@ -164,6 +165,32 @@ def missing_attribute(wrapper: object, name: str) -> AttributeError:
         "graph (build the train op first; with several, each AccumulationOptimizer's "
         "window is its own). This pointer to the new name is kept for one release only."
     )
+
+
+def _unreachable(field: str) -> property:
+    """A field of `_NestedWindow` that refuses, saying why and what nests the other way."""
+
+    def refuse(self: TrainOpWindow) -> typing.NoReturn:
+        raise ValueError(
+            f"window.{field} of this AccumulationOptimizer is built inside another "
+            "optimizer's conditional (MixedPrecisionLossScaleOptimizer(AccumulationOptimizer"
+            "(...)) builds the wrapper's apply in its tf.cond), where it cannot be fetched "
+            "nor used in a tf.cond outside. Nest them the other way to read it: "
+            "AccumulationOptimizer(MixedPrecisionLossScaleOptimizer(opt, loss_scale), steps) "
+            "(the overflow check then acts on the window's mean). counter, skipped_windows "
+            "and flush_op can be used either way."
+        )
+
+    return property(refuse)
+
+
+class _NestedWindow(TrainOpWindow):
+    """The window of a train op built inside another optimizer's conditional."""
+
+    __slots__ = ()
+    applied = _unreachable("applied")
+    global_norm = _unreachable("global_norm")
+    statistics = _unreachable("statistics")
 
 
 class _Build(typing.NamedTuple):
@@ -513,13 +540,21 @@ def _build(
             # With global_step: each run first checks that nothing else moved it.
             checked = [] if start is None else [start.check(steps)]
             checked += _check_alone(reach, _reaches(outer))
-            with tf.control_dependencies(checked):
+            # What the add waits for once the apply shows what it reads (a fed learning rate).
+            with tf.compat.v1.name_scope(window.scope):
+                gate = tf.no_op(name="fed_values_held")
+            with tf.control_dependencies(checked + [gate]):
                 added = window.add([g for g, _ in pairs], weight, run_with=update_ops)
             # The counter's increment waits for every add: the apply follows them.
             with tf.compat.v1.name_scope(window.scope):
                 due = tf.greater_equal(tf.identity(added.count), steps, name="due")
             graph.add_to_collection(APPLY_DUE_COLLECTION, due)
-            return window.apply(applier, global_step, when=due), None
+            applied = window.apply(applier, global_step, when=due)
+            with tf.compat.v1.name_scope(window.scope):
+                held.append(_fed.hold(window.counter, gate, added.op, applied.applied))
+            return applied, None
+
+        held: list[_fed.Held | None] = []
 
         train, _ = window.exclusive(accumulate_and_apply)
         # Built now (a MonitoredSession finalizes the graph), outside any
@@ -529,11 +564,24 @@ def _build(
 
             def flush() -> tuple[Applied, None]:
                 with tf.compat.v1.name_scope(window.scope):
-                    pending = tf.greater(tf.identity(window.counter), 0, name="pending")
-                return window.apply(applier, global_step, when=pending), None
+                    count = tf.identity(window.counter)
+                    pending = tf.greater(count, 0, name="pending")
+                    # Fed to the flush, a learning rate is the window's, as in its micro-batches.
+                    fed = held[0] if graph is outer else None
+                    checked = [fed.check(count, "flush_op")] if fed else []
+                with tf.control_dependencies(checked):
+                    return window.apply(applier, global_step, when=pending), None
 
             flushed, _ = window.exclusive(flush, name="flush")
-    record = TrainOpWindow(
+    # Inside a loss-scale optimizer's conditional, what each run computes stays in it.
+    nested = graph is not outer or control_flow_context(train.applied.op) is not None
+    if start is not None and not nested:
+        start.applied = train.applied  # what a hand-written increment hangs on
+        step_op, _ = start.given()
+        outer.add_to_collection(
+            _migration.APPLIED_WITH_STEP, f"{train.applied.name} {step_op.name}"
+        )
+    record = (_NestedWindow if nested else TrainOpWindow)(
         counter=window.counter,
         applied=train.applied,
         global_norm=train.norm,

@@ -125,8 +125,9 @@ def run_accumulation(
         ValueError: If ``sess`` runs another graph than ``accumulation``'s,
             ``feed_dicts`` holds no micro-batch, ``fused=True``
             without ``accum_apply_op``, micro-batches feed the apply different
-            values, ``fetches`` holds the accumulation's ops or statistics, or a
-            split :doc:`feed_the_batch` refuses.
+            values (a learning rate; fused or not, split or not), ``fetches``
+            holds the accumulation's ops or statistics, or a split
+            :doc:`feed_the_batch` refuses.
         ResourceExhaustedError: With ``memory_fit``, if a micro-batch of one
             row runs out of memory; the window was discarded.
         RuntimeError: If this thread is already running a window of
@@ -210,12 +211,13 @@ def _run_window(
     results: list = []
     weight = accumulation.weight if fetches is not None else None
     weights: list[float] = []
-    # What the micro-batches feed that the apply reads (a learning rate), by name.
-    reads = frozenset() if fused else _apply_reads(accumulation, apply_feed_dict)
+    # What the micro-batches feed that the apply reads (a learning rate), by name:
+    # one value per window, fused or not (fused, the last micro-batch's is applied).
+    reads = _apply_reads(accumulation, None if fused else apply_feed_dict)
     carried: dict[str, tuple[typing.Any, typing.Any, int]] = {}
     if reads and isinstance(feed_dicts, collections.abc.Sequence):
         for index, feed in enumerate(feed_dicts):  # refused before anything runs
-            _carry(reads, carried, feed, index)
+            _carry(reads, carried, feed, index, fused)
         reads = frozenset()
     last_feed = None
     iterator = iter(feed_dicts)
@@ -228,7 +230,7 @@ def _run_window(
             if feed is not None and type(feed) is not dict:  # a dict needs no check
                 _validate.check_feed_dict(f"feed_dicts[{index}]", feed)
             if reads:
-                _carry(reads, carried, feed, index)
+                _carry(reads, carried, feed, index, fused)
             failing = index + 1
             following = next(iterator, _END) if fused else None
             failing = index
@@ -320,6 +322,7 @@ def _carry(
     carried: dict[str, tuple[typing.Any, typing.Any, int]],
     feed: typing.Mapping | None,
     index: int,
+    fused: bool = False,
 ) -> None:
     """Keeps what ``feed`` gives a placeholder of ``reads``, for the apply; refuses a change."""
     for key, value in (feed or {}).items():
@@ -329,11 +332,14 @@ def _carry(
         if name in carried:
             _, earlier, at = carried[name]
             if value is not earlier and not np.array_equal(value, earlier):
+                # An array's values, as fed (the split feeds arrays).
+                shown = [v.tolist() if isinstance(v, np.ndarray) else v for v in (value, earlier)]
                 raise ValueError(
-                    f"micro-batch {index} feeds {name} {value!r}, and micro-batch {at} fed it "
-                    f"{earlier!r}: the apply reads it, and runs once for the window, with one "
+                    f"micro-batch {index} feeds {name} {shown[0]!r}, and micro-batch {at} fed it "
+                    f"{shown[1]!r}: the apply reads it, and runs once for the window, with one "
                     "value. Feed the same value to every micro-batch, or feed the apply's "
-                    "alone as apply_feed_dict={placeholder: value}."
+                    "alone as apply_feed_dict={placeholder: value}"
+                    + (" with fused=False." if fused else ".")
                 )
         carried[name] = (key, value, index)
 

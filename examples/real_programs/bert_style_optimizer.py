@@ -169,11 +169,12 @@ def accumulating_train_op(loss, num_train_steps, steps, own_increment=True):
         return optimizer.apply_gradients(zip(grads, tvars), global_step=global_step), optimizer
     # Edit 2: no global_step here: the loop below increments it itself.
     train_op = optimizer.apply_gradients(zip(grads, tvars))
-    # Edit 3: the hand-written increment runs once per update, not per run.
-    new_global_step = global_step + 1
+    # Edit 3: the hand-written increment runs once per update, not per run,
+    # as assign_add: an assign(global_step + 1) loses counts between
+    # asynchronous workers sharing the step.
     increment = tf.cond(
         optimizer.window.applied,
-        lambda: global_step.assign(new_global_step),
+        lambda: global_step.assign_add(1),
         global_step.read_value,
     )
     return tf.group(train_op, increment), optimizer

@@ -92,7 +92,9 @@ CATALOGUE = {m.code: m for m in (
         "learning-rate schedules, StopAtStepHook and checkpoints keyed on it run ahead",
         "increment it once per update: pass global_step to the accumulation "
         "(build_accumulation, AccumulationOptimizer) and delete the hand-written increment, "
-        "or run it only when an update is applied (tf.cond(opt.window.applied, ...))",
+        "or run it only when an update is applied (tf.cond(opt.window.applied, ...)) as "
+        "global_step.assign_add(1): assign(global_step + 1) loses counts between "
+        "asynchronous workers",
         "migration.html#after-migrating-schedules-and-checkpoints", False,
         "step_not_per_update"),
     Mistake("TFA013", "schedule step counts in micro-batches",

@@ -1,0 +1,122 @@
+"""One value per window for what only the update reads and each run feeds (a learning rate).
+
+A train op that accumulates and, every ``steps`` runs, applies reads such a
+placeholder in every run but uses only the last run's value: a window fed
+0.05, 0.05 then 0.5 would be applied at 0.5. `hold` makes each run check its
+value against the window's first micro-batch's, in the graph, before the run
+adds anything, so it holds whatever runs the op (a session, Keras, a hook).
+"""
+
+from __future__ import annotations
+
+import typing
+
+from tf1_accum._compat import add_control_inputs
+from tf1_accum._compat import tf
+
+_PLACEHOLDERS = ("Placeholder", "PlaceholderWithDefault")
+
+
+class Held(typing.NamedTuple):
+    """The placeholders held to one value per window, and the session's record of it."""
+
+    fed: typing.List[tf.Tensor]
+    table: tf.Tensor  # key 0: their values at the window's first micro-batch, flattened
+
+    def check(self, count: tf.Tensor, who: str) -> tf.Tensor:
+        """The values fed now, once asserted those of the window's first micro-batch.
+
+        An empty window (``count`` 0) holds any. ``who``: the run, as a refusal names it.
+        """
+        value = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in self.fed], 0)
+        unknown = tf.fill(tf.shape(value), tf.constant(float("nan"), tf.float64))
+        first = tf.raw_ops.LookupTableFindV2(
+            table_handle=self.table, keys=_key(), default_value=unknown
+        )[0]
+        # No record (a new session, a restored window), or the values it holds.
+        held = [tf.reduce_any(tf.math.is_nan(first)), tf.reduce_all(tf.equal(first, value))]
+        holds = tf.reduce_any(held + [tf.equal(count, 0)])
+        message = (
+            f"tf1_accum: {who} feeds {', '.join(t.name for t in self.fed)} another value than "
+            f"micro-batch 0 of the window fed it{_RULE} Values: fed now, fed with micro-batch "
+            "0, micro-batches in the window:"
+        )
+        # The op itself: tf.debugging.Assert would wrap it in a conditional, at a cost per run.
+        checked = tf.raw_ops.Assert(
+            condition=holds,
+            data=[tf.constant(message), value, first, count],
+            summarize=8,
+            name="one_value_per_window",
+        )
+        with tf.control_dependencies([checked]):
+            return tf.identity(value)
+
+
+def hold(
+    counter: tf.Variable,
+    gate: tf.Operation,
+    added: tf.Operation,
+    applied: tf.Tensor,
+) -> Held | None:
+    """Makes ``gate`` (which every op of the add waits for) check the fed values.
+
+    The placeholders checked are those ``applied`` (the conditional apply)
+    reads and ``added`` (the micro-batch's add) does not: not the batch, nor
+    a weight. The value of the window's first micro-batch (``counter`` 0) is
+    kept in a hash table of the session (nothing to initialize or save); a
+    session that finds none (a new one, a restored window) keeps the first it
+    sees. Returns what `Held.check` checks a flush with, or None (nothing fed).
+    """
+    batch = _ancestors([added])
+    fed = [
+        op.outputs[0]
+        for op in _ancestors([applied.op]).values()
+        if op.type in _PLACEHOLDERS
+        and op.name not in batch
+        and op.outputs[0].shape.is_fully_defined()
+        and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer)
+    ]
+    if not fed:
+        return None
+    fed.sort(key=lambda t: t.name)
+    size = sum(t.shape.num_elements() for t in fed)
+    with tf.init_scope(), tf.device(counter.device):
+        table = tf.raw_ops.MutableHashTableOfTensorsV2(
+            key_dtype=tf.int64,
+            value_dtype=tf.float64,
+            value_shape=[size],
+            use_node_name_sharing=True,
+            name="fed_at_first_micro_batch",
+        )
+    held = Held(fed, table)
+    count = tf.identity(counter.read_value())
+    value = held.check(count, "this micro-batch")
+    keep = tf.raw_ops.LookupTableInsertV2(
+        table_handle=table, keys=_key(), values=tf.expand_dims(value, 0)
+    )
+    add_control_inputs(gate, [keep])
+    return held
+
+
+def _key() -> tf.Tensor:
+    """The table's one key."""
+    return tf.constant([0], tf.int64)
+
+
+_RULE = (
+    ": the update reads it, and runs once for the window, with one value. Feed the same "
+    "value to every micro-batch of a window (change it once window.applied is True). "
+    "Nothing was changed."
+)
+
+
+def _ancestors(ops: typing.Iterable[tf.Operation]) -> dict[str, tf.Operation]:
+    """``ops`` and every op they read or wait for, by name."""
+    seen: dict[str, tf.Operation] = {}
+    stack = list(ops)
+    while stack:
+        op = stack.pop()
+        if op.name not in seen:
+            seen[op.name] = op
+            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+    return seen
