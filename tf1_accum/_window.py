@@ -721,7 +721,9 @@ class _SparseAccumulator(_VariableAccumulator):
             marks = marks * tf.cast(weight.ratio > 0, self.dtype)
             touched = self.touched.scatter_max(tf.IndexedSlices(marks, indices), use_locking=True)
         with tf.control_dependencies(rescale):
-            added = self.accumulator.scatter_add(tf.IndexedSlices(values, indices), use_locking=True)
+            added = self.accumulator.scatter_add(
+                tf.IndexedSlices(values, indices), use_locking=True
+            )
         return (added, touched)
 
     def state(self) -> list[tf.Variable]:
