@@ -129,6 +129,6 @@ class Part:
 
 
 def rescaled(variable: tf.Variable, scale: tf.Tensor) -> tf.Tensor:
-    """``variable``'s value times ``scale`` (cast to its dtype); 0 where ``scale`` is 0 (even NaN)."""
+    """``variable``'s value times ``scale`` in its dtype; 0 where ``scale`` is 0, even for NaN."""
     value = variable.read_value()
     return tf.math.multiply_no_nan(value, tf.cast(scale, value.dtype.base_dtype))
