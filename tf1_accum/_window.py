@@ -145,7 +145,8 @@ class _Weighting(Part):
                     "matter: scale them all by one factor."
                 )
             )
-        ratio, scale, bounds = weight, None, ()
+        ratio, scale = weight, None
+        bounds: tuple = ()
         if self.sums[1:]:
             old_largest, old_least = (s.read_value() for s in self.sums[1:])
             largest = tf.maximum(old_largest, weight)
@@ -342,7 +343,10 @@ class Window:
             for part, part_sums in zip(self.parts, totals.parts):
                 total = part.total(part_sums, total)
             # Weighted, the sums are relative to this weight (None: to 1).
-            reference = self.parts[0].reference(totals.parts[0]) if self.options.weighted else None
+            weighting = self.parts[0] if self.options.weighted else None
+            reference = None
+            if isinstance(weighting, _Weighting):
+                reference = weighting.reference(totals.parts[0])
             # Weights summing to 0 give a NaN mean: skipped as non-finite.
             with tf.control_dependencies(checks):
                 total = tf.cast(total, tf.float64)
