@@ -159,7 +159,7 @@ class _Weighting(Part):
             # flushes subnormal ones to 0): the least weight's over the largest decides.
             tiny = float(np.finfo(dtype.as_numpy_dtype).tiny)
             flags.append(tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny))
-            reasons.append("too far from the window's other weights")
+            reasons.append("too far from the other weights of its window")
             rules.append(
                 tf.strings.join(
                     [
@@ -168,8 +168,8 @@ class _Weighting(Part):
                         ") over its largest (",
                         tf.strings.as_string(largest, shortest=True),
                         f") must be a normal {dtype.name} number, at least {tiny:g}, as "
-                        "the accumulators hold each weight over the largest: keep one "
-                        "window's weights within that ratio.",
+                        "the accumulators hold each weight over the largest: keep the "
+                        "weights of one window within that ratio.",
                     ]
                 )
             )
@@ -184,11 +184,10 @@ class _Weighting(Part):
         )
         check = tf.debugging.Assert(case >= len(flags), [message], name="check_weight")
         with tf.control_dependencies([check]):
-            return Weight(
-                tf.identity(ratio),
-                None if scale is None else tf.identity(scale),
-                tuple(tf.identity(b) for b in bounds),
-            )
+            ratio, scale = (None if t is None else tf.identity(t) for t in (ratio, scale))
+        # A bitcast aliases the variable it reads: the new bounds wait for the scale.
+        with tf.control_dependencies([ratio] + ([] if scale is None else [scale])):
+            return Weight(ratio, scale, tuple(tf.identity(b) for b in bounds))
 
     def add(self, gradients: typing.Sequence[Gradient], weight: Weight) -> tuple:
         total = self.sums[0]
