@@ -588,7 +588,7 @@ def _window_of_weights(way, dtype, weights, loss_scale, learning_rate=None, **op
     with tf.Graph().as_default():
         built = way.build(
             loss_fn,
-            v1.train.GradientDescentOptimizer(learning_rate),
+            v1.train.GradientDescentOptimizer(tf.constant(learning_rate, dtype)),
             window,
             len(window),
             weight=lambda b: b[2],
@@ -630,11 +630,12 @@ def test_weights_of_any_size_give_the_large_batch_update(way, dtype, weights, lo
 
 
 @pytest.mark.parametrize("way", WAYS, ids=str)
-def test_weights_of_1e150_summed_give_the_large_batch_sum(way):
-    """With average=False the sum of weights times gradients is applied: its norm, in
-    float64, used to overflow where the sum itself does not (the window skipped)."""
+def test_weights_of_1e155_summed_give_the_large_batch_sum(way):
+    """With average=False the sum of weights times gradients is applied: its squared
+    norm, in float64, used to overflow where the sum itself does not (the window
+    skipped, or NaN with skip_nonfinite=False)."""
     got, want, skipped = _window_of_weights(
-        way, tf.float64, [1e150, 3e150], 1e-150, 0.125, average=False, skip_nonfinite=False
+        way, tf.float64, [1e155, 3e155], 1.0, 2.0**-520, average=False, skip_nonfinite=False
     )
     assert skipped == 0
     for name in want:
