@@ -13,6 +13,7 @@ from tf1_accum import _guard
 from tf1_accum import _keras
 from tf1_accum import _migration
 from tf1_accum import _stats
+from tf1_accum import _sync_replicas
 from tf1_accum._window import Applied
 from tf1_accum._window import Window
 from tf1_accum._window import gradients
@@ -221,6 +222,8 @@ def prepare(
         given = {key: value for key, value in arguments.items() if key in names}
         options = WindowOptions(weighted=arguments.get("weight") is not None, **given)
     _distributed.check_cross_replica(cross_replica)
+    if options.weighted and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+        _sync_replicas.refuse_weight(what)
     return optimizer, options
 
 
