@@ -117,7 +117,9 @@ def build_accumulation(
         var_list: Variables to train; defaults to the graph's trainable ones.
         global_step: Optional integer variable, incremented once per update.
         weight: Optional scalar tensor computed from each micro-batch (e.g.
-            its number of examples); a negative or non-finite one fails the run.
+            its number of examples); a negative or non-finite one fails the run,
+            as does one whose ratio to the window's others its dtype cannot
+            hold (see :doc:`concepts`, "Weighted mean").
         average, clip_norm, transform, skip_nonfinite, update_ops: see `WindowOptions`.
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
@@ -132,7 +134,7 @@ def build_accumulation(
             or accumulates by itself (`AccumulationOptimizer`).
         TypeError, ValueError: An argument of the wrong type, not a scalar or
             not of the loss's graph; an option `WindowOptions` refuses;
-            ``fused=True`` with a ``SyncReplicasOptimizer``; a tf_keras
+            ``fused=True`` or ``weight`` with a ``SyncReplicasOptimizer``; a tf_keras
             optimizer given a reference variable; a transform returning
             another shape or dtype than the gradient's.
         ValueError: Nothing to train (no variable or no gradient), a shape not
