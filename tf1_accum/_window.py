@@ -136,14 +136,10 @@ class _Weighting(Part):
             low, high = float(np.finfo(dtype.as_numpy_dtype).tiny), float(dtype.max)
             flags.append(tf.logical_and(weight > 0, tf.logical_or(weight < low, weight > high)))
             reasons.append(f"outside the range of {dtype.name}")
+            held = "the sum average=False applies holds" if self.sums[1:] else "accumulators hold"
             rules.append(
                 f"a positive weight must be a normal {dtype.name} number, in [{low:g}, {high:g}], "
-                + (
-                    "as the sum that average=False applies holds the weights themselves."
-                    if self.sums[1:]
-                    else "as the accumulators are; with average=True only the weights' ratios "
-                    "matter: scale them all by one factor."
-                )
+                f"as the {held} the weights themselves."
             )
         ratio, scale = weight, None
         bounds: tuple = ()
@@ -160,27 +156,24 @@ class _Weighting(Part):
             tiny = float(np.finfo(dtype.as_numpy_dtype).tiny)
             flags.append(tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny))
             reasons.append("too far from the other weights of its window")
+            shown = [tf.strings.as_string(w, shortest=True) for w in (least, largest)]
             rules.append(
-                tf.strings.join(
-                    [
-                        "the least positive weight of a window (",
-                        tf.strings.as_string(least, shortest=True),
-                        ") over its largest (",
-                        tf.strings.as_string(largest, shortest=True),
-                        f") must be a normal {dtype.name} number, at least {tiny:g}, as "
-                        "the accumulators hold each weight over the largest: keep the "
-                        "weights of one window within that ratio.",
-                    ]
-                )
+                "the least positive weight of a window ("
+                + shown[0]
+                + ") over its largest ("
+                + shown[1]
+                + f") must be a normal {dtype.name} number, at least {tiny:g}, as the "
+                "accumulators hold each weight over the largest: keep the weights of one "
+                "window within that ratio."
             )
             bounds = (largest, least)
         # The first flag that holds, else len(flags): the weight passes.
         case = tf.reduce_min(tf.where(tf.stack(flags), tf.range(len(flags)), len(flags)))
-        shown = tf.minimum(case, len(flags) - 1)
+        first = tf.minimum(case, len(flags) - 1)
         value = tf.strings.as_string(weight, shortest=True)
         message = tf.strings.join(
-            ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, shown), " (", value, "): "]
-            + [tf.gather(tf.stack(rules), shown)]
+            ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, first), " (", value, "): "]
+            + [tf.gather(tf.stack(rules), first)]
         )
         check = tf.debugging.Assert(case >= len(flags), [message], name="check_weight")
         with tf.control_dependencies([check]):
