@@ -156,26 +156,34 @@ class _Weighting(Part):
             tiny = float(np.finfo(dtype.as_numpy_dtype).tiny)
             flags.append(tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny))
             reasons.append("too far from the other weights of its window")
-            shown = [tf.strings.as_string(w, shortest=True) for w in (least, largest)]
-            rules.append(
-                "the least positive weight of a window ("
-                + shown[0]
-                + ") over its largest ("
-                + shown[1]
-                + f") must be a normal {dtype.name} number, at least {tiny:g}, as the "
-                "accumulators hold each weight over the largest: keep the weights of one "
-                "window within that ratio."
-            )
+
+            def ratio_rule() -> tf.Tensor:
+                least_text, largest_text = (
+                    tf.strings.as_string(w, shortest=True) for w in (least, largest)
+                )
+                return tf.strings.join(
+                    ["the least positive weight of a window (", least_text, ") over its largest ("]
+                    + [largest_text, f") must be a normal {dtype.name} number, at least {tiny:g}, "]
+                    + ["as the accumulators hold each weight over the largest: keep the weights "]
+                    + ["of one window within that ratio."]
+                )
+
+            rules.append(ratio_rule)
             bounds = (largest, least)
         # The first flag that holds, else len(flags): the weight passes.
         case = tf.reduce_min(tf.where(tf.stack(flags), tf.range(len(flags)), len(flags)))
-        first = tf.minimum(case, len(flags) - 1)
-        value = tf.strings.as_string(weight, shortest=True)
-        message = tf.strings.join(
-            ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, first), " (", value, "): "]
-            + [tf.gather(tf.stack(rules), first)]
-        )
-        check = tf.debugging.Assert(case >= len(flags), [message], name="check_weight")
+
+        def fail() -> tf.Operation:  # the message is made only for a weight refused
+            first = tf.minimum(case, len(flags) - 1)
+            value = tf.strings.as_string(weight, shortest=True)
+            rule = tf.stack([r() if callable(r) else r for r in rules])
+            message = tf.strings.join(
+                ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, first), " (", value]
+                + ["): ", tf.gather(rule, first)]
+            )
+            return tf.debugging.Assert(False, [message], name="check_weight")
+
+        check = tf.cond(case >= len(flags), tf.no_op, fail, name="weight_ok")
         with tf.control_dependencies([check]):
             ratio, scale = (None if t is None else tf.identity(t) for t in (ratio, scale))
         # A bitcast aliases the variable it reads: the new bounds wait for the scale.
