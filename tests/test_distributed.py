@@ -440,7 +440,7 @@ def test_a_float64_weight_total_crosses_a_float32_all_reduce_exactly():
         # One worker through the collective itself, with a float32 model.
         cross = tf1_accum.CollectiveAllReduce(1, 0, timeout=_timeout(30.0))
         slot = _window._VariableAccumulator(v1.Variable([0.0, 0.0], name="model"))
-        weighting = _window._Weighting([tf.float32])
+        weighting = _window._Weighting([tf.float32], average=True, relative=False)
         added = _window.Added(
             None,
             [(tf.constant([1.0, 2.0]),)],

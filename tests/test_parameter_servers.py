@@ -359,3 +359,33 @@ def test_a_wrapped_sync_replicas_optimizer_needs_global_step():
             match=r"AccumulationOptimizer\(SyncReplicasOptimizer\(\.\.\.\)\) needs global_step",
         ):
             _wrapped_sync(global_step=False)
+
+
+@pytest.mark.parametrize("way", ["wrapper", "helper", "dataset"])
+def test_weights_with_a_sync_replicas_optimizer_are_refused_naming_the_all_reduce_engines(way):
+    """The synchronous optimizer averages the workers' windows equally: micro-batches
+    of 2 rows on one worker and 6 on the other came out 0.155 off the large batch.
+    Refused before anything is built, naming the engines that weight exactly."""
+    message = (
+        r"weight= cannot go with a SyncReplicasOptimizer: it averages the workers' windows "
+        r"equally.*cross_replica=tf1_accum\.CollectiveAllReduce\(\.\.\.\) \(or "
+        r"tf1_accum\.HorovodAllReduce\(\)\), whose update divides by the total weight"
+    )
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float64, [None, worker.FEATURES])
+        y = v1.placeholder(tf.float64, [None, 1])
+        loss = worker.linear_loss(x, y)
+        rows = tf.cast(tf.shape(x)[0], tf.float64)
+        step = v1.train.get_or_create_global_step()
+        data = tf.data.Dataset.from_tensor_slices(np.ones([4, 1]))
+        before = len(graph.get_operations())
+        with pytest.raises(ValueError, match=message):
+            if way == "wrapper":
+                tf1_accum.AccumulationOptimizer(_sync(2), 2, weight=rows)
+            elif way == "helper":
+                tf1_accum.build_accumulation(loss, _sync(2), global_step=step, weight=rows)
+            else:
+                tf1_accum.build_dataset_accumulation(
+                    lambda b: tf.reduce_mean(b), _sync(2), data, 2, weight=lambda b: 1.0
+                )
+        assert len(graph.get_operations()) == before

@@ -27,6 +27,7 @@ import tempfile
 import threading
 
 import numpy as np
+import pytest
 import tensorflow as tf
 from hypothesis import HealthCheck
 from hypothesis import given
@@ -38,6 +39,7 @@ from _helpers import OPTIMIZERS
 from _helpers import RTOL
 from _helpers import assert_same_values
 from _helpers import pending
+from _helpers import relative_error
 from _helpers import values_by_name
 
 v1 = tf.compat.v1
@@ -401,3 +403,99 @@ def test_applied_plus_accumulated_equals_fed_whatever_the_interleaving(case):
                         run(action, rng)
                 for m, start in zip((a, b), starts):
                     m.check(sess, start, where)
+
+
+# Weights of any size: one graph per dtype (and graph mode), built once and fed.
+_WEIGHTED_SESSIONS = {}
+_EXPONENTS = {tf.float64: (-300.0, 300.0), tf.float32: (-37.9, 38.5)}
+
+
+def _weighted_session(dtype):
+    """A window of an embedding and a dense layer under SGD, weight fed as float64."""
+    if dtype not in _WEIGHTED_SESSIONS:
+        graph = tf.Graph()
+        with graph.as_default():
+            rng = np.random.RandomState(7)
+            np_dtype = dtype.as_numpy_dtype
+            ids = v1.placeholder(tf.int32, [None])
+            targets = v1.placeholder(dtype, [None, 2])
+            weight = v1.placeholder(tf.float64, [])
+            table = v1.get_variable("table", initializer=rng.randn(6, 3).astype(np_dtype))
+            dense = v1.get_variable("dense", initializer=rng.randn(3, 2).astype(np_dtype))
+            prediction = tf.matmul(tf.nn.embedding_lookup(table, ids), dense)
+            loss = tf.reduce_mean((prediction - targets) ** 2)
+            acc = tf1_accum.build_accumulation(
+                loss, v1.train.GradientDescentOptimizer(0.125), weight=weight
+            )
+            gradients = [tf.convert_to_tensor(g) for g in tf.gradients(loss, [table, dense])]
+            sess = v1.Session(graph=graph)
+            sess.run(v1.global_variables_initializer())
+        batches = [
+            (rng.randint(0, 6, size=3).astype(np.int32), rng.randn(3, 2).astype(np_dtype))
+            for _ in range(4)
+        ]
+        feeds = [{ids: i, targets: t} for i, t in batches]
+        _WEIGHTED_SESSIONS[dtype] = (sess, acc, weight, [table, dense], gradients, feeds)
+    return _WEIGHTED_SESSIONS[dtype]
+
+
+@st.composite
+def weight_windows(draw):
+    """(dtype, 1 to 4 weights): 0 sometimes, else 10**e for e anywhere in the dtype's
+    range, most windows within a span of exponents that its ratios hold."""
+    dtype = draw(st.sampled_from([tf.float64, tf.float32]), label="dtype")
+    low, high = _EXPONENTS[dtype]
+    span = draw(st.sampled_from([2.0, 30.0, high - low]), label="span of exponents")
+    centre = draw(st.floats(low, high), label="centre")
+    exponents = draw(
+        st.lists(
+            st.one_of(st.just(None), st.floats(centre - span / 2, centre + span / 2)),
+            min_size=1,
+            max_size=4,
+        ),
+        label="exponents (None: weight 0)",
+    )
+    if all(e is None for e in exponents):
+        exponents[0] = centre
+    clipped = [None if e is None else min(max(e, low), high) for e in exponents]
+    return dtype, [0.0 if e is None else 10.0**e for e in clipped]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(weight_windows())
+def test_weights_of_any_size_give_the_large_batch_or_a_refusal(window):
+    """Whatever the weights' size, a window whose least positive weight over its
+    largest is a normal number of the dtype applies the large batch's update; one
+    that is not is refused at the micro-batch that makes it so, changing nothing.
+    Never a skipped window, never a NaN."""
+    dtype, weights = window
+    sess, acc, weight, variables, gradients, feeds = _weighted_session(dtype)
+    sess.run(acc.zero_op)  # whatever an example before left
+    tiny = np.finfo(dtype.as_numpy_dtype).tiny
+    start = [np.asarray(v, np.float64) for v in sess.run(variables)]
+    skipped = sess.run(acc.skipped_windows)
+    taken = []
+    for k, w in enumerate(weights):
+        positive = [x for x in weights[: k + 1] if x > 0]
+        refused = bool(positive) and min(positive) / max(positive) < tiny
+        feed = {**feeds[k], weight: w}
+        if refused:
+            before = sess.run(acc.accumulators + [acc.counter])
+            with pytest.raises(tf.errors.InvalidArgumentError, match="too far from the other"):
+                sess.run(acc.accum_op, feed)
+            for got, want in zip(sess.run(acc.accumulators + [acc.counter]), before):
+                np.testing.assert_array_equal(got, want)
+            sess.run(acc.zero_op)
+            return
+        taken.append((w, [np.asarray(g, np.float64) for g in sess.run(gradients, feed)]))
+        sess.run(acc.accum_op, feed)
+    sess.run(acc.apply_op)
+    assert sess.run(acc.skipped_windows) == skipped, f"{weights}: the window was skipped"
+    largest = max(weights)
+    ratios = [w / largest for w, _ in taken]
+    for i, variable in enumerate(sess.run(variables)):
+        total = sum(r * g[i] for r, (_, g) in zip(ratios, taken))
+        want = start[i] - 0.125 * total / sum(ratios)
+        assert np.all(np.isfinite(variable)), f"{weights}: {variable}"
+        error = relative_error(variable, want)
+        assert error <= RTOL[dtype], f"{weights}: {variables[i].op.name} is {error:.3g} off"

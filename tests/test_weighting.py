@@ -6,6 +6,7 @@ import tensorflow as tf
 
 import tf1_accum
 from _helpers import OPTIMIZERS
+from _helpers import RTOL
 from _helpers import RTOL_TIGHT
 from _helpers import Model
 from _helpers import assert_same_values
@@ -438,6 +439,10 @@ def test_a_window_of_padding_only_is_skipped_and_counted_then_training_goes_on(w
 
 _FINITE_AND_NON_NEGATIVE = "a weight must be finite and non-negative"
 _NORMAL = r"a positive weight must be a normal {} number, in \[{}, {}\]"
+_RATIO = (
+    r"the least positive weight of a window \({}\) over its largest \({}\) must be a "
+    r"normal {} number, at least {}"
+)
 
 
 @pytest.mark.parametrize(
@@ -449,19 +454,20 @@ _NORMAL = r"a positive weight must be a normal {} number, in \[{}, {}\]"
         (
             1e-300,
             tf.float32,
-            r"outside the range of float32 \(1e-300\)",
-            _NORMAL.format("float32", "1.17549e-38", r"3.40282e\+38"),
+            r"too far from the other weights of its window \(1e-300\)",
+            _RATIO.format("1e-300", "2", "float32", "1.17549e-38"),
         ),
     ],
-    ids=["inf", "nan", "negative", "1e-300_on_float32"],
+    ids=["inf", "nan", "negative", "1e-300_beside_2_on_float32"],
 )
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_a_weight_that_cannot_weight_a_gradient_fails_naming_it_and_changes_nothing(
     bad, dtype, what, rule, way
 ):
     """An infinite weight used to skip the window silently, a NaN one was called
-    negative, and a positive one that the accumulators' dtype rounds to 0 would change
-    the mean: each fails the run that brings it, before anything is added.
+    negative, and a positive one whose ratio to the others the accumulators' dtype
+    rounds to 0 would change the mean: each fails the run that brings it, before
+    anything is added.
 
     The weight of each micro-batch arrives with it; the third one is bad.
     """
@@ -499,12 +505,11 @@ def _weighted_examples(batch):
 
 
 @pytest.mark.parametrize("way", WAYS, ids=str)
-def test_weights_from_1e_30_to_1e10_train_a_float32_model_as_the_large_batch(way):
-    """The accumulators hold the plain weighted sum: weights far apart in one window
-    (the heavy ones first or last) neither overflow nor skip the window, and the update
-    equals the large batch's weighted mean. A power of two chosen by the first weight
-    (2**100) used to overflow float32 on the weight 1e10."""
-    weights = [[1e-30, 1e10, 3e-30, 2e10], [4e9, 1e-30, 1e10, 2e-30]]
+def test_weights_from_1e_20_to_1e10_train_a_float32_model_as_the_large_batch(way):
+    """Weights far apart in one window (the heavy ones first or last) neither
+    overflow nor skip the window, and the update equals the large batch's weighted
+    mean: a heavier weight moves the window's reference weight."""
+    weights = [[1e-20, 1e10, 3e-20, 2e10], [4e9, 1e-20, 1e10, 2e-20]]
     batches = make_batches(tf.float32, False, 8, 5)
     windows = [
         [(*b, np.float32(w)) for b, w in zip(batches[4 * k : 4 * k + 4], weights[k])]
@@ -546,3 +551,93 @@ def test_weights_from_1e_30_to_1e10_train_a_float32_model_as_the_large_batch(way
 
 def _var(name):
     return [v for v in v1.global_variables() if v.op.name == name][0]
+
+
+def _window_of_weights(way, dtype, weights, loss_scale, learning_rate=None, **options):
+    """One window of the MLP under SGD, micro-batch i weighted ``weights[i]``, its
+    loss times ``loss_scale``: (the update applied, the large batch's, skipped windows).
+
+    The large batch's update is the weighted mean (the sum, with average=False) of the
+    micro-batches' gradients, each taken at the start in the model's dtype and
+    combined in float64 by the weights' ratios to the largest, which no dtype
+    over- or underflows.
+    """
+    learning_rate = learning_rate or 0.5 / loss_scale
+    batches = make_batches(dtype, False, len(weights), [3, 5, 2, 4][: len(weights)])
+    window = [(*b, np.float64(w)) for b, w in zip(batches, weights)]
+
+    def loss_fn(b):
+        return Model(dtype, False, inputs=b[0], labels=b[1]).loss * loss_scale
+
+    with tf.Graph().as_default():
+        model = Model(dtype, False)
+        loss = model.loss * loss_scale
+        variables = v1.trainable_variables()
+        names = [v.op.name for v in variables]
+        grads = tf.gradients(loss, variables)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            start = values_by_name(sess, variables)
+            gradients = [sess.run(grads, model.feed(b)) for b in batches]
+    ratios = np.array(weights, np.float64) / max(weights)
+    want = {}
+    for k, name in enumerate(names):
+        total = sum(r * np.asarray(g[k], np.float64) for r, g in zip(ratios, gradients))
+        mean = total * max(weights) if options.get("average") is False else total / ratios.sum()
+        want[name] = -learning_rate * mean
+    with tf.Graph().as_default():
+        built = way.build(
+            loss_fn,
+            v1.train.GradientDescentOptimizer(tf.constant(learning_rate, dtype)),
+            window,
+            len(window),
+            weight=lambda b: b[2],
+            **options,
+        )
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            way.run_window(sess, built, window)
+            end = values_by_name(sess, v1.trainable_variables())
+            got = {k: np.asarray(end[k], np.float64) - start[k] for k in names}
+            return got, want, sess.run(built.skipped_windows)
+
+
+@pytest.mark.parametrize(
+    "dtype, weights, loss_scale",
+    [
+        (tf.float32, [3e38, 3e38], 1.0),
+        (tf.float32, [1e38] * 4, 1.0),
+        (tf.float64, [1e-160] * 2, 1.0),
+        (tf.float64, [1e200] * 2, 1.0),
+        (tf.float64, [1.0, 1e300], 1.0),
+        (tf.float64, [1e300, 1.0, 3e-8, 2e299], 1.0),
+        (tf.float32, [1e-30] * 4, 1e-10),
+        (tf.float32, [1.2e-38] * 4, 1.0),
+        (tf.float32, [1e-30, 2e7, 3e-30, 1e7], 1e-10),
+    ],
+    ids=lambda v: v.name if isinstance(v, tf.DType) else str(v),
+)
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_weights_of_any_size_give_the_large_batch_update(way, dtype, weights, loss_scale):
+    """Only the weights' ratios matter: weights whose products with the gradients, or
+    whose sums, used to overflow (the window skipped) or underflow (nothing or a
+    mis-scaled update applied) give the large batch's update."""
+    got, want, skipped = _window_of_weights(way, dtype, weights, loss_scale)
+    assert skipped == 0, f"{way}: the window was skipped"
+    for name in want:
+        error = relative_error(got[name], want[name])
+        assert error <= RTOL[dtype], f"{way}: {name}'s update is {error:.3g} off"
+
+
+@pytest.mark.parametrize("way", WAYS, ids=str)
+def test_weights_of_1e155_summed_give_the_large_batch_sum(way):
+    """With average=False the sum of weights times gradients is applied: its squared
+    norm, in float64, used to overflow where the sum itself does not (the window
+    skipped, or NaN with skip_nonfinite=False)."""
+    got, want, skipped = _window_of_weights(
+        way, tf.float64, [1e155, 3e155], 1.0, 2.0**-520, average=False, skip_nonfinite=False
+    )
+    assert skipped == 0
+    for name in want:
+        error = relative_error(got[name], want[name])
+        assert error <= RTOL[tf.float64], f"{way}: {name}'s update is {error:.3g} off"

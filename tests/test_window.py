@@ -192,8 +192,9 @@ def test_every_way_in_checks_the_window_options_with_one_text(way, options, erro
 @pytest.mark.parametrize("dtype", [tf.float64, tf.float32], ids=["float64", "float32"])
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtype, weighted):
-    """The accumulators hold the window's sum (weighted: of w_i g_i), whichever way in
-    built them; only the apply divides."""
+    """The accumulators hold the window's sum (weighted: of w_i g_i over the largest
+    weight rounded down to a power of two, here 2), whichever way in built them; only
+    the apply divides."""
     way.require("feed_window_ops")
     rng = np.random.RandomState(5)
     data = [(rng.randn(3, 4).astype(dtype.as_numpy_dtype),) for _ in range(3)]
@@ -225,7 +226,7 @@ def test_every_way_in_accumulates_the_sum_of_the_micro_batch_gradients(way, dtyp
             for batch, w_i in zip(data, weights):
                 feed = {**built.feed(batch), weight_in: w_i}
                 g = sess.run(gradient, feed)
-                expected = expected + (w_i * g if weighted else g)
+                expected = expected + (w_i / 2.0 * g if weighted else g)
                 sess.run(accumulate, feed)
             got = sess.run(accumulator)
             assert sess.run(built.counter) == len(data)

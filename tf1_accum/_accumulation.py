@@ -8,6 +8,7 @@ import typing
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate, _count_check, _distributed, _guard, _keras, _migration, _stats
+from tf1_accum import _sync_replicas
 from tf1_accum import _options
 from tf1_accum._window import Applied, Window, gradients
 from tf1_accum._options import GradientTransform, Pairs, WindowOptions
@@ -108,9 +109,11 @@ def build_accumulation(
         global_step: Optional integer variable, incremented once per update.
         weight: Optional scalar tensor computed from each micro-batch (e.g.
             its number of examples, or of tokens for a loss averaged over
-            tokens); a negative or non-finite one fails the run. Without it, a
-            loss divided by a count of the fed data (``reduce_sum(mask)``) is
-            warned of (:ref:`real-programs-token-mean`).
+            tokens); a negative or non-finite one fails the run, as does one
+            whose ratio to the window's others its dtype cannot hold (see
+            :doc:`concepts`, "Weighted mean"). Without it, a loss divided by a
+            count of the fed data (``reduce_sum(mask)``) is warned of
+            (:ref:`real-programs-token-mean`).
         average, clip_norm, transform, skip_nonfinite, update_ops: see `WindowOptions`.
         statistics, micro_batch_size, cross_replica, fused: see `WindowOptions`.
         name: Name scope for the ops; defaults to ``"accumulation"``.
@@ -125,7 +128,7 @@ def build_accumulation(
             or accumulates by itself (`AccumulationOptimizer`).
         TypeError, ValueError: An argument of the wrong type, not a scalar or
             not of the loss's graph; an option `WindowOptions` refuses;
-            ``fused=True`` with a ``SyncReplicasOptimizer``; a tf_keras
+            ``fused=True`` or ``weight`` with a ``SyncReplicasOptimizer``; a tf_keras
             optimizer given a reference variable; a transform returning
             another shape or dtype than the gradient's.
         ValueError: Nothing to train (no variable or no gradient), a shape not
@@ -220,6 +223,8 @@ def prepare(
         given = {key: value for key, value in arguments.items() if key in names}
         options = WindowOptions(weighted=arguments.get("weight") is not None, **given)
     _distributed.check_cross_replica(cross_replica)
+    if options.weighted and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
+        _sync_replicas.refuse_weight(what)
     return optimizer, options
 
 

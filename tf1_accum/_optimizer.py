@@ -281,7 +281,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         TypeError, ValueError: What `build_accumulation` refuses of
             ``optimizer``, ``weight``, ``cross_replica`` and the options;
             ``steps`` that is not an int of at least 1; a ``SyncReplicasOptimizer``
-            that aggregates more windows per update than there are workers.
+            that aggregates more windows per update than there are workers, or
+            given ``weight`` (it averages the workers' windows equally).
     """
 
     def __init__(

@@ -61,6 +61,19 @@ def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: st
         )
 
 
+class Weight(typing.NamedTuple):
+    """A micro-batch's weight as the sums of a weighted window take it (``Window.add``)."""
+
+    #: float64: the weight; in one process, over the window's reference weight.
+    ratio: tf.Tensor
+    #: float64: what the float sums so far are multiplied by first, the old
+    #: reference over the new (1 while it stays, 0 before the window's first
+    #: positive weight); None: the sums hold the weights themselves.
+    scale: typing.Optional[tf.Tensor]
+    #: The weighting's sums' new bounds (largest and least positive weight); () if none.
+    bounds: tuple = ()
+
+
 class Part:
     """Optional state of a window beside its counter and accumulators, owning its sums.
 
@@ -87,9 +100,15 @@ class Part:
         raise NotImplementedError
 
     def add(self, gradients: typing.Sequence[typing.Any], weight: typing.Any) -> tuple:
-        """Adds one micro-batch; returns the sums after the add."""
+        """Adds one micro-batch; returns the sums after the add.
+
+        A `Weight` with a ``scale`` first rescales the float sums to its reference.
+        """
+        scale = getattr(weight, "scale", None)
         return tuple(
             total.assign_add(increment, use_locking=True)
+            if scale is None or total.dtype.base_dtype.is_integer
+            else total.assign(rescaled(total, scale) + increment, use_locking=True)
             for total, increment in zip(self.sums, self.increments(gradients, weight))
         )
 
@@ -107,3 +126,9 @@ class Part:
         """The quantity the mean divides by, given ``total`` (the micro-batches) before."""
         del sums
         return total
+
+
+def rescaled(variable: tf.Variable, scale: tf.Tensor) -> tf.Tensor:
+    """``variable``'s value times ``scale`` in its dtype; 0 where ``scale`` is 0, even for NaN."""
+    value = variable.read_value()
+    return tf.math.multiply_no_nan(value, tf.cast(scale, value.dtype.base_dtype))

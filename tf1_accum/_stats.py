@@ -16,7 +16,7 @@ from tf1_accum._compat import tf
 
 from tf1_accum import _validate
 from tf1_accum._options import WindowOptions
-from tf1_accum._state import Part, state_variable
+from tf1_accum._state import Part, Weight, state_variable
 
 # Decay of the moving averages across windows: about the last ten windows count.
 EMA_DECAY = 0.9
@@ -97,12 +97,13 @@ class WindowStatistics(Part):
         return [*self.sums, self.noise_trace_ema, self.gradient_square_ema]
 
     def increments(
-        self, gradients: typing.Sequence[tf.Tensor | tf.IndexedSlices], weight: tf.Tensor
+        self, gradients: typing.Sequence[tf.Tensor | tf.IndexedSlices], weight: Weight | None
     ) -> list[tf.Tensor]:
         square = self.square_norm(gradients)
-        if not self.weighted:
+        if weight is None:
             return [square]
-        return [tf.math.multiply_no_nan(square, weight), tf.cast(weight > 0, tf.int64)]
+        ratio = weight.ratio
+        return [tf.math.multiply_no_nan(square, ratio), tf.cast(ratio > 0, tf.int64)]
 
     @staticmethod
     def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
@@ -126,12 +127,14 @@ class WindowStatistics(Part):
         squares: typing.Sequence[tf.Tensor],
         count: tf.Tensor,
         total: tf.Tensor,
+        reference: tf.Tensor | float = 1.0,
     ) -> tuple[GradientStatistics, list[tf.Operation]]:
         """Builds the statistics of the window being applied.
 
         ``sums`` are this part's sums; ``squares`` each variable's float64
         squared window norm (mean or sum, before clipping); ``total`` what
-        the mean divides by (``count``, or the weight total). Returns the
+        the mean divides by (``count``, or the weight total, over ``reference``,
+        the weight the weighted sums are relative to). Returns the
         `GradientStatistics` and the moving averages' updates, which the
         reset must wait for.
         """
@@ -146,7 +149,7 @@ class WindowStatistics(Part):
                 big = tf.add_n(squares, name="gradient_square_norm")
                 small = tf.identity(tf.cast(sums[0], tf.float64) / total, name="micro_batch")
                 if self.micro_batch_size is None:
-                    b_small = tf.identity(total / n, name="micro_batch_size")
+                    b_small = tf.identity(total / n * reference, name="micro_batch_size")
                 else:  # a constant, not its identity: run_accumulation reads it statically
                     size = float(self.micro_batch_size)
                     b_small = tf.constant(size, tf.float64, name="micro_batch_size")

@@ -70,6 +70,23 @@ def prepare(
     return SyncPush(sync), graph.get_operations()[before:]
 
 
+def refuse_weight(what: str) -> None:
+    """Refuses ``weight=`` with a ``SyncReplicasOptimizer``, which averages windows equally.
+
+    Raises:
+        ValueError: Always.
+    """
+    raise ValueError(
+        f"{what}: weight= cannot go with a SyncReplicasOptimizer: it averages the "
+        "workers' windows equally, so a window holding less weight (fewer examples) would "
+        "count as much as one holding more, and the update would not be the large "
+        "batch's. Build the workers with cross_replica=tf1_accum.CollectiveAllReduce(...) "
+        "(or tf1_accum.HorovodAllReduce()), whose update divides by the total weight of "
+        "every worker's window, or leave weight= out where every micro-batch holds as "
+        "many examples (see the guide 'Across several machines')."
+    )
+
+
 def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
     """Refuses aggregation settings that hang and initial tokens; warns of dropped windows.
 

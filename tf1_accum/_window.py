@@ -10,10 +10,7 @@ import functools
 import typing
 
 import numpy as np
-from tf1_accum._compat import add_control_inputs
-from tf1_accum._compat import control_flow_context
-from tf1_accum._compat import tf
-from tf1_accum._compat import without_control_inputs
+from tf1_accum._compat import add_control_inputs, control_flow_context, tf, without_control_inputs
 
 from tf1_accum import _validate
 from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
@@ -21,7 +18,7 @@ from tf1_accum._options import Gradient, GradientTransform, Pairs, WindowMean, W
 from tf1_accum._options import transformed, transforms_of
 from tf1_accum._shared_apply import SharedApply
 from tf1_accum._stats import GradientStatistics, WindowStatistics, square_norms
-from tf1_accum._state import Part, new_mutex, state_variable
+from tf1_accum._state import Part, Weight, new_mutex, rescaled, state_variable
 from tf1_accum._sync_replicas import SyncPush
 from tf1_accum._wrapping import scales_loss as _scales_loss
 
@@ -88,48 +85,121 @@ _NOTHING_ACCUMULATED = (
 
 
 class _Weighting(Part):
-    """The weight total of a weighted window: what its mean divides by."""
+    """The weight total of a weighted window: what its mean divides by.
+
+    In one process (``relative``) the window holds every weight over a
+    reference, the largest weight rounded down to a power of two: whatever
+    the weights' size (1e-300 or 1e300), the accumulators and the total hold
+    ratios, in [0, 2). A larger weight moves the reference, and the sums
+    held so far are rescaled by a power of two (exact). The sums are the
+    total, the largest weight and the least positive one. Across replicas
+    the workers' sums add up, so they hold the weights themselves.
+    """
 
     exact = True
 
-    def __init__(self, dtypes: typing.Iterable[tf.DType]) -> None:
-        super().__init__(state_variable(lambda: tf.constant(0.0, tf.float64), "weight_total"))
-        self.dtypes = set(dtypes)
+    def __init__(self, dtypes: typing.Iterable[tf.DType], average: bool, relative: bool) -> None:
+        zero = lambda: tf.constant(0.0, tf.float64)  # noqa: E731
+        sums = [state_variable(zero, "weight_total")]
+        if relative:
+            sums += [state_variable(zero, "weight_largest"), state_variable(zero, "weight_least")]
+        super().__init__(*sums)
+        self.narrowest = min(dtypes, key=lambda d: d.size)
+        # With average=False the sum applied holds the weights themselves.
+        self.absolute = not (relative and average)
 
-    def checked(self, weight: typing.Any) -> tf.Tensor:
-        """``weight`` in float64, once asserted finite, non-negative and, if positive, normal.
+    def checked(self, weight: typing.Any) -> Weight:
+        """``weight`` as a `Weight`, once asserted finite, non-negative and representable.
 
         A weight that rounds to 0 or Inf in an accumulator would change the mean silently.
         """
         weight = tf.cast(weight, tf.float64)
-        narrowest = min(self.dtypes, key=lambda d: d.size)
-        low, high = float(np.finfo(narrowest.as_numpy_dtype).tiny), float(narrowest.max)
-        # False for NaN, Inf and negatives too.
-        valid = tf.logical_or(tf.equal(weight, 0.0), tf.logical_and(weight >= low, weight <= high))
-        # The first of NaN, infinite, negative, else 3: out of range.
-        flags = tf.stack([tf.math.is_nan(weight), tf.math.is_inf(weight), weight < 0])
-        case = tf.reduce_min(tf.where(flags, [0, 1, 2], 3))
-        finite_rule = "a weight must be finite and non-negative."
-        range_rule = (
-            f"a positive weight must be a normal {narrowest.name} number, in [{low:g}, {high:g}], "
-            "as the accumulators are; with average=True only the weights' ratios matter: "
-            "scale them all by one factor."
-        )
-        reason = ["NaN", "infinite", "negative", f"outside the range of {narrowest.name}"]
-        value = tf.strings.as_string(weight, shortest=True)
-        message = tf.strings.join(
-            ["tf1_accum: a micro-batch weight is ", tf.gather(reason, case), " (", value, "): "]
-            + [tf.gather([finite_rule] * 3 + [range_rule], case)]
-        )
-        check = tf.debugging.Assert(valid, [message], name="check_weight")
-        with tf.control_dependencies([check]):
-            return tf.identity(weight)
+        dtype = self.narrowest
+        flags = [tf.math.is_nan(weight), tf.math.is_inf(weight), weight < 0]
+        reasons = ["NaN", "infinite", "negative"]
+        rules: list = ["a weight must be finite and non-negative."] * 3
+        if self.absolute:
+            low, high = float(np.finfo(dtype.as_numpy_dtype).tiny), float(dtype.max)
+            flags.append(tf.logical_and(weight > 0, tf.logical_or(weight < low, weight > high)))
+            reasons.append(f"outside the range of {dtype.name}")
+            held = "the sum average=False applies holds" if self.sums[1:] else "accumulators hold"
+            rules.append(
+                f"a positive weight must be a normal {dtype.name} number, in [{low:g}, {high:g}], "
+                f"as the {held} the weights themselves."
+            )
+        ratio, scale = weight, None
+        bounds: tuple = ()
+        if self.sums[1:]:
+            old_largest, old_least = (s.read_value() for s in self.sums[1:])
+            largest = tf.maximum(old_largest, weight)
+            lower = tf.logical_or(old_least <= 0, weight < old_least)
+            least = tf.where(tf.logical_and(weight > 0, lower), weight, old_least)
+            reference = _power_of_two(largest)
+            scale = tf.math.divide_no_nan(_power_of_two(old_largest), reference)
+            ratio = tf.math.divide_no_nan(weight, reference)
+            # Each ratio must be a normal number of the accumulators (TensorFlow
+            # flushes subnormal ones to 0): the least weight's over the largest decides.
+            tiny = float(np.finfo(dtype.as_numpy_dtype).tiny)
+            flags.append(tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny))
+            reasons.append("too far from the other weights of its window")
 
-    def increments(self, gradients: typing.Sequence[Gradient], weight: tf.Tensor) -> list:
-        return [weight]
+            def ratio_rule() -> tf.Tensor:
+                least_text, largest_text = (
+                    tf.strings.as_string(w, shortest=True) for w in (least, largest)
+                )
+                return tf.strings.join(
+                    ["the least positive weight of a window (", least_text, ") over its largest ("]
+                    + [largest_text, f") must be a normal {dtype.name} number, at least {tiny:g}, "]
+                    + ["as the accumulators hold each weight over the largest: keep the weights "]
+                    + ["of one window within that ratio."]
+                )
+
+            rules.append(ratio_rule)
+            bounds = (largest, least)
+        # The first flag that holds, else len(flags): the weight passes.
+        case = tf.reduce_min(tf.where(tf.stack(flags), tf.range(len(flags)), len(flags)))
+
+        def fail() -> tf.Operation:  # the message is made only for a weight refused
+            first = tf.minimum(case, len(flags) - 1)
+            value = tf.strings.as_string(weight, shortest=True)
+            rule = tf.stack([r() if callable(r) else r for r in rules])
+            message = tf.strings.join(
+                ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, first), " (", value]
+                + ["): ", tf.gather(rule, first)]
+            )
+            return tf.debugging.Assert(False, [message], name="check_weight")
+
+        check = tf.cond(case >= len(flags), tf.no_op, fail, name="weight_ok")
+        with tf.control_dependencies([check]):
+            ratio, scale = (None if t is None else tf.identity(t) for t in (ratio, scale))
+        # A bitcast aliases the variable it reads: the new bounds wait for the scale.
+        with tf.control_dependencies([ratio] + ([] if scale is None else [scale])):
+            return Weight(ratio, scale, tuple(tf.identity(b) for b in bounds))
+
+    def add(self, gradients: typing.Sequence[Gradient], weight: Weight) -> tuple:
+        total = self.sums[0]
+        if weight.scale is None:
+            return (total.assign_add(weight.ratio, use_locking=True),)
+        added = total.assign(rescaled(total, weight.scale) + weight.ratio, use_locking=True)
+        bounds = (s.assign(b, use_locking=True) for s, b in zip(self.sums[1:], weight.bounds))
+        return (added, *bounds)
+
+    def reference(self, sums: tuple) -> tf.Tensor | None:
+        """The float64 weight the sums are relative to; None: they hold the weights themselves."""
+        return _power_of_two(sums[1]) if len(sums) > 1 else None
 
     def total(self, sums: tuple, total: tf.Tensor) -> tf.Tensor:
         return sums[0]
+
+
+def _power_of_two(weight: tf.Tensor) -> tf.Tensor:
+    """The float64 ``weight`` (>= 0) rounded down to a power of two: its exponent bits, exactly.
+
+    A subnormal weight has none: it is itself.
+    """
+    bits = tf.bitwise.bitwise_and(tf.bitcast(weight, tf.int64), 0x7FF0000000000000)
+    power = tf.bitcast(bits, tf.float64)
+    return tf.where(power > 0, power, weight)
 
 
 class Window:
@@ -163,7 +233,8 @@ class Window:
             self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
             parts: list[Part] = []
             if options.weighted:
-                parts.append(_Weighting({_accumulator_dtype(v.dtype) for _, v in pairs}))
+                dtypes = {_accumulator_dtype(v.dtype) for _, v in pairs}
+                parts.append(_Weighting(dtypes, options.average, cross_replica is None))
             self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
             self.var_list = [slot.var for slot in self.slots]
             self.accumulators = [slot.accumulator for slot in self.slots]
@@ -263,20 +334,34 @@ class Window:
             total = count = totals.count
             for part, part_sums in zip(self.parts, totals.parts):
                 total = part.total(part_sums, total)
+            # Weighted, the sums are relative to this weight (None: to 1).
+            weighting = self.parts[0] if self.options.weighted else None
+            reference = None
+            if isinstance(weighting, _Weighting):
+                reference = weighting.reference(totals.parts[0])
             # Weights summing to 0 give a NaN mean: skipped as non-finite.
             with tf.control_dependencies(checks):
-                denominator = tf.identity(total) if self.options.average else None
+                total = tf.cast(total, tf.float64)
+                # What the sums are multiplied by: 1 / total, or the reference, or nothing.
+                factor = tf.math.reciprocal(total) if self.options.average else reference
                 # Each variable's mean is made only where the optimizer takes it.
                 window_sums = [slot.window_sum(t) for slot, t in zip(self.slots, totals.per_slot)]
                 squares = square_norms([values_of(s) for s, _ in window_sums])
-                if denominator is not None:
-                    squares = [q / tf.square(tf.cast(denominator, tf.float64)) for q in squares]
-                norm = tf.sqrt(tf.add_n(squares), name="global_norm")
+                if self.options.average:
+                    squares = [q / tf.square(total) for q in squares]
+                norm = tf.sqrt(tf.add_n(squares))
+                if not self.options.average and reference is not None:
+                    norm *= reference
+                norm = tf.identity(norm, name="global_norm")
                 statistics: GradientStatistics | None = None
                 observed: list[tf.Operation] = []
                 if self.statistics is not None:
                     statistics, observed = self.statistics.observe(
-                        totals.parts[self.parts.index(self.statistics)], squares, count, total
+                        totals.parts[self.parts.index(self.statistics)],
+                        squares,
+                        count,
+                        total,
+                        1.0 if reference is None else reference,
                     )
                 window = WindowMean(norm, count)
         transforms = transforms_of(self.options)  # one clip_by_global_norm for every variable
@@ -284,7 +369,7 @@ class Window:
         def grads() -> list[Gradient]:
             with tf.compat.v1.name_scope(self.scope):
                 return [
-                    slot.finish(s, denominator, window, transforms)
+                    slot.finish(s, factor, window, transforms)
                     for slot, (s, _) in zip(self.slots, window_sums)
                 ]
 
@@ -497,11 +582,6 @@ def _map_values(function: typing.Callable[[tf.Tensor], tf.Tensor], gradient: Gra
     return function(gradient)
 
 
-def _inverse(denominator: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
-    """1 / ``denominator`` in float64, rounded to ``dtype`` once (a multiply is cheaper)."""
-    return tf.cast(tf.math.reciprocal(tf.cast(denominator, tf.float64)), dtype)
-
-
 def _accumulator_dtype(dtype: tf.DType) -> tf.DType:
     """Float16 and bfloat16 sums lose precision: accumulate them in float32."""
     dtype = dtype.base_dtype
@@ -528,18 +608,27 @@ class _VariableAccumulator:
             )
 
     def add(
-        self, gradient: Gradient, weight: tf.Tensor | None, first: tf.Tensor
+        self, gradient: Gradient, weight: Weight | None, first: tf.Tensor
     ) -> tuple[tf.Tensor, ...]:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
 
-        Where ``first`` holds (an empty window) it assigns, so no reset zeroes.
+        Where ``first`` holds (an empty window) it assigns, so no reset zeroes;
+        where the weight's ``scale`` is not 1 it assigns the rescaled sum plus
+        the values (scale 0: the window's first positive weight).
         """
         values = self._scaled(gradient, weight)
         accumulator = self.accumulator
+        scale = None if weight is None else weight.scale
+        restart = first if scale is None else tf.not_equal(scale, 1.0)
         with reference_control_flow([accumulator]):
             total = tf.cond(
-                first,
-                lambda: tf.identity(accumulator.assign(values, use_locking=True)),
+                restart,
+                lambda: tf.identity(
+                    accumulator.assign(
+                        values if scale is None else rescaled(accumulator, scale) + values,
+                        use_locking=True,
+                    )
+                ),
                 lambda: tf.identity(accumulator.assign_add(values, use_locking=True)),
                 name="assign_or_add",
             )
@@ -561,14 +650,15 @@ class _VariableAccumulator:
     def finish(
         self,
         total: Gradient,
-        denominator: tf.Tensor | None,
+        factor: tf.Tensor | None,
         window: WindowMean,
         transforms: typing.Sequence[GradientTransform],
     ) -> Gradient:
-        """The gradient the optimizer takes: ``total / denominator``, transformed, in its dtype."""
-        if denominator is not None:
-            inverse = _inverse(denominator, self.dtype)
-            total = _map_values(lambda values: values * inverse, total)
+        """The gradient the optimizer takes: ``total * factor``, transformed, in its dtype."""
+        if factor is not None:
+            # Rounded to the dtype once (a multiply is cheaper than a divide).
+            factor = tf.cast(factor, self.dtype)
+            total = _map_values(lambda values: values * factor, total)
         total = transformed(total, variable=self.var, window=window, transforms=transforms)
         dtype = self.var.dtype.base_dtype
         return _map_values(lambda values: tf.cast(values, dtype), total)
@@ -583,12 +673,12 @@ class _VariableAccumulator:
         del rows
         return tf.no_op()
 
-    def _scaled(self, values: tf.Tensor, weight: tf.Tensor | None) -> tf.Tensor:
+    def _scaled(self, values: tf.Tensor, weight: Weight | None) -> tf.Tensor:
         values = tf.cast(values, self.dtype)
         if weight is None:
             return values
         # A weight of 0 zeroes the values even where they are NaN or Inf.
-        return tf.math.multiply_no_nan(values, tf.cast(weight, self.dtype))
+        return tf.math.multiply_no_nan(values, tf.cast(weight.ratio, self.dtype))
 
 
 class _SparseAccumulator(_VariableAccumulator):
@@ -606,26 +696,43 @@ class _SparseAccumulator(_VariableAccumulator):
             )
 
     def add(
-        self, gradient: Gradient, weight: tf.Tensor | None, first: tf.Tensor
+        self, gradient: Gradient, weight: Weight | None, first: tf.Tensor
     ) -> tuple[tf.Tensor, ...]:
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
 
-        Needs no ``first``: untouched rows are zero. Weight 0 marks no row.
+        Needs no ``first``: untouched rows are zero. Weight 0 marks no row. A
+        new reference weight rescales the table (scale 0 need not: all zero).
         """
         indices = gradient.indices
         values = self._scaled(gradient.values, weight)
         marks = tf.ones_like(indices, dtype=self.dtype)
+        scale = None if weight is None else weight.scale
+        rescale: list = []
+        if scale is not None:
+            accumulator = self.accumulator
+            with reference_control_flow([accumulator]):
+                rescale.append(
+                    tf.cond(
+                        tf.logical_and(scale > 0, scale < 1),
+                        lambda: accumulator.assign(
+                            rescaled(accumulator, scale), use_locking=True, read_value=False
+                        ),
+                        tf.no_op,
+                        name="rescale",
+                    )
+                )
         if weight is None:
             touched = self.touched.scatter_update(
                 tf.IndexedSlices(marks, indices), use_locking=True
             )
         else:
-            marks = marks * tf.cast(weight > 0, self.dtype)
+            marks = marks * tf.cast(weight.ratio > 0, self.dtype)
             touched = self.touched.scatter_max(tf.IndexedSlices(marks, indices), use_locking=True)
-        return (
-            self.accumulator.scatter_add(tf.IndexedSlices(values, indices), use_locking=True),
-            touched,
-        )
+        with tf.control_dependencies(rescale):
+            added = self.accumulator.scatter_add(
+                tf.IndexedSlices(values, indices), use_locking=True
+            )
+        return (added, touched)
 
     def state(self) -> list[tf.Variable]:
         return [self.accumulator, self.touched]
