@@ -281,7 +281,7 @@ class Window:
                 for part in self.parts:
                     weight = part.checked(weight)
             if weight is not None:
-                _run_after(run_with, weight)
+                _run_after(run_with, weight.ratio)
         with tf.compat.v1.name_scope(self.scope), tf.control_dependencies(run_with):
             sums = tuple(part.add(gradients, weight) for part in self.parts)
             # The window's first add assigns: no reset pass, no zeros (see _VariableAccumulator).
