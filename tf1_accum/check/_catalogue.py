@@ -112,7 +112,7 @@ CATALOGUE = {m.code: m for m in (
         "(tf1_accum.build_accumulation(loss, optimizer, weight=tf.reduce_sum(mask)); "
         "AccumulationOptimizer and KerasAccumulationOptimizer also take a callable returning "
         "it, build_dataset_accumulation a callable of the element)",
-        "real_programs.html#real-programs-token-mean", False, "mean_over_data_count"),
+        "real_programs.html#real-programs-token-mean", True, "mean_over_data_count"),
 )}  # fmt: skip
 
 #: check_graph's kinds to their entries.

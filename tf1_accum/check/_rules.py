@@ -48,6 +48,8 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
             found |= _cond_findings(module, facts, call)
         if name in ADDS | ASSIGNS:  # TFA005 on a running average
             found |= _running_average_findings(module, facts, call)
+        elif name in ("build_accumulation", "minimize"):  # TFA014
+            found |= _data_mean_findings(module, call)
     return found
 
 
@@ -198,6 +200,86 @@ def _running_average_findings(module: Module, facts: _Facts, call: ast.Call) -> 
     ):
         return {(call.lineno, call.col_offset + 1, "TFA005")}
     return set()
+
+
+#: The wrappers whose ``minimize`` accumulates (each takes ``weight=``).
+_WRAPPERS = {"AccumulationOptimizer", "KerasAccumulationOptimizer"}
+_DIVISIONS = {"div", "divide", "truediv", "realdiv", "div_no_nan", "divide_no_nan"}
+#: Calls that hand a count on: ``tf.cast(tf.reduce_sum(mask), tf.float32)``.
+_HANDS_ON = {"cast", "to_float", "maximum", "minimum", "identity", "stop_gradient"}
+#: Calls whose result's size depends on the values of what they are given.
+_SIZED_BY_VALUES = {"boolean_mask", "dynamic_partition"}
+
+
+def _data_mean_findings(module: Module, call: ast.Call) -> Found:
+    """TFA014 at ``build_accumulation(loss, ...)`` or ``AccumulationOptimizer(...).minimize(loss)``
+    given no ``weight=``, where the loss divides by a count of the fed data."""
+    builds = [] if module.callees(call) else [call]  # not the module's own function
+    if called_name(call) == "minimize":  # what the receiver holds: the wrapper?
+        receiver = getattr(call.func, "value", None)
+        held = _held(module, receiver) if isinstance(receiver, ast.expr) else []
+        builds = [b for b in held if isinstance(b, ast.Call) and called_name(b) in _WRAPPERS]
+    loss = argument_of(call, 0, "loss")
+    weighed = any(k.arg in ("weight", None) for b in builds for k in b.keywords)
+    if builds and loss is not None and not weighed and _data_mean(module, loss):
+        return {(call.lineno, call.col_offset + 1, "TFA014")}
+    return set()
+
+
+def _resolved(module: Module, node: ast.expr) -> list[ast.expr]:
+    """What a name or attribute holds, or a call of the module's functions returns."""
+    if isinstance(node, ast.Call):
+        return [value for f, _ in module.callees(node) for value in module.returns(f)]
+    return module.stored(node) if isinstance(node, (ast.Name, ast.Attribute)) else []
+
+
+def _data_mean(module: Module, node: ast.expr, depth: int = 0) -> bool:
+    """``sum / tf.reduce_sum(mask)`` (or ``tf.math.divide``), or ``tf.reduce_mean`` of a
+    ``tf.boolean_mask``: a mean over a count the fed data decides, in the loss or a term."""
+    held = _resolved(module, node)
+    if held or depth > 5:
+        return depth < 5 and any(_data_mean(module, value, depth + 1) for value in held)
+    if binary(node, ast.Div):
+        return _data_count(module, node.right) or _data_mean(module, node.left, depth + 1)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        return any(_data_mean(module, side, depth + 1) for side in (node.left, node.right))
+    if not isinstance(node, ast.Call):
+        return False
+    name = called_name(node)
+    if name in _DIVISIONS and len(node.args) == 2:
+        numerator, count = node.args
+        return _data_count(module, count) or _data_mean(module, numerator, depth + 1)
+    values = argument_of(node, 0, "input_tensor") if name == "reduce_mean" else None
+    return values is not None and module.holds(values, _sized_by_values)
+
+
+def _data_count(module: Module, node: ast.expr, depth: int = 0) -> bool:
+    """``tf.reduce_sum(mask)`` of no variable, through names, casts and ``+ epsilon``."""
+    held = _resolved(module, node)
+    if held or depth > 5:
+        return depth < 5 and any(_data_count(module, value, depth + 1) for value in held)
+    if binary(node, ast.Add):
+        return any(_data_count(module, side, depth + 1) for side in (node.left, node.right))
+    if not isinstance(node, ast.Call):
+        return False
+    name = called_name(node)
+    if name in _HANDS_ON:
+        return any(_data_count(module, argument, depth + 1) for argument in node.args[:2])
+    counted = argument_of(node, 0, "input_tensor", "input")
+    if name not in ("reduce_sum", "count_nonzero") or counted is None:
+        return False
+    return not (kinds_of(module.tags(counted), VAR) or module.holds(counted, _fixed_size))
+
+
+def _sized_by_values(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and called_name(node) in _SIZED_BY_VALUES
+
+
+def _fixed_size(node: ast.expr) -> bool:
+    """``tf.ones_like(x)``, a literal: its sum counts positions, not what the data holds."""
+    return isinstance(node, ast.Constant) or (
+        isinstance(node, ast.Call) and called_name(node) in ("ones", "ones_like", "fill")
+    )
 
 
 def _cond_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
