@@ -71,11 +71,11 @@ def test_each_before_is_found_at_its_lines_by_its_rule(before):
 
 
 def test_the_befores_cover_every_pattern_but_the_loops():
-    # TFA008 to TFA010 are about the session loop, TFA014 about a loss given to
-    # tf1_accum itself; the corpus holds them.
+    # TFA008 to TFA010 are about the session loop, TFA013 and TFA014 about
+    # schedules and losses given to tf1_accum itself; the corpus holds them.
     assert len(BEFORES) == 6
     rules = {rule for before in BEFORES for _, rule in _marked(before)}
-    assert rules == set(_catalogue.RULES) - {"TFA008", "TFA009", "TFA010", "TFA014"}
+    assert rules == set(_catalogue.RULES) - {"TFA008", "TFA009", "TFA010", "TFA013", "TFA014"}
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda path: path.name[: -len(".py.txt")])
@@ -239,6 +239,59 @@ def test_a_mean_over_a_count_of_the_data_is_found_without_weight(source, found):
     findings = _lint.check_source(source, "x.py")
     assert [(f.line, f.col) for f in findings] == found
     assert {f.rule for f in findings} <= {"TFA014"}
+
+
+_WINDOW = "opt = tf1_accum.AccumulationOptimizer(base, FLAGS.accum_steps)\n"
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        # BERT's step count from the micro-batch size, to the schedule and max_steps.
+        (
+            _WINDOW + "num_train_steps = int(len(examples) / FLAGS.train_batch_size * 3)\n"
+            "num_warmup_steps = int(num_train_steps * 0.1)\n"
+            "lr = tf.train.polynomial_decay(0.1, step, num_train_steps)\n"
+            "estimator.train(input_fn, max_steps=num_train_steps)\n",
+            [(2, 23)],
+        ),
+        # decay_steps= worked out in place, the window a constant.
+        (
+            "opt = tf1_accum.AccumulationOptimizer(base, 4)\n"
+            "lr = tf.train.exponential_decay(0.1, step, decay_steps=n // batch_size)\n",
+            [(2, 56)],
+        ),
+        # Silent: the count divided by N, in the divisor or afterwards.
+        (
+            _WINDOW + "num_train_steps = int(n / (FLAGS.train_batch_size * FLAGS.accum_steps))\n"
+            "estimator.train(input_fn, max_steps=num_train_steps)\n",
+            [],
+        ),
+        (
+            _WINDOW + "decay_steps = n // batch_size\n"
+            "decay_steps //= FLAGS.accum_steps\n"
+            "lr = tf.train.exponential_decay(0.1, step, decay_steps, 0.5)\n",
+            [],
+        ),
+        # Silent: the batch size is the large batch's (split by N, or told as
+        # micro_batch_size=), or nothing accumulates in the module.
+        (
+            _WINDOW + "micro = FLAGS.train_batch_size // FLAGS.accum_steps\n"
+            "estimator.train(input_fn, max_steps=n // FLAGS.train_batch_size)\n",
+            [],
+        ),
+        (
+            "opt = tf1_accum.AccumulationOptimizer(base, 4, micro_batch_size=8)\n"
+            "estimator.train(input_fn, max_steps=n // batch_size)\n",
+            [],
+        ),
+        ("estimator.train(input_fn, max_steps=n // batch_size)\n", []),
+    ],
+)
+def test_a_step_count_in_micro_batches_is_found_where_the_module_accumulates(source, found):
+    findings = _lint.check_source(source, "x.py")
+    assert [(f.line, f.col) for f in findings] == found
+    assert {f.rule for f in findings} <= {"TFA013"}
 
 
 @pytest.mark.parametrize(
@@ -689,7 +742,7 @@ def test_exit_status_and_output_format(tmp_path):
     unknown = _run("--select", "TFA011,TFA099", MIGRATION)
     assert unknown.returncode == 2
     assert (
-        "unknown rule code(s) TFA011, TFA099: expected TFA000 to TFA010, TFA014 "
+        "unknown rule code(s) TFA011, TFA099: expected TFA000 to TFA010, TFA013 to TFA014 "
         "(TFA011: found by tf1_accum.check_graph only)"
     ) in unknown.stderr
     clean = _run(MIGRATION / "a_sum_not_mean_after.py", ROOT / "tf1_accum")

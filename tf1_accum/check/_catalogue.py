@@ -103,7 +103,7 @@ CATALOGUE = {m.code: m for m in (
         "divide every step count by N: decay_steps, num_train_steps and num_warmup_steps, "
         "boundaries, and Estimator.train's max_steps "
         "(num_train_steps = int(examples / (batch_size * N) * epochs))",
-        "real_programs.html#real-programs-schedules", False, "schedule_in_micro_batches"),
+        "real_programs.html#real-programs-schedules", True, "schedule_in_micro_batches"),
     Mistake("TFA014", "mean over a data-dependent count",
         "the loss is a mean over a count the fed data decides (tokens, valid positions), so "
         "each micro-batch's mean is over another count, and their plain mean weighs a "

@@ -38,6 +38,7 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     found = _loop_findings(module, facts, blocks, completing)  # TFA008
     found |= _refetch_findings(module, facts, blocks)  # TFA009
     found |= _one_run_findings(module, facts)  # TFA010
+    found |= _schedule_findings(module, facts)  # TFA013
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
@@ -224,6 +225,81 @@ def _data_mean_findings(module: Module, call: ast.Call) -> Found:
     if builds and loss is not None and not weighed and _data_mean(module, loss):
         return {(call.lineno, call.col_offset + 1, "TFA014")}
     return set()
+
+
+#: The window sizes: where each call that accumulates N micro-batches per update takes N.
+_WINDOWS = {
+    "AccumulationOptimizer": 1,
+    "KerasAccumulationOptimizer": 1,
+    "build_dataset_accumulation": 3,
+}
+#: Where schedules, loops and hooks take a step count: by keyword, and by position.
+_STEP_KEYWORDS = {
+    "decay_steps", "first_decay_steps", "num_train_steps", "num_warmup_steps", "warmup_steps",
+    "max_steps", "last_step", "total_steps", "boundaries",
+}  # fmt: skip
+_STEP_POSITIONS = {
+    "exponential_decay": (2,), "polynomial_decay": (2,), "cosine_decay": (2,),
+    "inverse_time_decay": (2,), "natural_exp_decay": (2,), "create_optimizer": (2, 3),
+    "ExponentialDecay": (1,), "PolynomialDecay": (1,), "CosineDecay": (1,),
+}  # fmt: skip
+
+
+def _schedule_findings(module: Module, facts: _Facts) -> Found:
+    """TFA013 at the ``/ batch_size`` of a step count given to a schedule (or ``max_steps``)
+    in a module that accumulates N micro-batches per update, where no step count is
+    divided by N and no size is told the accumulation (``micro_batch_size=``)."""
+    windows = [
+        argument_of(call, _WINDOWS[name], "steps")
+        for call in facts.calls for name in [called_name(call)] if name in _WINDOWS
+    ]  # fmt: skip
+    told = any(k.arg == "micro_batch_size" for call in facts.calls for k in call.keywords)
+    sizes = {unparse(window) for window in windows if window is not None}
+    if told or not sizes:
+        return set()
+
+    def has(node: ast.AST, test: typing.Callable[[ast.AST], bool]) -> bool:
+        return any(test(n) for n in ast.walk(node))
+
+    def window(node: ast.AST) -> bool:
+        return isinstance(node, ast.expr) and unparse(node) in sizes
+
+    def batch(node: ast.AST) -> bool:
+        return "batch_size" in str(getattr(node, "id", None) or getattr(node, "attr", ""))
+
+    if any(has(d.left, batch) and has(d.right, window) for d in _divisions(module.tree)):
+        return set()  # batch_size / N: the batch size is the large batch's
+    found: Found = set()
+    for call in facts.calls:
+        counts: list[ast.expr | None] = [k.value for k in call.keywords if k.arg in _STEP_KEYWORDS]
+        counts += [argument_of(call, i) for i in _STEP_POSITIONS.get(called_name(call) or "", ())]
+        for count in (c for c in counts if c is not None):
+            values = _closure(module, count)
+            if not any(has(value, window) for value in values):
+                found |= {
+                    (d.lineno, d.col_offset + 1, "TFA013")
+                    for value in values for d in _divisions(value) if has(d.right, batch)
+                }  # fmt: skip
+    return found
+
+
+def _divisions(node: ast.AST) -> list[ast.BinOp]:
+    """The ``a / b`` and ``a // b`` in ``node``."""
+    return [
+        n for n in ast.walk(node)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv))
+    ]  # fmt: skip
+
+
+def _closure(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
+    """``node`` and what the names and attributes in it hold, a few levels down."""
+    found = [node]
+    for part in ast.walk(node) if depth < 3 else ():
+        if isinstance(part, (ast.Name, ast.Attribute)):
+            found += [
+                v for value in module.stored(part) for v in _closure(module, value, depth + 1)
+            ]
+    return found
 
 
 def _resolved(module: Module, node: ast.expr) -> list[ast.expr]:
