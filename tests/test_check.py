@@ -200,6 +200,13 @@ _TOKEN_MEAN = "loss = tf.reduce_sum(xent * mask) / tf.reduce_sum(mask)\n"
             "step = AccumulationOptimizer(base, 4).minimize(loss=loss)\n",
             [(3, 8)],
         ),
+        # A term added in a loop: each value of the name is followed once.
+        (
+            _TOKEN_MEAN + "for scale, term in zip(scales, terms):\n"
+            "    loss += scale * term + loss * 0.0\n"
+            "acc = tf1_accum.build_accumulation(loss, opt)\n",
+            [(4, 7)],
+        ),
         # Silent: the count given as weight= (a tensor, or a callable to the wrapper).
         (
             _TOKEN_MEAN

@@ -291,14 +291,15 @@ def _divisions(node: ast.AST) -> list[ast.BinOp]:
     ]  # fmt: skip
 
 
-def _closure(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
-    """``node`` and what the names and attributes in it hold, a few levels down."""
-    found = [node]
-    for part in ast.walk(node) if depth < 3 else ():
-        if isinstance(part, (ast.Name, ast.Attribute)):
-            found += [
-                v for value in module.stored(part) for v in _closure(module, value, depth + 1)
-            ]
+def _closure(module: Module, node: ast.expr) -> list[ast.expr]:
+    """``node`` and what the names and attributes in it hold, each once (a few hundred)."""
+    found, seen = [node], {id(node)}
+    for value in found:  # grows as it is read
+        for part in ast.walk(value) if len(found) < 300 else ():
+            if isinstance(part, (ast.Name, ast.Attribute)):
+                held = [v for v in module.stored(part) if id(v) not in seen]
+                found += held
+                seen |= {id(v) for v in held}
     return found
 
 
@@ -309,38 +310,46 @@ def _resolved(module: Module, node: ast.expr) -> list[ast.expr]:
     return module.stored(node) if isinstance(node, (ast.Name, ast.Attribute)) else []
 
 
-def _data_mean(module: Module, node: ast.expr, depth: int = 0) -> bool:
+def _data_mean(module: Module, node: ast.expr, seen: set[int] | None = None) -> bool:
     """``sum / tf.reduce_sum(mask)`` (or ``tf.math.divide``), or ``tf.reduce_mean`` of a
-    ``tf.boolean_mask``: a mean over a count the fed data decides, in the loss or a term."""
+    ``tf.boolean_mask``: a mean over a count the fed data decides, in the loss or a term.
+    ``seen``: the expressions already looked at (``loss += ...`` in a loop holds many)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen or len(seen) > 500:
+        return False
+    seen.add(id(node))
     held = _resolved(module, node)
-    if held or depth > 5:
-        return depth < 5 and any(_data_mean(module, value, depth + 1) for value in held)
+    if held:
+        return any(_data_mean(module, value, seen) for value in held)
     if binary(node, ast.Div):
-        return _data_count(module, node.right) or _data_mean(module, node.left, depth + 1)
+        return _data_count(module, node.right, set()) or _data_mean(module, node.left, seen)
     if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
-        return any(_data_mean(module, side, depth + 1) for side in (node.left, node.right))
+        return any(_data_mean(module, side, seen) for side in (node.left, node.right))
     if not isinstance(node, ast.Call):
         return False
     name = called_name(node)
     if name in _DIVISIONS and len(node.args) == 2:
         numerator, count = node.args
-        return _data_count(module, count) or _data_mean(module, numerator, depth + 1)
+        return _data_count(module, count, set()) or _data_mean(module, numerator, seen)
     values = argument_of(node, 0, "input_tensor") if name == "reduce_mean" else None
     return values is not None and module.holds(values, _sized_by_values)
 
 
-def _data_count(module: Module, node: ast.expr, depth: int = 0) -> bool:
+def _data_count(module: Module, node: ast.expr, seen: set[int]) -> bool:
     """``tf.reduce_sum(mask)`` of no variable, through names, casts and ``+ epsilon``."""
+    if id(node) in seen or len(seen) > 100:
+        return False
+    seen.add(id(node))
     held = _resolved(module, node)
-    if held or depth > 5:
-        return depth < 5 and any(_data_count(module, value, depth + 1) for value in held)
+    if held:
+        return any(_data_count(module, value, seen) for value in held)
     if binary(node, ast.Add):
-        return any(_data_count(module, side, depth + 1) for side in (node.left, node.right))
+        return any(_data_count(module, side, seen) for side in (node.left, node.right))
     if not isinstance(node, ast.Call):
         return False
     name = called_name(node)
     if name in _HANDS_ON:
-        return any(_data_count(module, argument, depth + 1) for argument in node.args[:2])
+        return any(_data_count(module, argument, seen) for argument in node.args[:2])
     counted = argument_of(node, 0, "input_tensor", "input")
     if name not in ("reduce_sum", "count_nonzero") or counted is None:
         return False
