@@ -71,10 +71,11 @@ def test_each_before_is_found_at_its_lines_by_its_rule(before):
 
 
 def test_the_befores_cover_every_pattern_but_the_loops():
-    # TFA008 to TFA010 are about the session loop; the corpus holds them.
+    # TFA008 to TFA010 are about the session loop, TFA013 and TFA014 about
+    # schedules and losses given to tf1_accum itself; the corpus holds them.
     assert len(BEFORES) == 6
     rules = {rule for before in BEFORES for _, rule in _marked(before)}
-    assert rules == set(_catalogue.RULES) - {"TFA008", "TFA009", "TFA010"}
+    assert rules == set(_catalogue.RULES) - {"TFA008", "TFA009", "TFA010", "TFA013", "TFA014"}
 
 
 @pytest.mark.parametrize("path", CORPUS, ids=lambda path: path.name[: -len(".py.txt")])
@@ -173,6 +174,131 @@ def test_clean_variants_are_not_reported(source):
 )
 def test_variants_are_reported(source, line, rule):
     assert (line, rule) in {(f.line, f.rule) for f in _lint.check_source(source, "x.py")}
+
+
+_TOKEN_MEAN = "loss = tf.reduce_sum(xent * mask) / tf.reduce_sum(mask)\n"
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        # Divided by the mask's sum, given to build_accumulation without weight=.
+        (_TOKEN_MEAN + "acc = tf1_accum.build_accumulation(loss, opt)\n", [(2, 7)]),
+        # tf.math.divide by the lengths' sum, cast, through a function, at minimize.
+        (
+            "def token_mean(xent, lengths):\n"
+            "    tokens = tf.cast(tf.reduce_sum(lengths), tf.float32)\n"
+            "    return tf.math.divide(tf.reduce_sum(xent), tokens)\n"
+            "opt = tf1_accum.AccumulationOptimizer(base, 4)\n"
+            "step = opt.minimize(token_mean(xent, lengths) + 0.1 * l2)\n",
+            [(5, 8)],
+        ),
+        # A mean over what boolean_mask keeps, the wrapper built in place.
+        (
+            "valid = tf.boolean_mask(xent, mask)\n"
+            "loss = tf.reduce_mean(valid)\n"
+            "step = AccumulationOptimizer(base, 4).minimize(loss=loss)\n",
+            [(3, 8)],
+        ),
+        # A term added in a loop: each value of the name is followed once.
+        (
+            _TOKEN_MEAN + "for scale, term in zip(scales, terms):\n"
+            "    loss += scale * term + loss * 0.0\n"
+            "acc = tf1_accum.build_accumulation(loss, opt)\n",
+            [(4, 7)],
+        ),
+        # Silent: the count given as weight= (a tensor, or a callable to the wrapper).
+        (
+            _TOKEN_MEAN
+            + "acc = tf1_accum.build_accumulation(loss, opt, weight=tf.reduce_sum(mask))\n",
+            [],
+        ),
+        (
+            _TOKEN_MEAN + "opt = tf1_accum.AccumulationOptimizer(base, 4, weight=lambda: n)\n"
+            "step = opt.minimize(loss)\n",
+            [],
+        ),
+        # Silent: means over counts the data does not decide, or of a variable.
+        (
+            "loss = tf.reduce_mean(tf.nn.softmax_cross_entropy_with_logits(labels=y, logits=z))\n"
+            "acc = tf1_accum.build_accumulation(loss, opt)\n",
+            [],
+        ),
+        (
+            "batch_size = 32\n"
+            "loss = tf.reduce_sum(xent) / batch_size\n"
+            "loss += tf.reduce_sum(xent) / tf.cast(tf.shape(xent)[0], tf.float32)\n"
+            "w = tf.Variable(tf.ones([4]))\n"
+            "acc = build_accumulation(loss + tf.reduce_sum(w * x) / tf.reduce_sum(w), opt)\n",
+            [],
+        ),
+        # Silent: a plain optimizer's minimize, and a function of the module's own.
+        (
+            _TOKEN_MEAN + "step = tf.train.AdamOptimizer().minimize(loss)\n"
+            "def build_accumulation(loss, opt):\n"
+            "    return opt.minimize(loss)\n"
+            "acc = build_accumulation(loss, opt)\n",
+            [],
+        ),
+    ],
+)
+def test_a_mean_over_a_count_of_the_data_is_found_without_weight(source, found):
+    findings = _lint.check_source(source, "x.py")
+    assert [(f.line, f.col) for f in findings] == found
+    assert {f.rule for f in findings} <= {"TFA014"}
+
+
+_WINDOW = "opt = tf1_accum.AccumulationOptimizer(base, FLAGS.accum_steps)\n"
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        # BERT's step count from the micro-batch size, to the schedule and max_steps.
+        (
+            _WINDOW + "num_train_steps = int(len(examples) / FLAGS.train_batch_size * 3)\n"
+            "num_warmup_steps = int(num_train_steps * 0.1)\n"
+            "lr = tf.train.polynomial_decay(0.1, step, num_train_steps)\n"
+            "estimator.train(input_fn, max_steps=num_train_steps)\n",
+            [(2, 23)],
+        ),
+        # decay_steps= worked out in place, the window a constant.
+        (
+            "opt = tf1_accum.AccumulationOptimizer(base, 4)\n"
+            "lr = tf.train.exponential_decay(0.1, step, decay_steps=n // batch_size)\n",
+            [(2, 56)],
+        ),
+        # Silent: the count divided by N, in the divisor or afterwards.
+        (
+            _WINDOW + "num_train_steps = int(n / (FLAGS.train_batch_size * FLAGS.accum_steps))\n"
+            "estimator.train(input_fn, max_steps=num_train_steps)\n",
+            [],
+        ),
+        (
+            _WINDOW + "decay_steps = n // batch_size\n"
+            "decay_steps //= FLAGS.accum_steps\n"
+            "lr = tf.train.exponential_decay(0.1, step, decay_steps, 0.5)\n",
+            [],
+        ),
+        # Silent: the batch size is the large batch's (split by N, or told as
+        # micro_batch_size=), or nothing accumulates in the module.
+        (
+            _WINDOW + "micro = FLAGS.train_batch_size // FLAGS.accum_steps\n"
+            "estimator.train(input_fn, max_steps=n // FLAGS.train_batch_size)\n",
+            [],
+        ),
+        (
+            "opt = tf1_accum.AccumulationOptimizer(base, 4, micro_batch_size=8)\n"
+            "estimator.train(input_fn, max_steps=n // batch_size)\n",
+            [],
+        ),
+        ("estimator.train(input_fn, max_steps=n // batch_size)\n", []),
+    ],
+)
+def test_a_step_count_in_micro_batches_is_found_where_the_module_accumulates(source, found):
+    findings = _lint.check_source(source, "x.py")
+    assert [(f.line, f.col) for f in findings] == found
+    assert {f.rule for f in findings} <= {"TFA013"}
 
 
 @pytest.mark.parametrize(
@@ -623,7 +749,7 @@ def test_exit_status_and_output_format(tmp_path):
     unknown = _run("--select", "TFA011,TFA099", MIGRATION)
     assert unknown.returncode == 2
     assert (
-        "unknown rule code(s) TFA011, TFA099: expected TFA000 to TFA010 "
+        "unknown rule code(s) TFA011, TFA099: expected TFA000 to TFA010, TFA013 to TFA014 "
         "(TFA011: found by tf1_accum.check_graph only)"
     ) in unknown.stderr
     clean = _run(MIGRATION / "a_sum_not_mean_after.py", ROOT / "tf1_accum")

@@ -895,8 +895,8 @@ MISTAKES = {
     "TFA010": ("accumulate_and_apply_in_one_run", _in_one_run, _refused_in_one_run),
     "TFA011": (None, _never_reset, None),
     "TFA012": (None, _step_per_micro_batch, None),
-    "TFA013": (None, lambda: None, None),  # built by _bert_findings
-    "TFA014": (None, _token_mean_by_hand, None),
+    "TFA013": ("schedule_micro_batches", lambda: None, None),  # built by _bert_findings
+    "TFA014": ("token_mean_loss", _token_mean_by_hand, None),
 }
 CORPUS_DIR = pathlib.Path(__file__).parent / "check_corpus"
 

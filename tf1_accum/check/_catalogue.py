@@ -103,7 +103,7 @@ CATALOGUE = {m.code: m for m in (
         "divide every step count by N: decay_steps, num_train_steps and num_warmup_steps, "
         "boundaries, and Estimator.train's max_steps "
         "(num_train_steps = int(examples / (batch_size * N) * epochs))",
-        "real_programs.html#real-programs-schedules", False, "schedule_in_micro_batches"),
+        "real_programs.html#real-programs-schedules", True, "schedule_in_micro_batches"),
     Mistake("TFA014", "mean over a data-dependent count",
         "the loss is a mean over a count the fed data decides (tokens, valid positions), so "
         "each micro-batch's mean is over another count, and their plain mean weighs a "
@@ -112,7 +112,7 @@ CATALOGUE = {m.code: m for m in (
         "(tf1_accum.build_accumulation(loss, optimizer, weight=tf.reduce_sum(mask)); "
         "AccumulationOptimizer and KerasAccumulationOptimizer also take a callable returning "
         "it, build_dataset_accumulation a callable of the element)",
-        "real_programs.html#real-programs-token-mean", False, "mean_over_data_count"),
+        "real_programs.html#real-programs-token-mean", True, "mean_over_data_count"),
 )}  # fmt: skip
 
 #: check_graph's kinds to their entries.

@@ -22,11 +22,21 @@ def _codes(text: str) -> set[str]:
     if unknown:
         graph = [code for code in unknown if code in _catalogue.CATALOGUE]
         raise argparse.ArgumentTypeError(
-            f"unknown rule code(s) {', '.join(unknown)}: expected TFA000 to "
-            f"{_catalogue.RULES[-1]}"
+            f"unknown rule code(s) {', '.join(unknown)}: expected {_ranges()}"
             + (f" ({', '.join(graph)}: found by tf1_accum.check_graph only)" if graph else "")
         )
     return codes
+
+
+def _ranges() -> str:
+    """The checker's codes, a run of consecutive ones as one: ``TFA000 to TFA010, TFA014``."""
+    runs: list[list[str]] = []
+    for code in ("TFA000", *_catalogue.RULES):
+        if runs and int(code[3:]) == int(runs[-1][-1][3:]) + 1:
+            runs[-1].append(code)
+        else:
+            runs.append([code])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]} to {run[-1]}" for run in runs)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

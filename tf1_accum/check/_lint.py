@@ -29,7 +29,10 @@ class Finding(typing.NamedTuple):
 _IGNORE = re.compile(r"#\s*tf1_accum\.check:\s*ignore\b(?:\s+(TFA\d{3}(?:\s*,\s*TFA\d{3})*))?")
 
 # Every rule starts from one of these words; most modules of a project hold none.
-_RELEVANT = re.compile(r"apply_gradients|initialized_value|assign|update_add|\bcond\b|apply_op")
+_RELEVANT = re.compile(
+    r"apply_gradients|initialized_value|assign|update_add|\bcond\b|apply_op|build_accumulation"
+    r"|AccumulationOptimizer|dataset_accumulation"
+)
 _IGNORE_FILE = re.compile(r"^#\s*tf1_accum\.check:\s*ignore-file\b", re.M)
 
 

@@ -38,6 +38,7 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     found = _loop_findings(module, facts, blocks, completing)  # TFA008
     found |= _refetch_findings(module, facts, blocks)  # TFA009
     found |= _one_run_findings(module, facts)  # TFA010
+    found |= _schedule_findings(module, facts)  # TFA013
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
@@ -48,6 +49,8 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
             found |= _cond_findings(module, facts, call)
         if name in ADDS | ASSIGNS:  # TFA005 on a running average
             found |= _running_average_findings(module, facts, call)
+        elif name in ("build_accumulation", "minimize"):  # TFA014
+            found |= _data_mean_findings(module, call)
     return found
 
 
@@ -198,6 +201,170 @@ def _running_average_findings(module: Module, facts: _Facts, call: ast.Call) -> 
     ):
         return {(call.lineno, call.col_offset + 1, "TFA005")}
     return set()
+
+
+#: The wrappers whose ``minimize`` accumulates (each takes ``weight=``).
+_WRAPPERS = {"AccumulationOptimizer", "KerasAccumulationOptimizer"}
+_DIVISIONS = {"div", "divide", "truediv", "realdiv", "div_no_nan", "divide_no_nan"}
+#: Calls that hand a count on: ``tf.cast(tf.reduce_sum(mask), tf.float32)``.
+_HANDS_ON = {"cast", "to_float", "maximum", "minimum", "identity", "stop_gradient"}
+#: Calls whose result's size depends on the values of what they are given.
+_SIZED_BY_VALUES = {"boolean_mask", "dynamic_partition"}
+
+
+def _data_mean_findings(module: Module, call: ast.Call) -> Found:
+    """TFA014 at ``build_accumulation(loss, ...)`` or ``AccumulationOptimizer(...).minimize(loss)``
+    given no ``weight=``, where the loss divides by a count of the fed data."""
+    builds = [] if module.callees(call) else [call]  # not the module's own function
+    if called_name(call) == "minimize":  # what the receiver holds: the wrapper?
+        receiver = getattr(call.func, "value", None)
+        held = _held(module, receiver) if isinstance(receiver, ast.expr) else []
+        builds = [b for b in held if isinstance(b, ast.Call) and called_name(b) in _WRAPPERS]
+    loss = argument_of(call, 0, "loss")
+    weighed = any(k.arg in ("weight", None) for b in builds for k in b.keywords)
+    if builds and loss is not None and not weighed and _data_mean(module, loss):
+        return {(call.lineno, call.col_offset + 1, "TFA014")}
+    return set()
+
+
+#: The window sizes: where each call that accumulates N micro-batches per update takes N.
+_WINDOWS = {
+    "AccumulationOptimizer": 1,
+    "KerasAccumulationOptimizer": 1,
+    "build_dataset_accumulation": 3,
+}
+#: Where schedules, loops and hooks take a step count: by keyword, and by position.
+_STEP_KEYWORDS = {
+    "decay_steps", "first_decay_steps", "num_train_steps", "num_warmup_steps", "warmup_steps",
+    "max_steps", "last_step", "total_steps", "boundaries",
+}  # fmt: skip
+_STEP_POSITIONS = {
+    "exponential_decay": (2,), "polynomial_decay": (2,), "cosine_decay": (2,),
+    "inverse_time_decay": (2,), "natural_exp_decay": (2,), "create_optimizer": (2, 3),
+    "ExponentialDecay": (1,), "PolynomialDecay": (1,), "CosineDecay": (1,),
+}  # fmt: skip
+
+
+def _schedule_findings(module: Module, facts: _Facts) -> Found:
+    """TFA013 at the ``/ batch_size`` of a step count given to a schedule (or ``max_steps``)
+    in a module that accumulates N micro-batches per update, where no step count is
+    divided by N and no size is told the accumulation (``micro_batch_size=``)."""
+    windows = [
+        argument_of(call, _WINDOWS[name], "steps")
+        for call in facts.calls for name in [called_name(call)] if name in _WINDOWS
+    ]  # fmt: skip
+    told = any(k.arg == "micro_batch_size" for call in facts.calls for k in call.keywords)
+    sizes = {unparse(window) for window in windows if window is not None}
+    if told or not sizes:
+        return set()
+
+    def has(node: ast.AST, test: typing.Callable[[ast.AST], bool]) -> bool:
+        return any(test(n) for n in ast.walk(node))
+
+    def window(node: ast.AST) -> bool:
+        return isinstance(node, ast.expr) and unparse(node) in sizes
+
+    def batch(node: ast.AST) -> bool:
+        return "batch_size" in str(getattr(node, "id", None) or getattr(node, "attr", ""))
+
+    if any(has(d.left, batch) and has(d.right, window) for d in _divisions(module.tree)):
+        return set()  # batch_size / N: the batch size is the large batch's
+    found: Found = set()
+    for call in facts.calls:
+        counts: list[ast.expr | None] = [k.value for k in call.keywords if k.arg in _STEP_KEYWORDS]
+        counts += [argument_of(call, i) for i in _STEP_POSITIONS.get(called_name(call) or "", ())]
+        for count in (c for c in counts if c is not None):
+            values = _closure(module, count)
+            if not any(has(value, window) for value in values):
+                found |= {
+                    (d.lineno, d.col_offset + 1, "TFA013")
+                    for value in values for d in _divisions(value) if has(d.right, batch)
+                }  # fmt: skip
+    return found
+
+
+def _divisions(node: ast.AST) -> list[ast.BinOp]:
+    """The ``a / b`` and ``a // b`` in ``node``."""
+    return [
+        n for n in ast.walk(node)
+        if isinstance(n, ast.BinOp) and isinstance(n.op, (ast.Div, ast.FloorDiv))
+    ]  # fmt: skip
+
+
+def _closure(module: Module, node: ast.expr) -> list[ast.expr]:
+    """``node`` and what the names and attributes in it hold, each once (a few hundred)."""
+    found, seen = [node], {id(node)}
+    for value in found:  # grows as it is read
+        for part in ast.walk(value) if len(found) < 300 else ():
+            if isinstance(part, (ast.Name, ast.Attribute)):
+                held = [v for v in module.stored(part) if id(v) not in seen]
+                found += held
+                seen |= {id(v) for v in held}
+    return found
+
+
+def _resolved(module: Module, node: ast.expr) -> list[ast.expr]:
+    """What a name or attribute holds, or a call of the module's functions returns."""
+    if isinstance(node, ast.Call):
+        return [value for f, _ in module.callees(node) for value in module.returns(f)]
+    return module.stored(node) if isinstance(node, (ast.Name, ast.Attribute)) else []
+
+
+def _data_mean(module: Module, node: ast.expr, seen: set[int] | None = None) -> bool:
+    """``sum / tf.reduce_sum(mask)`` (or ``tf.math.divide``), or ``tf.reduce_mean`` of a
+    ``tf.boolean_mask``: a mean over a count the fed data decides, in the loss or a term.
+    ``seen``: the expressions already looked at (``loss += ...`` in a loop holds many)."""
+    seen = set() if seen is None else seen
+    if id(node) in seen or len(seen) > 500:
+        return False
+    seen.add(id(node))
+    held = _resolved(module, node)
+    if held:
+        return any(_data_mean(module, value, seen) for value in held)
+    if binary(node, ast.Div):
+        return _data_count(module, node.right, set()) or _data_mean(module, node.left, seen)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult)):
+        return any(_data_mean(module, side, seen) for side in (node.left, node.right))
+    if not isinstance(node, ast.Call):
+        return False
+    name = called_name(node)
+    if name in _DIVISIONS and len(node.args) == 2:
+        numerator, count = node.args
+        return _data_count(module, count, set()) or _data_mean(module, numerator, seen)
+    values = argument_of(node, 0, "input_tensor") if name == "reduce_mean" else None
+    return values is not None and module.holds(values, _sized_by_values)
+
+
+def _data_count(module: Module, node: ast.expr, seen: set[int]) -> bool:
+    """``tf.reduce_sum(mask)`` of no variable, through names, casts and ``+ epsilon``."""
+    if id(node) in seen or len(seen) > 100:
+        return False
+    seen.add(id(node))
+    held = _resolved(module, node)
+    if held:
+        return any(_data_count(module, value, seen) for value in held)
+    if binary(node, ast.Add):
+        return any(_data_count(module, side, seen) for side in (node.left, node.right))
+    if not isinstance(node, ast.Call):
+        return False
+    name = called_name(node)
+    if name in _HANDS_ON:
+        return any(_data_count(module, argument, seen) for argument in node.args[:2])
+    counted = argument_of(node, 0, "input_tensor", "input")
+    if name not in ("reduce_sum", "count_nonzero") or counted is None:
+        return False
+    return not (kinds_of(module.tags(counted), VAR) or module.holds(counted, _fixed_size))
+
+
+def _sized_by_values(node: ast.expr) -> bool:
+    return isinstance(node, ast.Call) and called_name(node) in _SIZED_BY_VALUES
+
+
+def _fixed_size(node: ast.expr) -> bool:
+    """``tf.ones_like(x)``, a literal: its sum counts positions, not what the data holds."""
+    return isinstance(node, ast.Constant) or (
+        isinstance(node, ast.Call) and called_name(node) in ("ones", "ones_like", "fill")
+    )
 
 
 def _cond_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
