@@ -166,8 +166,10 @@ def test_every_run_path_refuses_two_ops_of_one_window(path):
     assert_same_values(trained, large_batch, RTOL[tf.float64], f"after the refused {path}")
 
 
-def test_an_exported_and_imported_graph_still_refuses_two_window_ops_in_one_run(tmp_path):
-    # The marks are in the graph (a collection), not on the Python objects.
+@pytest.mark.parametrize("scope", ["", "imported/"])
+def test_an_exported_and_imported_graph_still_refuses_two_window_ops_in_one_run(tmp_path, scope):
+    # The marks are in the graph (a collection), not on the Python objects; an
+    # import_scope prefixes the ops but not the collection's strings.
     window = make_batches(tf.float64, False, N, B)
     (large_batch,) = plain_training("adam", tf.float64, False, [window])
     with tf.Graph().as_default():
@@ -176,9 +178,9 @@ def test_an_exported_and_imported_graph_still_refuses_two_window_ops_in_one_run(
         feeds = [model.inputs.name, model.labels.name]
         v1.train.export_meta_graph(str(tmp_path / "model.meta"))
     with tf.Graph().as_default() as graph:
-        v1.train.import_meta_graph(str(tmp_path / "model.meta"))
-        accum_op, apply_op, zero_op = (graph.get_operation_by_name(name) for name in names)
-        x, y = (graph.get_tensor_by_name(name) for name in feeds)
+        v1.train.import_meta_graph(str(tmp_path / "model.meta"), import_scope=scope[:-1] or None)
+        accum_op, apply_op, zero_op = (graph.get_operation_by_name(scope + n) for n in names)
+        x, y = (graph.get_tensor_by_name(scope + name) for name in feeds)
         with v1.Session() as sess:
             sess.run(v1.global_variables_initializer())
             trained = _refuse_then_run_apart(
@@ -190,6 +192,7 @@ def test_an_exported_and_imported_graph_still_refuses_two_window_ops_in_one_run(
                 lambda feed: sess.run(accum_op, feed),
                 lambda: sess.run(apply_op),
             )
+    trained = {name[len(scope) :]: value for name, value in trained.items()}
     assert_same_values(trained, large_batch, RTOL[tf.float64], "after the imported graph's window")
 
 
