@@ -41,7 +41,7 @@ class Saver(tf.compat.v1.train.Saver):
 
     Raises:
         ValueError, TypeError: As ``tf.compat.v1.train.Saver``.
-        NotFoundError: From `restore`, as ``tf.compat.v1.train.Saver``'s; a
+        NotFoundError: From ``restore``, as ``tf.compat.v1.train.Saver``'s; a
             checkpoint lacking a window's variable (another layout of the
             window: an earlier tf1_accum, other options) is refused whole,
             saying what to do.
