@@ -5,7 +5,9 @@ mark makes every step TensorFlow runs (``Session.run``, ``make_callable``,
 ``partial_run``, the callables Keras makes) pass its fetches to `_check`
 first, and `check_graph` reads the same marks. Ops of one run run in no fixed
 order, so two that change one window in different ways are refused before
-anything runs.
+anything runs. A train op whose global step is also incremented by hand on
+its ``window.applied`` (`_migration.counted_twice`) is refused the same way,
+in a loop that no hook or `check_graph` looks at.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import weakref
 
 from tf1_accum._compat import guard_runs, tf
 
+from tf1_accum import _migration
 from tf1_accum.check._catalogue import refusal
 
 #: Graph collection of the marks, strings "op window field": kept in the
@@ -66,6 +69,38 @@ class _Graph:
         for entry in entries:
             name, window, field = tf.compat.as_str(entry).split(" ")
             self.named.setdefault(name, []).append(Mark(window, field, name))
+        self.version = -1  # of the graph when `twice` was looked for
+        self.twice: tuple[str, set[str]] | None = None  # (refusal, increments)
+        self.reaching: dict[int, bool] = {}  # by id: whether an op runs an increment
+
+    def counted_twice(self, graph: tf.Graph) -> tuple[str, set[str]] | None:
+        """(refusal, increment names) if a hand-written increment doubles the updates, else None.
+
+        Looked for once per version of the graph: the increment may be built
+        after the train op, never after the run it is in.
+        """
+        version = graph.version
+        if self.version != version:
+            hung = _migration.counted_twice(graph)
+            why = _migration.twice_per_update(hung[0][0], hung[0][2]) if hung else ""
+            self.reaching, self.twice = {}, (why, {name for name, _, _ in hung}) if hung else None
+            self.version = version  # last: a run of another thread looks again meanwhile
+        return self.twice
+
+    def runs_any(self, op: tf.Operation, names: set[str]) -> bool:
+        """Whether running ``op`` runs an op named in ``names`` (the same on every call)."""
+        found = self.reaching.get(id(op))
+        if found is None:
+            seen, todo, found = {op}, [op], False
+            while todo and not found:
+                one = todo.pop()
+                found = one.name in names
+                for each in list(one.control_inputs) + [t.op for t in one.inputs]:
+                    if each not in seen:
+                        seen.add(each)
+                        todo.append(each)
+            self.reaching[id(op)] = found
+        return found
 
     def of(self, op: tf.Operation) -> list[Mark]:
         found = self.reached.get(id(op))
@@ -91,9 +126,19 @@ def _marks(graph: tf.Graph) -> _Graph | None:
 
 
 def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -> None:
-    """Refuses a step that fetches two marks of one window: a ValueError before anything runs."""
+    """Refuses a step that fetches two marks of one window: a ValueError before anything runs.
+
+    In a graph with an increment that counts each update twice, it refuses a
+    step that runs a marked op, or the increment, the same way.
+    """
     found = _marks(graph)
-    fetched = [m for op in ops + [t.op for t in tensors] for m in found.of(op)] if found else []
+    if found is None:
+        return
+    ran = ops + [t.op for t in tensors]
+    fetched = [m for op in ran for m in found.of(op)]
+    twice = found.counted_twice(graph)
+    if twice and (fetched or any(found.runs_any(op, twice[1]) for op in ran)):
+        raise ValueError(twice[0] + " Refused before this session.run ran anything.")
     for first, second in pairs(fetched):
         what = f"{first.field} ({first.op}) and {second.field} ({second.op}) of one accumulation"
         raise ValueError(

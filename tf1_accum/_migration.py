@@ -245,6 +245,20 @@ def hung_on_applied(step: tf.Operation, applied: tf.Tensor) -> list[str]:
     return found
 
 
+def counted_twice(graph: tf.Graph) -> list[tuple[str, str, str]]:
+    """(increment, applied, step) names of each `hung_on_applied` beside the wrapper's own.
+
+    Read from `APPLIED_WITH_STEP`, so a graph imported again keeps it.
+    """
+    found = []
+    for entry in graph.get_collection(APPLIED_WITH_STEP):
+        applied, step = tf.compat.as_str(entry).split(" ")
+        step_op = graph.get_operation_by_name(step)
+        for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
+            found.append((name, applied, step))
+    return found
+
+
 def twice_per_update(increment: str, step: str) -> str:
     """Why an increment of ``step`` hung on ``window.applied`` beside the wrapper's is refused."""
     return (
