@@ -753,6 +753,9 @@ def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused_in_a_pl
                     r"(.|\n)*Refused before this session.run ran anything",
                 ):
                     sess.run(fetch, model.feed(batches[0]))
+            feed = model.feed(batches[0])
+            with pytest.raises(ValueError, match="increments global_step"):
+                sess.make_callable(train, list(feed))(*feed.values())
             assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "refused")
             assert (int(sess.run(step)), int(sess.run(opt.window.counter))) == (0, 0)
 

@@ -5,9 +5,9 @@ mark makes every step TensorFlow runs (``Session.run``, ``make_callable``,
 ``partial_run``, the callables Keras makes) pass its fetches to `_check`
 first, and `check_graph` reads the same marks. Ops of one run run in no fixed
 order, so two that change one window in different ways are refused before
-anything runs. A train op whose global step is also incremented by hand on
-its ``window.applied`` (`_migration.counted_twice`) is refused the same way,
-in a loop that no hook or `check_graph` looks at.
+anything runs. A graph-wide mistake that a module above registers in
+`GRAPH_CHECKS` (a global step counted twice per update, in `_migration`) is
+refused the same way, in a loop that no hook or `check_graph` looks at.
 """
 
 from __future__ import annotations
@@ -17,13 +17,17 @@ import weakref
 
 from tf1_accum._compat import guard_runs, tf
 
-from tf1_accum import _migration
 from tf1_accum.check._catalogue import refusal
 
 #: Graph collection of the marks, strings "op window field": kept in the
 #: graph, so a graph exported with ``export_meta_graph`` and imported again
 #: keeps its refusal.
 COLLECTION = "tf1_accum_window_ops"
+
+#: Checks of a whole graph with a window, each ``graph -> (refusal, op names)``
+#: or None, made once per version of the graph: a run that runs a marked op,
+#: or an op named, is then refused with that refusal.
+GRAPH_CHECKS: list[typing.Callable[[tf.Graph], tuple[str, set[str]] | None]] = []
 
 
 class Mark(typing.NamedTuple):
@@ -69,23 +73,22 @@ class _Graph:
         for entry in entries:
             name, window, field = tf.compat.as_str(entry).split(" ")
             self.named.setdefault(name, []).append(Mark(window, field, name))
-        self.version = -1  # of the graph when `twice` was looked for
-        self.twice: tuple[str, set[str]] | None = None  # (refusal, increments)
-        self.reaching: dict[int, bool] = {}  # by id: whether an op runs an increment
+        self.version = -1  # of the graph when `GRAPH_CHECKS` last ran
+        self.wrong: tuple[str, set[str]] | None = None  # what the first that found one said
+        self.reaching: dict[int, bool] = {}  # by id: whether an op runs an op `wrong` names
 
-    def counted_twice(self, graph: tf.Graph) -> tuple[str, set[str]] | None:
-        """(refusal, increment names) if a hand-written increment doubles the updates, else None.
+    def graph_wrong(self, graph: tf.Graph) -> tuple[str, set[str]] | None:
+        """The first of `GRAPH_CHECKS` to find a mistake in ``graph`` (its answer), or None.
 
-        Looked for once per version of the graph: the increment may be built
-        after the train op, never after the run it is in.
+        Made once per version of the graph: the mistake may be built after
+        the window, never after the run it is in.
         """
         version = graph.version
         if self.version != version:
-            hung = _migration.counted_twice(graph)
-            why = _migration.twice_per_update(hung[0][0], hung[0][2]) if hung else ""
-            self.reaching, self.twice = {}, (why, {name for name, _, _ in hung}) if hung else None
+            found = [wrong for wrong in (check(graph) for check in GRAPH_CHECKS) if wrong]
+            self.reaching, self.wrong = {}, found[0] if found else None
             self.version = version  # last: a run of another thread looks again meanwhile
-        return self.twice
+        return self.wrong
 
     def runs_any(self, op: tf.Operation, names: set[str]) -> bool:
         """Whether running ``op`` runs an op named in ``names`` (the same on every call)."""
@@ -128,17 +131,17 @@ def _marks(graph: tf.Graph) -> _Graph | None:
 def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -> None:
     """Refuses a step that fetches two marks of one window: a ValueError before anything runs.
 
-    In a graph with an increment that counts each update twice, it refuses a
-    step that runs a marked op, or the increment, the same way.
+    In a graph one of `GRAPH_CHECKS` finds wrong, it refuses a step that runs
+    a marked op, or an op that check names, the same way.
     """
     found = _marks(graph)
     if found is None:
         return
     ran = ops + [t.op for t in tensors]
     fetched = [m for op in ran for m in found.of(op)]
-    twice = found.counted_twice(graph)
-    if twice and (fetched or any(found.runs_any(op, twice[1]) for op in ran)):
-        raise ValueError(twice[0] + " Refused before this session.run ran anything.")
+    wrong = found.graph_wrong(graph)
+    if wrong and (fetched or any(found.runs_any(op, wrong[1]) for op in ran)):
+        raise ValueError(wrong[0] + " Refused before this session.run ran anything.")
     for first, second in pairs(fetched):
         what = f"{first.field} ({first.op}) and {second.field} ({second.op}) of one accumulation"
         raise ValueError(
