@@ -719,6 +719,72 @@ def test_the_window_record_inside_a_loss_scale_optimizer_names_the_working_nesti
             assert int(sess.run(wrapper.window.counter)) == 2
 
 
+def _counted_on_applied(form, wrappers_step):
+    """A model whose step is incremented on ``window.applied``; the wrapper given it or not."""
+    model = Model(tf.float64, False)
+    step = v1.train.get_or_create_global_step()
+    opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+    train_op = opt.minimize(model.loss, global_step=step if wrappers_step else None)
+
+    def increment():
+        if form == "assign_add":
+            return tf.identity(v1.assign_add(step, 1))
+        return tf.identity(v1.assign(step, step + 1))
+
+    counted = tf.cond(opt.window.applied, increment, lambda: tf.identity(step), name="count")
+    return model, step, opt, counted, tf.group(train_op, counted)
+
+
+@pytest.mark.parametrize("form", ["assign_add", "assign"])
+def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused_in_a_plain_loop(form):
+    """No hook, no check_graph: the first run that would count is refused, nothing run."""
+    batches = make_batches(tf.float64, False, 2, 3)
+    with tf.Graph().as_default():
+        model, step, opt, counted, train = _counted_on_applied(form, wrappers_step=True)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            before = values_by_name(sess, v1.global_variables())
+            # The loop's train op, the wrapper's alone, and the increment alone.
+            for fetch in (train, opt.window.applied, counted):
+                with pytest.raises(
+                    ValueError,
+                    match=r"count\S* increments global_step \(global_step\) in a tf.cond on "
+                    r"window.applied, and AccumulationOptimizer, given that global_step "
+                    r"(.|\n)*Refused before this session.run ran anything",
+                ):
+                    sess.run(fetch, model.feed(batches[0]))
+            feed = model.feed(batches[0])
+            with pytest.raises(ValueError, match="increments global_step"):
+                sess.make_callable(train, list(feed))(*feed.values())
+            assert_same_values(values_by_name(sess, v1.global_variables()), before, 0, "refused")
+            assert (int(sess.run(step)), int(sess.run(opt.window.counter))) == (0, 0)
+
+
+@pytest.mark.parametrize("form", ["assign_add", "assign"])
+def test_an_increment_hung_on_applied_alone_counts_each_update_once(form):
+    """The wrapper given no global_step: the increment is the one count, and the loop runs."""
+    batches = make_batches(tf.float64, False, 6, 3)
+    with tf.Graph().as_default():
+        model, step, opt, _, train = _counted_on_applied(form, wrappers_step=False)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            seen = []
+            for batch in batches:
+                sess.run(train, model.feed(batch))
+                seen.append(int(sess.run(step)))
+            got = values_by_name(sess, v1.trainable_variables())
+    assert seen == [0, 1, 1, 2, 2, 3]
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        train_op = v1.train.GradientDescentOptimizer(0.1).minimize(model.loss)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for i in range(0, 6, 2):
+                sess.run(train_op, model.feed(concat(batches[i : i + 2])))
+            expected = values_by_name(sess, v1.trainable_variables())
+    assert_same_values(got, expected, RTOL[tf.float64], "three updates")
+
+
 @pytest.mark.parametrize("form", ["assign_add", "assign"])
 def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused(form):
     """Given global_step, the wrapper counts each update; an increment on applied again."""

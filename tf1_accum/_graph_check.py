@@ -451,15 +451,12 @@ def _twice_findings(
 ) -> list[GraphFinding]:
     """(vi) an increment hung on ``window.applied`` of a wrapper that advances the step too."""
     findings = []
-    for entry in graph.get_collection(_migration.APPLIED_WITH_STEP):
-        applied, step = tf.compat.as_str(entry).split(" ")
-        step_op = graph.get_operation_by_name(step)
-        for name in _migration.hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
-            if graph.get_operation_by_name(name) in reached:
-                where = f"Fetching {apply_name} runs {name}, which increments the global step "
-                where += f"{step} when {applied} (window.applied) holds, and the "
-                where += "AccumulationOptimizer given that step increments it too: twice per update"
-                findings.append(_finding("step_not_per_update", name, where))
+    for name, applied, step in _migration.counted_twice(graph):
+        if graph.get_operation_by_name(name) in reached:
+            where = f"Fetching {apply_name} runs {name}, which increments the global step "
+            where += f"{step} when {applied} (window.applied) holds, and the "
+            where += "AccumulationOptimizer given that step increments it too: twice per update"
+            findings.append(_finding("step_not_per_update", name, where))
     return findings
 
 

@@ -5,7 +5,9 @@ mark makes every step TensorFlow runs (``Session.run``, ``make_callable``,
 ``partial_run``, the callables Keras makes) pass its fetches to `_check`
 first, and `check_graph` reads the same marks. Ops of one run run in no fixed
 order, so two that change one window in different ways are refused before
-anything runs.
+anything runs. A graph-wide mistake that a module above registers in
+`GRAPH_CHECKS` (a global step counted twice per update, in `_migration`) is
+refused the same way, in a loop that no hook or `check_graph` looks at.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from tf1_accum.check._catalogue import refusal
 #: graph, so a graph exported with ``export_meta_graph`` and imported again
 #: keeps its refusal.
 COLLECTION = "tf1_accum_window_ops"
+
+#: Checks of a whole graph with a window, each ``graph -> (refusal, op names)``
+#: or None, made once per version of the graph: a run that runs a marked op,
+#: or an op named, is then refused with that refusal.
+GRAPH_CHECKS: list[typing.Callable[[tf.Graph], tuple[str, set[str]] | None]] = []
 
 
 class Mark(typing.NamedTuple):
@@ -66,6 +73,37 @@ class _Graph:
         for entry in entries:
             name, window, field = tf.compat.as_str(entry).split(" ")
             self.named.setdefault(name, []).append(Mark(window, field, name))
+        self.version = -1  # of the graph when `GRAPH_CHECKS` last ran
+        self.wrong: tuple[str, set[str]] | None = None  # what the first that found one said
+        self.reaching: dict[int, bool] = {}  # by id: whether an op runs an op `wrong` names
+
+    def graph_wrong(self, graph: tf.Graph) -> tuple[str, set[str]] | None:
+        """The first of `GRAPH_CHECKS` to find a mistake in ``graph`` (its answer), or None.
+
+        Made once per version of the graph: the mistake may be built after
+        the window, never after the run it is in.
+        """
+        version = graph.version
+        if self.version != version:
+            found = [wrong for wrong in (check(graph) for check in GRAPH_CHECKS) if wrong]
+            self.reaching, self.wrong = {}, found[0] if found else None
+            self.version = version  # last: a run of another thread looks again meanwhile
+        return self.wrong
+
+    def runs_any(self, op: tf.Operation, names: set[str]) -> bool:
+        """Whether running ``op`` runs an op named in ``names`` (the same on every call)."""
+        found = self.reaching.get(id(op))
+        if found is None:
+            seen, todo, found = {op}, [op], False
+            while todo and not found:
+                one = todo.pop()
+                found = one.name in names
+                for each in list(one.control_inputs) + [t.op for t in one.inputs]:
+                    if each not in seen:
+                        seen.add(each)
+                        todo.append(each)
+            self.reaching[id(op)] = found
+        return found
 
     def of(self, op: tf.Operation) -> list[Mark]:
         found = self.reached.get(id(op))
@@ -91,9 +129,19 @@ def _marks(graph: tf.Graph) -> _Graph | None:
 
 
 def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -> None:
-    """Refuses a step that fetches two marks of one window: a ValueError before anything runs."""
+    """Refuses a step that fetches two marks of one window: a ValueError before anything runs.
+
+    In a graph one of `GRAPH_CHECKS` finds wrong, it refuses a step that runs
+    a marked op, or an op that check names, the same way.
+    """
     found = _marks(graph)
-    fetched = [m for op in ops + [t.op for t in tensors] for m in found.of(op)] if found else []
+    if found is None:
+        return
+    ran = ops + [t.op for t in tensors]
+    fetched = [m for op in ran for m in found.of(op)]
+    wrong = found.graph_wrong(graph)
+    if wrong and (fetched or any(found.runs_any(op, wrong[1]) for op in ran)):
+        raise ValueError(wrong[0] + " Refused before this session.run ran anything.")
     for first, second in pairs(fetched):
         what = f"{first.field} ({first.op}) and {second.field} ({second.op}) of one accumulation"
         raise ValueError(

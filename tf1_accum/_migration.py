@@ -12,7 +12,7 @@ import warnings
 
 from tf1_accum._compat import control_flow_context, function_bodies, tf
 
-from tf1_accum import _validate
+from tf1_accum import _guard, _validate
 from tf1_accum._options import Gradient, Pairs
 from tf1_accum._state import STATE_COLLECTION, state_variable
 
@@ -243,6 +243,31 @@ def hung_on_applied(step: tf.Operation, applied: tf.Tensor) -> list[str]:
                     if handle is not None and _variable_of(handle) is target:
                         found.append(op.name)
     return found
+
+
+def counted_twice(graph: tf.Graph) -> list[tuple[str, str, str]]:
+    """(increment, applied, step) names of each `hung_on_applied` beside the wrapper's own.
+
+    Read from `APPLIED_WITH_STEP`, so a graph imported again keeps it.
+    """
+    found = []
+    for entry in graph.get_collection(APPLIED_WITH_STEP):
+        applied, step = tf.compat.as_str(entry).split(" ")
+        step_op = graph.get_operation_by_name(step)
+        for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
+            found.append((name, applied, step))
+    return found
+
+
+def _counted_twice_in_runs(graph: tf.Graph) -> tuple[str, set[str]] | None:
+    """`counted_twice` for the guard: refuses every run of the train op or the increment."""
+    hung = counted_twice(graph)
+    names = {name for name, _, _ in hung}
+    return (twice_per_update(hung[0][0], hung[0][2]), names) if hung else None
+
+
+# Caught in every run, in a loop that neither the wrapper's hook nor check_graph sees.
+_guard.GRAPH_CHECKS.append(_counted_twice_in_runs)
 
 
 def twice_per_update(increment: str, step: str) -> str:
