@@ -760,6 +760,28 @@ def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused_in_a_pl
             assert (int(sess.run(step)), int(sess.run(opt.window.counter))) == (0, 0)
 
 
+def test_a_graph_imported_under_a_scope_runs_with_the_wrappers_step(tmp_path):
+    """import_scope prefixes the step's name in the guard's records: still found, the loop runs."""
+    batches = make_batches(tf.float64, False, 2, 3)
+    with tf.Graph().as_default():
+        model = Model(tf.float64, False)
+        opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+        train = opt.minimize(model.loss, global_step=v1.train.get_or_create_global_step())
+        names = [train.name, model.inputs.name, model.labels.name]
+        v1.train.export_meta_graph(str(tmp_path / "model.meta"))
+    with tf.Graph().as_default() as graph:
+        v1.train.import_meta_graph(str(tmp_path / "model.meta"), import_scope="imported")
+        train, x, y = (graph.as_graph_element("imported/" + name) for name in names)
+        variables = {v.op.name: v for v in v1.global_variables()}
+        step = variables["imported/global_step"]
+        counter = variables["imported/Accumulation/counter"]
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            for batch in batches:
+                sess.run(train, {x: batch[0], y: batch[1]})
+            assert (int(sess.run(step)), int(sess.run(counter))) == (1, 0)
+
+
 @pytest.mark.parametrize("form", ["assign_add", "assign"])
 def test_an_increment_hung_on_applied_alone_counts_each_update_once(form):
     """The wrapper given no global_step: the increment is the one count, and the loop runs."""

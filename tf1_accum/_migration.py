@@ -253,10 +253,24 @@ def counted_twice(graph: tf.Graph) -> list[tuple[str, str, str]]:
     found = []
     for entry in graph.get_collection(APPLIED_WITH_STEP):
         applied, step = tf.compat.as_str(entry).split(" ")
-        step_op = graph.get_operation_by_name(step)
-        for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
-            found.append((name, applied, step))
+        # import_meta_graph(import_scope=...) prefixes an entry's first name only.
+        parts = applied.split("/")
+        scoped = ["/".join(parts[:i] + [step]) for i in range(len(parts))]
+        step_op = next((op for op in map(_op_named(graph), scoped) if op is not None), None)
+        if step_op is not None:
+            for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
+                found.append((name, applied, step_op.name))
     return found
+
+
+def _op_named(graph: tf.Graph) -> typing.Callable[[str], tf.Operation | None]:
+    def named(name: str) -> tf.Operation | None:
+        try:
+            return graph.get_operation_by_name(name)
+        except KeyError:
+            return None
+
+    return named
 
 
 def _counted_twice_in_runs(graph: tf.Graph) -> tuple[str, set[str]] | None:
