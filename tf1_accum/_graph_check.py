@@ -107,7 +107,11 @@ def check_graph(
       are of a loss divided by a count the fed data decides (its tokens), and
       nothing multiplies them by it (:ref:`real-programs-token-mean`).
 
-    tf1_accum's own train ops give no findings. Not checked: ``tf.function``
+    tf1_accum's own train ops give no findings of their own; a program's
+    mistakes around them still show: TFA013 on an `AccumulationOptimizer`'s
+    train op given a schedule counted in micro-batches, and TFA012 for an
+    increment hung on ``window.applied`` beside a wrapper given that same
+    global step. Not checked: ``tf.function``
     calls, function bodies of an imported ``GraphDef``, sparse sums without
     an ``Apply`` op, and what depends on the data or the loop (the
     source checker's part, docs/migration.rst, "Which tool finds which bug").

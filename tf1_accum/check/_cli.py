@@ -29,7 +29,10 @@ def _codes(text: str) -> set[str]:
 
 
 def _ranges() -> str:
-    """The checker's codes, a run of consecutive ones as one: ``TFA000 to TFA010, TFA014``."""
+    """The checker's codes, a run of consecutive ones as one.
+
+    For example ``TFA000 to TFA010, TFA013 to TFA014``.
+    """
     runs: list[list[str]] = []
     for code in ("TFA000", *_catalogue.RULES):
         if runs and int(code[3:]) == int(runs[-1][-1][3:]) + 1:
