@@ -21,14 +21,14 @@ class Held(typing.NamedTuple):
     """The placeholders held to one value per window, and the session's record of it."""
 
     fed: typing.List[tf.Tensor]
-    table: tf.Tensor  # key 0: their values at the window's first micro-batch, flattened
+    table: tf.Tensor  # key 0: their values at the window's first micro-batch, as `_values`
 
     def check(self, count: tf.Tensor, who: str) -> tf.Tensor:
         """The values fed now, once asserted those of the window's first micro-batch.
 
         An empty window (``count`` 0) holds any. ``who``: the run, as a refusal names it.
         """
-        value = tf.concat([tf.reshape(tf.cast(t, tf.float64), [-1]) for t in self.fed], 0)
+        value = tf.concat([_values(t) for t in self.fed], 0)
         unknown = tf.fill(tf.shape(value), tf.constant(float("nan"), tf.float64))
         first = tf.raw_ops.LookupTableFindV2(
             table_handle=self.table, keys=_key(), default_value=unknown
@@ -36,10 +36,11 @@ class Held(typing.NamedTuple):
         # No record (a new session, a restored window), or the values it holds.
         held = [tf.reduce_any(tf.math.is_nan(first)), tf.reduce_all(tf.equal(first, value))]
         holds = tf.reduce_any(held + [tf.equal(count, 0)])
+        summary = _SUMMARY if any(not t.shape.is_fully_defined() for t in self.fed) else ""
         message = (
             f"tf1_accum: {who} feeds {', '.join(t.name for t in self.fed)} another value than "
-            f"micro-batch 0 of the window fed it{_RULE} Values: fed now, fed with micro-batch "
-            "0, micro-batches in the window:"
+            f"micro-batch 0 of the window fed it{_RULE} Values{summary}: fed now, fed with "
+            "micro-batch 0, micro-batches in the window:"
         )
         # The op itself: tf.debugging.Assert would wrap it in a conditional, at a cost per run.
         checked = tf.raw_ops.Assert(
@@ -60,9 +61,9 @@ def hold(
 ) -> Held | None:
     """Makes ``gate`` (which every op of the add waits for) check the fed values.
 
-    The placeholders checked are those ``applied`` (the conditional apply)
-    reads and ``added`` (the micro-batch's add) does not: not the batch, nor
-    a weight. The value of the window's first micro-batch (``counter`` 0) is
+    The placeholders checked (numbers, of any shape) are those ``applied``
+    (the conditional apply) reads and ``added`` (the micro-batch's add) does
+    not: not the batch, nor a weight. The value of the window's first micro-batch (``counter`` 0) is
     kept in a hash table of the session (nothing to initialize or save); a
     session that finds none (a new one, a restored window) keeps the first it
     sees. Returns what `Held.check` checks a flush with, or None (nothing fed).
@@ -73,13 +74,12 @@ def hold(
         for op in _ancestors([applied.op]).values()
         if op.type in _PLACEHOLDERS
         and op.name not in batch
-        and op.outputs[0].shape.is_fully_defined()
         and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer)
     ]
     if not fed:
         return None
     fed.sort(key=lambda t: t.name)
-    size = sum(t.shape.num_elements() for t in fed)
+    size = sum(t.shape.num_elements() if t.shape.is_fully_defined() else 5 for t in fed)
     with tf.init_scope(), tf.device(counter.device):
         table = tf.raw_ops.MutableHashTableOfTensorsV2(
             key_dtype=tf.int64,
@@ -98,6 +98,24 @@ def hold(
     return held
 
 
+def _values(fed: tf.Tensor) -> tf.Tensor:
+    """The float64 values ``fed`` holds: flattened, or 5 if its shape is not fully defined.
+
+    A placeholder without a full shape (``placeholder(tf.float32)``, a common
+    way to feed a learning rate) is summarized in a size the table can hold:
+    its size, sum, sum of squares, first and last element. A scalar's value is
+    in it, so any change of a scalar shows; of a tensor, any change of its size,
+    sum, spread or ends.
+    """
+    flat = tf.reshape(tf.cast(fed, tf.float64), [-1])
+    if fed.shape.is_fully_defined():
+        return flat
+    # Slices, not indexing: an empty tensor sums to 0 where [0] would fail.
+    ends = [tf.reduce_sum(flat[:1]), tf.reduce_sum(flat[-1:])]
+    size = tf.cast(tf.size(flat), tf.float64)
+    return tf.stack([size, tf.reduce_sum(flat), tf.reduce_sum(tf.square(flat))] + ends)
+
+
 def _key() -> tf.Tensor:
     """The table's one key."""
     return tf.constant([0], tf.int64)
@@ -106,8 +124,10 @@ def _key() -> tf.Tensor:
 _RULE = (
     ": the update reads it, and runs once for the window, with one value. Feed the same "
     "value to every micro-batch of a window (change it once window.applied is True). "
-    "Nothing was changed."
+    "Neither the window (its accumulators, its counter) nor the variables changed; update "
+    "ops run with a micro-batch (UPDATE_OPS) may have run."
 )
+_SUMMARY = " (of a placeholder without a full shape: size, sum, sum of squares, first, last)"
 
 
 def _ancestors(ops: typing.Iterable[tf.Operation]) -> dict[str, tf.Operation]:
