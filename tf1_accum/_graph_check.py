@@ -303,7 +303,10 @@ class _Graph:
                 if var is None:
                     continue
                 value = op.inputs[_ASSIGNED[op.type]].op
-                if var in self.reaches([value], lambda o, var=var: o is var, control=False):
+                # A window of tf1_accum's own that rescales as it assigns still starts afresh.
+                if var not in self.owned and var in self.reaches(
+                    [value], lambda o, var=var: o is var, control=False
+                ):
                     self.accumulates[op] = var  # reads itself: a self-update
                 else:
                     self.resets.setdefault(var, []).append(op)
