@@ -96,6 +96,36 @@ def test_a_mean_over_a_fixed_count_is_not_warned_of(kind):
         assert _warnings(lambda: wrapper.apply_gradients(pairs)) == []
 
 
+def test_a_batch_mean_over_an_embedding_of_sparse_ids_is_not_warned_of():
+    # A feature column's embedding drops invalid ids (Where) and averages each row's ids,
+    # yet has one row per example: a mean over its batch is a fixed count.
+    with tf.Graph().as_default():
+        ids = v1.sparse_placeholder(tf.int64, name="ids")
+        labels = v1.placeholder(tf.float64, [None, 1], name="labels")
+        rng = np.random.RandomState(0)
+        table = v1.get_variable("table", initializer=rng.randn(VOCABULARY, 3))
+        dense = v1.get_variable("dense", initializer=rng.randn(3, 1))
+        predictions = tf.matmul(v1.nn.safe_embedding_lookup_sparse(table, ids), dense)
+        loss = tf.reduce_mean(tf.square(predictions - labels))
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        built = _warnings(
+            lambda: tf1_accum.build_accumulation(loss, opt)  # tf1_accum.check: ignore TFA014
+        )
+        assert built == []
+        # Its rows reshaped or kept by a mask are counted by the data: warned of.
+        masked = tf.boolean_mask(predictions, tf.reshape(labels > 0, [-1]), name="valid")
+        flat = tf.reshape(masked, [-1], name="flat")
+        warned = _warnings(
+            lambda: tf1_accum.build_accumulation(  # tf1_accum.check: ignore TFA014
+                tf.reduce_mean(flat), opt
+            )
+        )
+        assert [text.split(", and")[0] for text in warned] == [
+            "tf1_accum: the loss averages over flat:0, whose number of elements depends on the "
+            "fed data"
+        ]
+
+
 def test_a_loss_given_its_weight_is_not_warned_of():
     with tf.Graph().as_default():
         _, lengths, loss = _token_model("sum of the mask")

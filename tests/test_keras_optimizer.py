@@ -339,6 +339,26 @@ def test_fit_without_a_flush_warns_before_its_first_micro_batch(float64):
     assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
 
 
+def test_a_resumed_fit_is_warned_of_the_epochs_it_runs(float64):
+    # Epochs 2 and 3 of 3, 5 micro-batches each, windows of 4: they would end with 1, then 2.
+    x, y = _data(5 * B, seed=2)
+    with tf.Graph().as_default(), v1.Session():
+        model = _cnn()
+        _compile(model, tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N))
+
+        def fit():
+            model.fit(x, y, batch_size=B, epochs=3, initial_epoch=1, shuffle=False, verbose=0)
+
+        (begin, before), (end, after) = _warned_when(model, fit)
+    assert before == (0, 0) and after == (2, 2)
+    assert begin.startswith(
+        "tf1_accum: fit runs 5 micro-batches an epoch in windows of 4, so 2 of its 2 epochs "
+        "end in the middle of an accumulation window"
+    )
+    assert "and the last 2 would not be applied at all." in begin
+    assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
+
+
 def test_fit_with_its_own_callback_is_warned_when_an_epoch_ends_mid_window(float64):
     # The callback might run flush_op: known only once the first epoch ends,
     # before the next epoch's first update.

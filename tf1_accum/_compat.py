@@ -160,7 +160,7 @@ _GUARDS = {
     "_make_callable_from_options": "the refusal of two ops of one window in one Keras function",
     "before_run": "the warning of a session without its accumulation hook",
     "end": "the warning of a session that ends mid-window without its hook",
-    "on_train_begin": "the warning of a Keras fit whose epochs end mid-window",
+    "on_epoch_begin": "the warning of a Keras fit whose epochs end mid-window",
     "on_epoch_end": "the warning of a Keras fit whose epochs end mid-window",
     "on_train_end": "the warning of a Keras fit whose epochs end mid-window",
 }

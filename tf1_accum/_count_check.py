@@ -95,6 +95,17 @@ def _sized_by_data(tensor: tf.Tensor, fixed: set[tf.Operation]) -> bool:
     def sizes(op: tf.Operation) -> list[tf.Tensor]:
         if op.type in _GATHER_OPS:
             return [op.inputs[1]]  # as many as the indices
+        if op.type == "Reshape":
+            # As many as its input's, which a shape it is given decides unless it holds -1:
+            # a static shape without -1 is a fixed count, a computed one (an embedding's
+            # reshape to the fed ids' dense shape) sizes it, however its input was found.
+            static = tf.get_static_value(op.inputs[1])
+            if static is None:
+                return [op.inputs[1]]
+            return [op.inputs[0]] if -1 in list(static) else []
+        if "Segment" in op.type:
+            # As many rows as the segments: num_segments when given, else segment_ids.
+            return [op.inputs[-1]]
         if op.type in _FIXED_SIZE_OPS or op.type in _SIZED_BY_VALUES or op in fixed:
             return []
         return [t for t in op.inputs if t.shape.ndims != 0 and t.dtype != tf.resource]

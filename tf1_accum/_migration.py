@@ -324,12 +324,14 @@ _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddV
 
 def _reads(tensor: tf.Tensor, target: tf.Operation, depth: int = 8) -> bool:
     """Whether ``tensor`` is computed, within ``depth`` ops, from a read of ``target``."""
-    op = tensor.op
-    if op is target:
-        return True
-    if depth == 0:
-        return False
-    return any(_reads(t, target, depth - 1) for t in op.inputs)
+    # Breadth first, each op once: a wide predicate reaches an op by many paths.
+    frontier, seen = {tensor.op}, set()
+    for _ in range(depth + 1):
+        if target in frontier:
+            return True
+        seen |= frontier
+        frontier = {t.op for op in frontier for t in op.inputs} - seen
+    return False
 
 
 def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:

@@ -52,7 +52,8 @@ class Saver(tf.compat.v1.train.Saver):
         try:
             super().restore(sess, save_path)
         except tf.errors.NotFoundError as error:
-            # RestoreV2 reads every key before any assign: nothing was restored.
+            # RestoreV2 reads every key before any assign: nothing was restored by its
+            # one restore op (a sharded saver runs one a device, some may have assigned).
             saved = {name for name, _ in tf.train.list_variables(save_path)}
             graph = sess.graph
             missing = [v.op.name for v in graph.get_collection(STATE_COLLECTION)]
@@ -64,7 +65,9 @@ class Saver(tf.compat.v1.train.Saver):
                 "accumulation window has another layout than this graph's (saved by another "
                 "version of tf1_accum, or built with other options: weight=, statistics=). "
                 "Its partial window cannot be restored exactly, and a window mapped by hand "
-                "would apply mis-scaled: nothing was restored. Either restore it with the "
+                "would apply mis-scaled: nothing was restored (by a sharded Saver, perhaps "
+                "another device's variables: restore or initialize them again). Either "
+                "restore it with the "
                 "tf1_accum and options that saved it, finish the window there (apply_op, or "
                 "the wrapper's flush_op) and save again at the window's boundary; or keep "
                 "only the model's variables, dropping the partial window: initialize every "

@@ -119,7 +119,7 @@ def watch_keras_fit() -> None:
     """Makes Keras's ``fit`` warn of epochs that end mid-window: at its start, and at its end."""
     callback_list = keras_callback_list()
     if callback_list is not None:
-        patch(callback_list, "on_train_begin", "self logs", _warning_at_begin)
+        patch(callback_list, "on_epoch_begin", "self epoch logs", _warning_at_begin)
         patch(callback_list, "on_epoch_end", "self epoch logs", _reading_epochs)
         patch(callback_list, "on_train_end", "self logs", _warning_at_end)
 
@@ -140,9 +140,14 @@ def _pending(optimizer: typing.Any) -> int:
     return sum(int(count) for count in session.run(counters))
 
 
-def _warning_at_begin(train_begin: typing.Callable[..., None]) -> typing.Callable[..., None]:
-    def on_train_begin(self: typing.Any, logs: typing.Any = None) -> None:
-        train_begin(self, logs)
+def _warning_at_begin(epoch_begin: typing.Callable[..., None]) -> typing.Callable[..., None]:
+    # At the first epoch's begin, before any micro-batch: its index is fit's initial_epoch,
+    # which a resumed fit skips.
+    def on_epoch_begin(self: typing.Any, epoch: int, logs: typing.Any = None) -> None:
+        epoch_begin(self, epoch, logs)
+        if self.__dict__.get("_tf1_accum_begun"):
+            return
+        self.__dict__["_tf1_accum_begun"] = True
         optimizer = _accumulating(self)
         params = getattr(self, "params", None) or {}
         steps, samples, size = (params.get(k) for k in ("steps", "samples", "batch_size"))
@@ -153,7 +158,8 @@ def _warning_at_begin(train_begin: typing.Callable[..., None]) -> typing.Callabl
         if optimizer is None or not steps or own or lambdas:
             return
         pending, n = _pending(optimizer), optimizer.steps
-        ends = [(pending + e * steps) % n for e in range(1, int(params.get("epochs") or 1) + 1)]
+        epochs = range(1, int(params.get("epochs") or epoch + 1) - epoch + 1)
+        ends = [(pending + e * steps) % n for e in epochs]
         if any(ends):
             self.__dict__["_tf1_accum_warned"] = True
             warnings.warn(
@@ -171,7 +177,7 @@ def _warning_at_begin(train_begin: typing.Callable[..., None]) -> typing.Callabl
                 stacklevel=_validate._caller_stacklevel(),
             )
 
-    return on_train_begin
+    return on_epoch_begin
 
 
 def _reading_epochs(epoch_end: typing.Callable[..., None]) -> typing.Callable[..., None]:
@@ -204,6 +210,7 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
         train_end(self, logs)
         pending = self.__dict__.pop("_tf1_accum_epochs", [])
         self.__dict__.pop("_tf1_accum_warned", None)
+        self.__dict__.pop("_tf1_accum_begun", None)
         mid_window = [count for count in pending if count]
         if not mid_window:
             return
