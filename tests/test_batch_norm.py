@@ -254,3 +254,69 @@ def test_a_micro_batch_refused_for_its_weight_moves_no_statistic(way):
     np.testing.assert_array_equal(variance, np.ones(FEATURES))
     for var, old, new in zip(variables, before, after):
         np.testing.assert_array_equal(new, old, err_msg=var.op.name)
+
+
+def _side_model():
+    """A linear model's (x, y, weight, loss, kernel), beside a batch-norm layer it never reads.
+
+    The gradient does not depend on the layer: the training equals the large batch's.
+    """
+    x = v1.placeholder(tf.float64, [None, FEATURES], name="x")
+    y = v1.placeholder(tf.float64, [None, 1], name="y")
+    weight = v1.placeholder(tf.float64, [], name="weight")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the layer's deprecation notice
+        v1.layers.batch_normalization(x, momentum=MOMENTUM, training=True, name="bn")
+    rng = np.random.RandomState(0)
+    kernel = v1.get_variable("kernel", initializer=rng.randn(FEATURES, 1), dtype=tf.float64)
+    return x, y, weight, tf.reduce_mean((tf.matmul(x, kernel) - y) ** 2), kernel
+
+
+def test_a_failed_weighted_build_leaves_the_update_ops_as_they_were():
+    (window,) = _windows(1)
+    with tf.Graph().as_default() as graph:
+        x, y, weight, loss, kernel = _side_model()
+
+        def failing(gradient, variable, window):
+            raise RuntimeError("the transform fails")
+
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        with pytest.raises(RuntimeError, match="the transform fails"):
+            tf1_accum.build_accumulation(
+                loss, opt, var_list=[kernel], weight=weight, transform=failing
+            )
+        acc = tf1_accum.build_accumulation(loss, opt, var_list=[kernel], weight=weight)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            feeds = [{x: b[0], y: b[1], weight: 2.0} for b in window]
+            tf1_accum.run_accumulation(sess, acc, feeds)
+            got, moving = sess.run(kernel), sess.run(_moving(graph))
+            # Plain large-batch training, from the same start.
+            sess.run(v1.global_variables_initializer())
+            big = tuple(np.concatenate(p) for p in zip(*window))
+            sess.run(opt.minimize(loss, var_list=[kernel]), {x: big[0], y: big[1]})
+            want = sess.run(kernel)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=0)
+    assert not np.allclose(want, np.random.RandomState(0).randn(FEATURES, 1))
+    for value, expected in zip(moving, _expected_statistics(window)):
+        np.testing.assert_allclose(value, expected, rtol=1e-12)
+
+
+def test_two_weighted_windows_sharing_an_update_op_run_with_their_own_feeds():
+    (window,) = _windows(1)
+    with tf.Graph().as_default() as graph:
+        x, y, weight, loss, kernel = _side_model()
+        other_weight = v1.placeholder(tf.float64, [], name="other_weight")
+        opt = v1.train.GradientDescentOptimizer(0.1)
+        first = tf1_accum.build_accumulation(loss, opt, var_list=[kernel], weight=weight)
+        second = tf1_accum.build_accumulation(loss, opt, var_list=[kernel], weight=other_weight)
+        with v1.Session() as sess:
+            sess.run(v1.global_variables_initializer())
+            b = window[0]
+            sess.run(first.accum_op, {x: b[0], y: b[1], weight: 1.0})
+            sess.run(second.accum_op, {x: b[0], y: b[1], other_weight: 1.0})
+            sess.run(v1.get_collection(v1.GraphKeys.UPDATE_OPS), {x: b[0]})  # no weight
+            assert sess.run([first.counter, second.counter]) == [1, 1]
+            moving = sess.run(_moving(graph))
+    for value, expected in zip(moving, _expected_statistics([b, b, b])):
+        np.testing.assert_allclose(value, expected, rtol=1e-12)

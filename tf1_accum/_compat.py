@@ -21,6 +21,7 @@ import importlib
 import inspect
 import re
 import sys
+import threading
 import traceback
 import typing
 import warnings
@@ -75,8 +76,42 @@ def control_flow_context(op: _tensorflow.Operation) -> typing.Any:
 
 
 def add_control_inputs(op: _tensorflow.Operation, inputs: typing.Sequence[typing.Any]) -> None:
-    """Makes ``op`` wait for ``inputs`` too, after it was built."""
+    """Makes ``op`` wait for ``inputs`` too, after it was built (undone if the build fails)."""
+    _record_control_inputs(op)
     op._add_control_inputs(inputs)
+
+
+# Per thread: (op, its control inputs before) of each edit of the build running, or None.
+_EDITS = threading.local()
+
+
+def _record_control_inputs(op: _tensorflow.Operation) -> None:
+    edits = getattr(_EDITS, "edits", None)
+    if edits is not None:
+        edits.append((op, list(op.control_inputs)))
+
+
+@contextlib.contextmanager
+def control_inputs_restored_on_failure() -> typing.Iterator[None]:
+    """Gives back their control inputs to the ops edited inside if it raises (a failed build).
+
+    A build may make ops it did not create (a user's update ops) wait for its
+    own: a failed build must not leave them waiting for ops that never run.
+    Nested, an inner success leaves its edits for the outer to undo.
+    """
+    outer = getattr(_EDITS, "edits", None)
+    edits = _EDITS.edits = [] if outer is None else outer
+    start = len(edits)
+    try:
+        yield
+    except BaseException:
+        for op, inputs in reversed(edits[start:]):
+            op._remove_all_control_inputs()
+            op._add_control_inputs(inputs)
+        del edits[start:]
+        raise
+    finally:
+        _EDITS.edits = outer
 
 
 @contextlib.contextmanager
@@ -101,7 +136,8 @@ def set_input(op: _tensorflow.Operation, index: int, tensor: _tensorflow.Tensor)
 
 
 def set_control_inputs(op: _tensorflow.Operation, inputs: typing.Sequence[typing.Any]) -> None:
-    """Makes ``inputs`` the only ops ``op`` waits for, after it was built."""
+    """Makes ``inputs`` the only ops ``op`` waits for, after it was built (undone as above)."""
+    _record_control_inputs(op)
     op._remove_all_control_inputs()
     op._add_control_inputs(inputs)
 

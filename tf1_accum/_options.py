@@ -111,6 +111,9 @@ class WindowOptions:
     #: Skip, and count, a window whose gradient holds a NaN or an Inf.
     skip_nonfinite: bool = True
     #: Ops run with each micro-batch (a tuple); None: the graph's ``UPDATE_OPS``.
+    #: With ``weight=``, the update ops wait for the weight's check, so running
+    #: them alone needs the weight fed (an op two weighted windows share waits
+    #: for neither's, and is not held back on a refused micro-batch).
     update_ops: typing.Optional[typing.Sequence[typing.Any]] = None
     #: Also build the window's `GradientStatistics` (:doc:`statistics`).
     statistics: bool = False

@@ -13,7 +13,13 @@ import typing
 import warnings
 
 import numpy as np
-from tf1_accum._compat import keras_names, tf, tensorflow_dir, variable_store
+from tf1_accum._compat import (
+    control_inputs_restored_on_failure,
+    keras_names,
+    tensorflow_dir,
+    tf,
+    variable_store,
+)
 
 from tf1_accum import _keras
 
@@ -439,12 +445,19 @@ def _caller_stacklevel() -> int:
 
 @contextlib.contextmanager
 def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
-    """Puts the graph's collections back if the build inside raises; the error says what stays."""
+    """Puts the graph's collections back if the build inside raises; the error says what stays.
+
+    The control inputs the build added to ops of the graph go too: a user's
+    update op made to wait for a weight's check would otherwise wait, in a
+    later build's run, for variables no initializer sets.
+    """
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
     names_before = set(variable_store(graph))
     try:
-        yield
+        # The control inputs a build added to ops it did not create go too.
+        with control_inputs_restored_on_failure():
+            yield
     except Exception as error:
         # Names tf.compat.v1.get_variable gave (a transform's variable): free for a retry.
         store = variable_store(graph)

@@ -8,9 +8,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import typing
+import weakref
 
 import numpy as np
-from tf1_accum._compat import add_control_inputs, control_flow_context, tf, without_control_inputs
+from tf1_accum._compat import (
+    add_control_inputs,
+    control_flow_context,
+    set_control_inputs,
+    tf,
+    without_control_inputs,
+)
 
 from tf1_accum import _validate
 from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
@@ -171,7 +178,8 @@ class _Weighting(Part):
 
         check = tf.cond(case >= len(flags), tf.no_op, fail, name="weight_ok")
         with tf.control_dependencies([check]):
-            ratio, scale = (None if t is None else tf.identity(t) for t in (ratio, scale))
+            ratio = tf.identity(ratio, name=_CHECKED)  # update ops wait for it: see _run_after
+            scale = None if scale is None else tf.identity(scale)
         # A bitcast aliases the variable it reads: the new bounds wait for the scale.
         with tf.control_dependencies([ratio] + ([] if scale is None else [scale])):
             return Weight(ratio, scale, tuple(tf.identity(b) for b in bounds))
@@ -555,15 +563,33 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
         graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
 
 
+# The name of a window's checked weight, and per graph the names of the update
+# ops two weighted windows share, which wait for neither's check.
+_CHECKED = "checked_weight"
+_SHARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def _run_after(ops: typing.Sequence[tf.Operation | tf.Tensor], checked: tf.Tensor) -> None:
     """Makes ``ops`` (update ops) wait for ``checked`` (a checked weight) where they can.
 
     Not those of another graph or version 1 ``tf.cond`` / ``tf.while_loop``
-    than the check's, which cannot wait for it.
+    than the check's, which cannot wait for it. Nor an update op another
+    weighted window runs too: each window runs with its own feeds, so such a
+    shared op waits for no window's check (the other's is taken off) and is
+    not held back on a refused micro-batch.
     """
+    scope = checked.op.name.rpartition("/")[0]
+    shared = _SHARED.setdefault(checked.graph, set())
     for op in dict.fromkeys(getattr(item, "op", item) for item in ops):
         same_context = control_flow_context(op) is control_flow_context(checked.op)
-        if op.graph is checked.graph and same_context and checked.op not in op.control_inputs:
+        if op.graph is not checked.graph or not same_context or checked.op in op.control_inputs:
+            continue
+        names = [c.name.rpartition("/") for c in op.control_inputs]
+        if op.name in shared or any(n[2].startswith(_CHECKED) and n[0] != scope for n in names):
+            shared.add(op.name)
+            kept = [c for c, n in zip(op.control_inputs, names) if not n[2].startswith(_CHECKED)]
+            set_control_inputs(op, kept)
+        else:
             add_control_inputs(op, [checked.op])
 
 
