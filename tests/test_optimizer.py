@@ -474,10 +474,15 @@ def test_a_weight_callable_that_needs_arguments_is_refused_when_the_wrapper_is_m
         assert v1.global_variables() == []
 
 
-@pytest.mark.skipif(
+#: A version 2 conditional cannot write a reference variable (TensorFlow refuses
+#: the assign in plain training too): the ref_v2 mode cannot build these programs.
+_NO_REFERENCE_IN_COND_V2 = pytest.mark.skipif(
     os.environ.get("TF1_ACCUM_GRAPH_MODE") == "ref_v2",
     reason="its conditional cannot take reference variables: plain training fails too",
 )
+
+
+@_NO_REFERENCE_IN_COND_V2
 def test_a_dynamic_loss_scale_around_the_wrapper_trains_as_large_batches():
     """The loss-scale optimizer builds the wrapper's apply in its conditional.
 
@@ -709,6 +714,7 @@ def test_a_learning_rate_fed_differently_within_a_window_is_refused(dtype, shape
     assert_same_values(got, expected, RTOL[tf.float64], "one rate for the window")
 
 
+@_NO_REFERENCE_IN_COND_V2
 @pytest.mark.parametrize("field", ["applied", "global_norm", "statistics"])
 def test_the_window_record_inside_a_loss_scale_optimizer_names_the_working_nesting(field):
     """What each run computes stays in the loss scale's conditional: refused, naming the fix."""
@@ -751,6 +757,7 @@ def _counted_on_applied(form, wrappers_step):
     return model, step, opt, counted, tf.group(train_op, counted)
 
 
+@_NO_REFERENCE_IN_COND_V2
 @pytest.mark.parametrize("form", ["assign_add", "assign"])
 def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused_in_a_plain_loop(form):
     """No hook, no check_graph: the first run that would count is refused, nothing run."""
@@ -798,6 +805,7 @@ def test_a_graph_imported_under_a_scope_runs_with_the_wrappers_step(tmp_path):
             assert (int(sess.run(step)), int(sess.run(counter))) == (1, 0)
 
 
+@_NO_REFERENCE_IN_COND_V2
 @pytest.mark.parametrize("form", ["assign_add", "assign"])
 def test_an_increment_hung_on_applied_alone_counts_each_update_once(form):
     """The wrapper given no global_step: the increment is the one count, and the loop runs."""
@@ -823,6 +831,7 @@ def test_an_increment_hung_on_applied_alone_counts_each_update_once(form):
     assert_same_values(got, expected, RTOL[tf.float64], "three updates")
 
 
+@_NO_REFERENCE_IN_COND_V2
 @pytest.mark.parametrize("form", ["assign_add", "assign"])
 def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused(form):
     """Given global_step, the wrapper counts each update; an increment on applied again."""
