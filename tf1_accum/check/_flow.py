@@ -111,18 +111,11 @@ class Stores(ast.NodeVisitor):
     def _store(self, key: Key, value: ast.expr, control: Control = ()) -> None:
         self.values.setdefault(key, []).append((value, control))
 
-    def _visit_in(
-        self,
-        nodes: Iterable[ast.AST | None],
-        scope: Scope | None = None,
-        control: Control | None = None,
-    ) -> None:
+    def _visit_in(self, nodes: Iterable[ast.AST], scope: Scope, control: Control) -> None:
         outer = self._scope, self._control
-        self._scope = outer[0] if scope is None else scope
-        self._control = outer[1] if control is None else control
+        self._scope, self._control = scope, control
         for node in nodes:
-            if node is not None:
-                self.visit(node)
+            self.visit(node)
         self._scope, self._control = outer
 
     def generic_visit(self, node: ast.AST) -> None:
@@ -131,17 +124,8 @@ class Stores(ast.NodeVisitor):
             if not isinstance(child, _UNSCOPED):
                 self.visit(child)
 
-    def visit_Name(self, node: ast.Name | ast.Constant) -> None:
-        self.scope_of[id(node)] = self._scope
-
-    visit_Constant = visit_Name
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        self.scope_of[id(node)] = self._scope
-        self.visit(node.value)
-
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._visit_in([*node.decorator_list, *node.bases, *node.keywords], control=())
+        self._visit_in([*node.decorator_list, *node.bases, *node.keywords], self._scope, ())
         self._scope.classes[node.name] = node
         self.classes.setdefault(node.name, []).append(node)
         self._visit_in(node.body, self._enter(node, node.name), ())
@@ -153,7 +137,7 @@ class Stores(ast.NodeVisitor):
         if not isinstance(node, ast.Lambda):
             self._scope.functions.setdefault(node.name, []).append(node)
             outer += node.decorator_list
-        self._visit_in(outer, control=())
+        self._visit_in(outer, self._scope, ())
         cls = self._scope.node if isinstance(self._scope.node, ast.ClassDef) else None
         inner = self._enter(node, getattr(node, "name", "lambda"), cls)  # a lambda's cls: unused
         positional = arguments.posonlyargs + arguments.args
@@ -176,11 +160,11 @@ class Stores(ast.NodeVisitor):
         inner = self._enter(node, COMPREHENSIONS[type(node)])
         for generator in node.generators:
             if generator is not first:
-                self._visit_in([generator.iter], inner)
+                self._visit_in([generator.iter], inner, self._control)
             self._bind(generator.target, generator.iter, inner, self._control)
-            self._visit_in([generator.target, *generator.ifs], inner)
+            self._visit_in([generator.target, *generator.ifs], inner, self._control)
         elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        self._visit_in(elements, inner)
+        self._visit_in(elements, inner, self._control)
 
     visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
@@ -203,13 +187,13 @@ class Stores(ast.NodeVisitor):
         self.scope_of[id(node)] = self._scope
         control = self._control
         for item in node.items:
-            self._visit_in([item.context_expr], control=control)
+            self._visit_in([item.context_expr], self._scope, control)
             if item.optional_vars is not None:
                 self._bind(item.optional_vars, item.context_expr, self._scope, control)
             call = item.context_expr
             if isinstance(call, ast.Call) and called_name(call) == "control_dependencies":
                 control += tuple(d for d in [argument_of(call, 0, "control_inputs")] if d)
-        self._visit_in(node.body, control=control)
+        self._visit_in(node.body, self._scope, control)
 
     visit_AsyncWith = visit_With
 
@@ -265,18 +249,14 @@ class Stores(ast.NodeVisitor):
         """The scope whose variable ``name`` is, read in ``scope``, as Python resolves it."""
         start = scope
         while scope.parent is not None:
-            symbol = None  # a class's names are not seen from its methods
-            if scope.table is not None and (
-                scope is start or not isinstance(scope.node, ast.ClassDef)
-            ):
-                try:
-                    symbol = scope.table.lookup(name)
-                except KeyError:  # not used there
-                    pass
-            if symbol is not None and symbol.is_global():
-                return self.root
-            if symbol is not None and symbol.is_local() and not symbol.is_free():
-                return scope
+            # A class's names are not seen from its methods; a table lists the names used there.
+            seen = scope is start or not isinstance(scope.node, ast.ClassDef)
+            if seen and scope.table is not None and name in scope.table.get_identifiers():
+                symbol = scope.table.lookup(name)
+                if symbol.is_global():
+                    return self.root
+                if symbol.is_local() and not symbol.is_free():
+                    return scope
             scope = scope.parent
         return scope
 
