@@ -143,11 +143,8 @@ def _statement_calls(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     if following in ("=", ".", ")", ",", "[", "+=", ":"):  # print used as a name
         return []
     if following == "(":  # print(x), unless more follows the parenthesis: print (a), b
-        closing = next(
-            (i for i in range(1, len(tokens)) if depths[i] == 0 and tokens[i].string in _CLOSE),
-            None,
-        )
-        if closing is None or closing == len(tokens) - 1:
+        ends = [i for i, token in enumerate(tokens) if depths[i] == 0 and token.string in _CLOSE]
+        if not ends or ends[0] == len(tokens) - 1:
             return []
     edits = [(first.start, first.end, first.string + "("), (last.end, last.end, ")")]
     if following == ">>":
@@ -206,12 +203,8 @@ def _tuple_parameters(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
         level = depths[index] + (token.string == "def")  # a def's parameters are in parentheses
         start = None
         for previous, inner, depth in zip(tokens[index:], tokens[index + 1 :], depths[index + 1 :]):
-            if (
-                inner.string in _CLOSE
-                and depth < level
-                or inner.string == ":"
-                and depth == depths[index]
-            ):
+            closed = inner.string in _CLOSE and depth < level
+            if closed or inner.string == ":" and depth == depths[index]:
                 break  # the end of the parameters
             if inner.string == "(" and depth == level and previous.string != "=":
                 start = inner  # a parameter that unpacks (not a default value's parenthesis)

@@ -86,7 +86,7 @@ class Module(Stores):
         super().__init__(tree, source, path, tables)
         self._cache: dict[Key, frozenset[Tag]] = {}
         self._stack: dict[Key, int] = {}  # the lookups under way, by depth
-        self._low: int | None = None
+        self._low = 0  # the lowest depth of a lookup under way that a cycle reached
         self._provisional: dict[Key, tuple[frozenset[Tag], int]] = {}
         for target, value, scope, control in self.unpacked:  # grows with nested tuples
             for element, part in self._returned_parts(target.elts, value, scope):
@@ -200,12 +200,11 @@ class Module(Stores):
         if key in self._cache:
             return self._cache[key]
         if key in self._stack:
-            low = self._stack[key]
-            self._low = low if self._low is None else min(self._low, low)
+            self._low = min(self._low, self._stack[key])
             return frozenset()
         if key in self._provisional:
             result, low = self._provisional[key]
-            self._low = low if self._low is None else min(self._low, low)
+            self._low = min(self._low, low)
             return result
         depth = self._stack[key] = len(self._stack)
         outer_low, self._low = self._low, depth
@@ -228,8 +227,7 @@ class Module(Stores):
             self._provisional = {k: v for k, v in self._provisional.items() if v[1] < depth}
         else:
             self._provisional[key] = (result, low)
-        if outer_low is not None:
-            self._low = min(outer_low, low)
+        self._low = min(outer_low, low)
         return result
 
     def _call_tags(self, call: ast.Call) -> AbstractSet[Tag]:
