@@ -5,6 +5,7 @@ token (`_FIXES`), each statement kept on its line, and parsed again.
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import os
 import stat
@@ -69,10 +70,8 @@ def parse(source: str, path: str = "<string>") -> tuple[ast.Module, str]:
         fixed, converted = converted, _python2_to_3(converted)
         if fixed == converted:
             break
-        try:
+        with contextlib.suppress(SyntaxError):
             return _compat.parse(converted, path), converted
-        except SyntaxError:
-            pass
     raise first
 
 
