@@ -7,6 +7,7 @@ attribute of ``self`` by class, a return value by its function.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import symtable
 import typing
 from collections.abc import Iterable
@@ -50,29 +51,23 @@ def argument_of(call: ast.Call, index: int, *keywords: str) -> ast.expr | None:
     return None
 
 
+@dataclasses.dataclass(eq=False)  # each scope is one of its own: compared by identity
 class Scope:
-    """A scope: its symbol table (None: rejected by the compiler), the functions
-    and classes it defines, and for a method its class."""
+    """A scope: the scope it is in (a method's: its class's), its symbol table (None:
+    rejected by the compiler), its node, and the functions and classes it defines."""
 
-    def __init__(
-        self,
-        parent: Scope | None,
-        table: symtable.SymbolTable | None,
-        node: ast.AST,
-        cls: ast.ClassDef | None = None,
-    ) -> None:
-        self.parent, self.table, self.node, self.cls = parent, table, node, cls
-        self.functions: dict[str, list[Definition]] = {}
-        self.classes: dict[str, ast.ClassDef] = {}
+    parent: Scope | None
+    table: symtable.SymbolTable | None
+    node: ast.AST
+    functions: dict[str, list[Definition]] = dataclasses.field(default_factory=dict)
+    classes: dict[str, ast.ClassDef] = dataclasses.field(default_factory=dict)
 
 
 class Stores(ast.NodeVisitor):
     """``values[key]``: the (expression, control dependencies) stored at ``key``.
     ``tables``: the symbol tables of parent classes copied in (`_parents`)."""
 
-    def __init__(
-        self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
-    ) -> None:
+    def __init__(self, tree: ast.Module, source: str, path: str, tables: Iterable[Table]) -> None:
         self.tree = tree
         self.values: dict[Key, list[tuple[ast.expr, Control]]] = {}
         self.scope_of: dict[int, Scope] = {}  # id(node) -> Scope the node is evaluated in
@@ -99,12 +94,10 @@ class Stores(ast.NodeVisitor):
             self._tables.setdefault(key, []).append(child)
             self._index_tables(child, offset)
 
-    def _enter(
-        self, node: ast.stmt | ast.expr, name: str, cls: ast.ClassDef | None = None
-    ) -> Scope:
+    def _enter(self, node: ast.stmt | ast.expr, name: str) -> Scope:
         """The scope ``node`` opens (its table: the next one made for its line)."""
         tables = self._tables.get((name, _compat.scope_line(node)))
-        scope = Scope(self._scope, tables.pop(0) if tables else None, node, cls)
+        scope = Scope(self._scope, tables.pop(0) if tables else None, node)
         self.scope_of[id(node)] = scope
         return scope
 
@@ -138,8 +131,7 @@ class Stores(ast.NodeVisitor):
             self._scope.functions.setdefault(node.name, []).append(node)
             outer += node.decorator_list
         self._visit_in(outer, self._scope, ())
-        cls = self._scope.node if isinstance(self._scope.node, ast.ClassDef) else None
-        inner = self._enter(node, getattr(node, "name", "lambda"), cls)  # a lambda's cls: unused
+        inner = self._enter(node, getattr(node, "name", "lambda"))
         positional = arguments.posonlyargs + arguments.args
         defaults = [*zip(reversed(positional), reversed(arguments.defaults))]
         defaults += [(p, d) for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
@@ -265,10 +257,11 @@ class Stores(ast.NodeVisitor):
         if not isinstance(node, ast.Name):
             return None
         home = self._resolve(scope, node.id)
-        if home.cls is None or not isinstance(home.node, FUNCTIONS[:2]):  # cls: a method's
+        cls = home.parent.node if home.parent is not None else None  # a method's class
+        if not isinstance(cls, ast.ClassDef) or not isinstance(home.node, FUNCTIONS[:2]):
             return None
         first = (home.node.args.posonlyargs + home.node.args.args)[:1]
-        return home.cls if first and first[0].arg == node.id else None
+        return cls if first and first[0].arg == node.id else None
 
     def keys(self, node: ast.expr, scope: Scope | None = None) -> list[Key]:
         """Where what a name or an attribute reads is kept."""

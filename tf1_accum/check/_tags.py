@@ -11,7 +11,6 @@ import typing
 from collections.abc import Callable, Iterable, Set as AbstractSet
 from typing import Any
 
-from tf1_accum.check._compat import cached_property
 from tf1_accum.check._flow import (
     FUNCTIONS, Definition, Key, Scope, Stores, Table, argument_of, called_name,
 )  # fmt: skip
@@ -80,9 +79,7 @@ def kinds_of(tags: Iterable[Tag], kind: str) -> set[Any]:
 class Module(Stores):
     """The values kept in one module (a parameter holds each argument), and their tags."""
 
-    def __init__(
-        self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
-    ) -> None:
+    def __init__(self, tree: ast.Module, source: str, path: str, tables: Iterable[Table]) -> None:
         super().__init__(tree, source, path, tables)
         self._cache: dict[Key, frozenset[Tag]] = {}
         self._stack: dict[Key, int] = {}  # the lookups under way, by depth
@@ -93,6 +90,7 @@ class Module(Stores):
                 self._bind(element, part, scope, control)
         for call, scope in self.calls:
             self._bind_call(call, scope)
+        self._made = {(c.lineno, c.col_offset): c for c, _ in self.calls}  # vid -> its call
 
     def _returned_parts(
         self, elements: list[ast.expr], call: ast.Call, scope: Scope
@@ -322,10 +320,6 @@ class Module(Stores):
         shape = argument_of(initial, 0, "shape") if isinstance(initial, ast.Call) else None
         scalar = zeros and isinstance(shape, (ast.List, ast.Tuple)) and not shape.elts  # zeros([])
         return ZEROS in self.tags(initial), scalar
-
-    @cached_property
-    def _made(self) -> dict[Vid, ast.Call]:
-        return {(c.lineno, c.col_offset): c for c, _ in self.calls}
 
     def accumulation(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
         """(variables added to, tags of what is added) of ``v.assign_add(g)``,
