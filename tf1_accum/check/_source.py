@@ -102,7 +102,7 @@ def _statements(source: str) -> Iterator[list[TokenInfo]]:
     """Yields each simple statement (or compound statement's header) as its tokens."""
     current: list[TokenInfo] = []
     depth = 0
-    try:
+    with contextlib.suppress(tokenize.TokenError, IndentationError, SyntaxError):
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or token.string == ";":
                 if current:
@@ -117,8 +117,6 @@ def _statements(source: str) -> Iterator[list[TokenInfo]]:
                 if token.string == ":" and depth == 0 and current[0].string in _COMPOUND:
                     yield current
                     current = []
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass
     if current:
         yield current
 
