@@ -111,11 +111,9 @@ class Module(Stores):
         func = call.func
         if isinstance(func, ast.Name):
             home = self._resolve(scope, func.id)
-            found = [(f, 0) for f in home.functions.get(func.id, ())]
-            cls = home.classes.get(func.id)
-            if cls is not None:
-                found += [(f, 1) for f in self._methods(cls, "__init__")]
-            return found
+            cls = home.classes.get(func.id)  # a class: calling it runs its __init__
+            methods = self._methods(cls, "__init__") if cls is not None else []
+            return [(f, 0) for f in home.functions.get(func.id, ())] + [(f, 1) for f in methods]
         if isinstance(func, ast.Attribute):
             cls = self._self_class(func.value, scope)
             classes = [cls] if cls is not None else self._instance_classes(func.value, scope)
