@@ -235,8 +235,7 @@ class Module(Stores):
         if name == "cond":  # one train op: what a branch adds is not run again apart
             branches = self._union(call.args[1:] + [k.value for k in call.keywords])
             return {t for t in branches if t[0] != RERUN}
-        func = call.func
-        receiver = func.value if isinstance(func, ast.Attribute) else None
+        receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
         keras_zeros = name in ("zeros", "zeros_like") and _receiver_name(receiver) in _KERAS
         if name in _VARIABLES or name in _SLOTS or keras_zeros:  # K.zeros makes a variable
             return self._variable_tags(call, name)
@@ -304,9 +303,8 @@ class Module(Stores):
             return True, False
         if call is None:
             return False, False
-        name = called_name(call)
         initial = argument_of(call, 0, "initial_value", "value")
-        if name in ("get_variable", "get_local_variable", "add_weight"):
+        if called_name(call) in ("get_variable", "get_local_variable", "add_weight"):
             initial = argument_of(call, 3, "initializer")
         if initial is None:
             return False, False
@@ -322,10 +320,9 @@ class Module(Stores):
     def accumulation(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
         """(variables added to, tags of what is added) of ``v.assign_add(g)``,
         ``add_fn(v, g)`` or ``v.assign(v + g)``; None for any other call."""
-        name, func = called_name(call), call.func
-        if name in ADDS or (
-            isinstance(func, ast.Name) and len(call.args) > 1 and ADD_FUNCTION in self.tags(func)
-        ):
+        name = called_name(call)
+        by_name = isinstance(call.func, ast.Name) and len(call.args) > 1  # add_fn(v, g)
+        if name in ADDS or (by_name and ADD_FUNCTION in self.tags(call.func)):
             return self.assigned(call)
         value = operands(call)[1]
         if name in ASSIGNS and value is not None and self.holds(value, _addition):
