@@ -77,20 +77,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # argparse has printed the usage error (or --help)
         return stop.code if isinstance(stop.code, int) else 2
-    findings: list[_lint.Finding] = []
-    unreadable = False
     try:
         jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
-        for result in _lint.check_files(_lint.python_files(args.paths), jobs):
-            findings += result.findings
-            unreadable = unreadable or not result.readable
-    except FileNotFoundError as error:
+        results = list(_lint.check_files(_lint.python_files(args.paths), jobs))
+    except FileNotFoundError as error:  # raised before any file is checked
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     # An unparsed file was not checked for the selected rules: its TFA000 stays.
     selected = None if args.select is None else args.select | {"TFA000"}
     findings = [
-        f for f in findings
+        f for result in results for f in result.findings
         if (selected is None or f.rule in selected) and f.rule not in (args.ignore or ())
     ]  # fmt: skip
     try:
@@ -102,4 +98,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         # The reader stopped early (``| head``): the flush at exit must not fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    unreadable = not all(result.readable for result in results)
     return 2 if unreadable else 1 if findings else 0

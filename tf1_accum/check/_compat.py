@@ -67,12 +67,10 @@ def _parse_37(source: str, filename: str) -> ast.Module:
             tree = pool.submit(ast.parse, source, filename).result()  # or its error raised
     finally:
         threading.stack_size(previous)
-    deepest, stack = 0, [(typing.cast(ast.AST, tree), 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack += [(child, depth + 1) for child in ast.iter_child_nodes(node)]
-    if deepest > sys.getrecursionlimit():
+    level, depth = [typing.cast(ast.AST, tree)], 0
+    while level:  # one level of the tree deeper each time
+        level, depth = [child for node in level for child in ast.iter_child_nodes(node)], depth + 1
+    if depth > sys.getrecursionlimit():
         raise RecursionError("maximum recursion depth exceeded during ast.parse")
     return tree
 

@@ -7,6 +7,7 @@ attribute of ``self`` by class, a return value by its function.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import symtable
 import typing
 from collections.abc import Iterable
@@ -50,29 +51,23 @@ def argument_of(call: ast.Call, index: int, *keywords: str) -> ast.expr | None:
     return None
 
 
+@dataclasses.dataclass(eq=False)  # each scope is one of its own: compared by identity
 class Scope:
-    """A scope: its symbol table (None: rejected by the compiler), the functions
-    and classes it defines, and for a method its class."""
+    """A scope: the scope it is in (a method's: its class's), its symbol table (None:
+    rejected by the compiler), its node, and the functions and classes it defines."""
 
-    def __init__(
-        self,
-        parent: Scope | None,
-        table: symtable.SymbolTable | None,
-        node: ast.AST,
-        cls: ast.ClassDef | None = None,
-    ) -> None:
-        self.parent, self.table, self.node, self.cls = parent, table, node, cls
-        self.functions: dict[str, list[Definition]] = {}
-        self.classes: dict[str, ast.ClassDef] = {}
+    parent: Scope | None
+    table: symtable.SymbolTable | None
+    node: ast.AST
+    functions: dict[str, list[Definition]] = dataclasses.field(default_factory=dict)
+    classes: dict[str, ast.ClassDef] = dataclasses.field(default_factory=dict)
 
 
 class Stores(ast.NodeVisitor):
     """``values[key]``: the (expression, control dependencies) stored at ``key``.
     ``tables``: the symbol tables of parent classes copied in (`_parents`)."""
 
-    def __init__(
-        self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
-    ) -> None:
+    def __init__(self, tree: ast.Module, source: str, path: str, tables: Iterable[Table]) -> None:
         self.tree = tree
         self.values: dict[Key, list[tuple[ast.expr, Control]]] = {}
         self.scope_of: dict[int, Scope] = {}  # id(node) -> Scope the node is evaluated in
@@ -99,30 +94,21 @@ class Stores(ast.NodeVisitor):
             self._tables.setdefault(key, []).append(child)
             self._index_tables(child, offset)
 
-    def _enter(
-        self, node: ast.stmt | ast.expr, name: str, cls: ast.ClassDef | None = None
-    ) -> Scope:
+    def _enter(self, node: ast.stmt | ast.expr, name: str) -> Scope:
         """The scope ``node`` opens (its table: the next one made for its line)."""
         tables = self._tables.get((name, _compat.scope_line(node)))
-        scope = Scope(self._scope, tables.pop(0) if tables else None, node, cls)
+        scope = Scope(self._scope, tables.pop(0) if tables else None, node)
         self.scope_of[id(node)] = scope
         return scope
 
     def _store(self, key: Key, value: ast.expr, control: Control = ()) -> None:
         self.values.setdefault(key, []).append((value, control))
 
-    def _visit_in(
-        self,
-        nodes: Iterable[ast.AST | None],
-        scope: Scope | None = None,
-        control: Control | None = None,
-    ) -> None:
+    def _visit_in(self, nodes: Iterable[ast.AST], scope: Scope, control: Control) -> None:
         outer = self._scope, self._control
-        self._scope = outer[0] if scope is None else scope
-        self._control = outer[1] if control is None else control
+        self._scope, self._control = scope, control
         for node in nodes:
-            if node is not None:
-                self.visit(node)
+            self.visit(node)
         self._scope, self._control = outer
 
     def generic_visit(self, node: ast.AST) -> None:
@@ -131,17 +117,8 @@ class Stores(ast.NodeVisitor):
             if not isinstance(child, _UNSCOPED):
                 self.visit(child)
 
-    def visit_Name(self, node: ast.Name | ast.Constant) -> None:
-        self.scope_of[id(node)] = self._scope
-
-    visit_Constant = visit_Name
-
-    def visit_Attribute(self, node: ast.Attribute) -> None:
-        self.scope_of[id(node)] = self._scope
-        self.visit(node.value)
-
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self._visit_in([*node.decorator_list, *node.bases, *node.keywords], control=())
+        self._visit_in([*node.decorator_list, *node.bases, *node.keywords], self._scope, ())
         self._scope.classes[node.name] = node
         self.classes.setdefault(node.name, []).append(node)
         self._visit_in(node.body, self._enter(node, node.name), ())
@@ -153,9 +130,8 @@ class Stores(ast.NodeVisitor):
         if not isinstance(node, ast.Lambda):
             self._scope.functions.setdefault(node.name, []).append(node)
             outer += node.decorator_list
-        self._visit_in(outer, control=())
-        cls = self._scope.node if isinstance(self._scope.node, ast.ClassDef) else None
-        inner = self._enter(node, getattr(node, "name", "lambda"), cls)  # a lambda's cls: unused
+        self._visit_in(outer, self._scope, ())
+        inner = self._enter(node, getattr(node, "name", "lambda"))
         positional = arguments.posonlyargs + arguments.args
         defaults = [*zip(reversed(positional), reversed(arguments.defaults))]
         defaults += [(p, d) for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
@@ -176,11 +152,11 @@ class Stores(ast.NodeVisitor):
         inner = self._enter(node, COMPREHENSIONS[type(node)])
         for generator in node.generators:
             if generator is not first:
-                self._visit_in([generator.iter], inner)
+                self._visit_in([generator.iter], inner, self._control)
             self._bind(generator.target, generator.iter, inner, self._control)
-            self._visit_in([generator.target, *generator.ifs], inner)
+            self._visit_in([generator.target, *generator.ifs], inner, self._control)
         elements = [node.key, node.value] if isinstance(node, ast.DictComp) else [node.elt]
-        self._visit_in(elements, inner)
+        self._visit_in(elements, inner, self._control)
 
     visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
 
@@ -203,13 +179,13 @@ class Stores(ast.NodeVisitor):
         self.scope_of[id(node)] = self._scope
         control = self._control
         for item in node.items:
-            self._visit_in([item.context_expr], control=control)
+            self._visit_in([item.context_expr], self._scope, control)
             if item.optional_vars is not None:
                 self._bind(item.optional_vars, item.context_expr, self._scope, control)
             call = item.context_expr
             if isinstance(call, ast.Call) and called_name(call) == "control_dependencies":
                 control += tuple(d for d in [argument_of(call, 0, "control_inputs")] if d)
-        self._visit_in(node.body, control=control)
+        self._visit_in(node.body, self._scope, control)
 
     visit_AsyncWith = visit_With
 
@@ -265,18 +241,14 @@ class Stores(ast.NodeVisitor):
         """The scope whose variable ``name`` is, read in ``scope``, as Python resolves it."""
         start = scope
         while scope.parent is not None:
-            symbol = None  # a class's names are not seen from its methods
-            if scope.table is not None and (
-                scope is start or not isinstance(scope.node, ast.ClassDef)
-            ):
-                try:
-                    symbol = scope.table.lookup(name)
-                except KeyError:  # not used there
-                    pass
-            if symbol is not None and symbol.is_global():
-                return self.root
-            if symbol is not None and symbol.is_local() and not symbol.is_free():
-                return scope
+            # A class's names are not seen from its methods; a table lists the names used there.
+            seen = scope is start or not isinstance(scope.node, ast.ClassDef)
+            if seen and scope.table is not None and name in scope.table.get_identifiers():
+                symbol = scope.table.lookup(name)
+                if symbol.is_global():
+                    return self.root
+                if symbol.is_local() and not symbol.is_free():
+                    return scope
             scope = scope.parent
         return scope
 
@@ -285,10 +257,11 @@ class Stores(ast.NodeVisitor):
         if not isinstance(node, ast.Name):
             return None
         home = self._resolve(scope, node.id)
-        if home.cls is None or not isinstance(home.node, FUNCTIONS[:2]):  # cls: a method's
+        cls = home.parent.node if home.parent is not None else None  # a method's class
+        if not isinstance(cls, ast.ClassDef) or not isinstance(home.node, FUNCTIONS[:2]):
             return None
         first = (home.node.args.posonlyargs + home.node.args.args)[:1]
-        return home.cls if first and first[0].arg == node.id else None
+        return cls if first and first[0].arg == node.id else None
 
     def keys(self, node: ast.expr, scope: Scope | None = None) -> list[Key]:
         """Where what a name or an attribute reads is kept."""

@@ -70,8 +70,6 @@ def _imported_bases(
         base.id for node in classes for base in node.bases
         if isinstance(base, ast.Name) and base.id not in defined
     ]  # fmt: skip
-    if not bases:
-        return []
     imported: dict[str, tuple[str, str]] = {}
     statements: list[ast.stmt] = list(tree.body)
     for statement in statements:  # imports at the top, or in a try or if there
@@ -103,11 +101,10 @@ def _class_in(
 
 
 def _parsed(path: str) -> tuple[ast.Module, str] | None:
-    try:
+    with contextlib.suppress(OSError):
         status = os.stat(path)
-    except OSError:
-        return None
-    return _parsed_version(path, status.st_mtime_ns, status.st_size)
+        return _parsed_version(path, status.st_mtime_ns, status.st_size)
+    return None
 
 
 @functools.lru_cache(maxsize=64)

@@ -5,6 +5,7 @@ token (`_FIXES`), each statement kept on its line, and parsed again.
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import os
 import stat
@@ -69,10 +70,8 @@ def parse(source: str, path: str = "<string>") -> tuple[ast.Module, str]:
         fixed, converted = converted, _python2_to_3(converted)
         if fixed == converted:
             break
-        try:
+        with contextlib.suppress(SyntaxError):
             return _compat.parse(converted, path), converted
-        except SyntaxError:
-            pass
     raise first
 
 
@@ -103,7 +102,7 @@ def _statements(source: str) -> Iterator[list[TokenInfo]]:
     """Yields each simple statement (or compound statement's header) as its tokens."""
     current: list[TokenInfo] = []
     depth = 0
-    try:
+    with contextlib.suppress(tokenize.TokenError, IndentationError, SyntaxError):
         for token in tokenize.generate_tokens(io.StringIO(source).readline):
             if token.type in (tokenize.NEWLINE, tokenize.ENDMARKER) or token.string == ";":
                 if current:
@@ -118,8 +117,6 @@ def _statements(source: str) -> Iterator[list[TokenInfo]]:
                 if token.string == ":" and depth == 0 and current[0].string in _COMPOUND:
                     yield current
                     current = []
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        pass
     if current:
         yield current
 
@@ -143,11 +140,8 @@ def _statement_calls(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
     if following in ("=", ".", ")", ",", "[", "+=", ":"):  # print used as a name
         return []
     if following == "(":  # print(x), unless more follows the parenthesis: print (a), b
-        closing = next(
-            (i for i in range(1, len(tokens)) if depths[i] == 0 and tokens[i].string in _CLOSE),
-            None,
-        )
-        if closing is None or closing == len(tokens) - 1:
+        ends = [i for i, token in enumerate(tokens) if depths[i] == 0 and token.string in _CLOSE]
+        if not ends or ends[0] == len(tokens) - 1:
             return []
     edits = [(first.start, first.end, first.string + "("), (last.end, last.end, ")")]
     if following == ">>":
@@ -206,12 +200,8 @@ def _tuple_parameters(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
         level = depths[index] + (token.string == "def")  # a def's parameters are in parentheses
         start = None
         for previous, inner, depth in zip(tokens[index:], tokens[index + 1 :], depths[index + 1 :]):
-            if (
-                inner.string in _CLOSE
-                and depth < level
-                or inner.string == ":"
-                and depth == depths[index]
-            ):
+            closed = inner.string in _CLOSE and depth < level
+            if closed or inner.string == ":" and depth == depths[index]:
                 break  # the end of the parameters
             if inner.string == "(" and depth == level and previous.string != "=":
                 start = inner  # a parameter that unpacks (not a default value's parenthesis)

@@ -11,7 +11,6 @@ import typing
 from collections.abc import Callable, Iterable, Set as AbstractSet
 from typing import Any
 
-from tf1_accum.check._compat import cached_property
 from tf1_accum.check._flow import (
     FUNCTIONS, Definition, Key, Scope, Stores, Table, argument_of, called_name,
 )  # fmt: skip
@@ -80,19 +79,18 @@ def kinds_of(tags: Iterable[Tag], kind: str) -> set[Any]:
 class Module(Stores):
     """The values kept in one module (a parameter holds each argument), and their tags."""
 
-    def __init__(
-        self, tree: ast.Module, source: str, path: str, tables: Iterable[Table] = ()
-    ) -> None:
+    def __init__(self, tree: ast.Module, source: str, path: str, tables: Iterable[Table]) -> None:
         super().__init__(tree, source, path, tables)
         self._cache: dict[Key, frozenset[Tag]] = {}
         self._stack: dict[Key, int] = {}  # the lookups under way, by depth
-        self._low: int | None = None
+        self._low = 0  # the lowest depth of a lookup under way that a cycle reached
         self._provisional: dict[Key, tuple[frozenset[Tag], int]] = {}
         for target, value, scope, control in self.unpacked:  # grows with nested tuples
             for element, part in self._returned_parts(target.elts, value, scope):
                 self._bind(element, part, scope, control)
         for call, scope in self.calls:
             self._bind_call(call, scope)
+        self._made = {(c.lineno, c.col_offset): c for c, _ in self.calls}  # vid -> its call
 
     def _returned_parts(
         self, elements: list[ast.expr], call: ast.Call, scope: Scope
@@ -113,11 +111,9 @@ class Module(Stores):
         func = call.func
         if isinstance(func, ast.Name):
             home = self._resolve(scope, func.id)
-            found = [(f, 0) for f in home.functions.get(func.id, ())]
-            cls = home.classes.get(func.id)
-            if cls is not None:
-                found += [(f, 1) for f in self._methods(cls, "__init__")]
-            return found
+            cls = home.classes.get(func.id)  # a class: calling it runs its __init__
+            methods = self._methods(cls, "__init__") if cls is not None else []
+            return [(f, 0) for f in home.functions.get(func.id, ())] + [(f, 1) for f in methods]
         if isinstance(func, ast.Attribute):
             cls = self._self_class(func.value, scope)
             classes = [cls] if cls is not None else self._instance_classes(func.value, scope)
@@ -200,12 +196,11 @@ class Module(Stores):
         if key in self._cache:
             return self._cache[key]
         if key in self._stack:
-            low = self._stack[key]
-            self._low = low if self._low is None else min(self._low, low)
+            self._low = min(self._low, self._stack[key])
             return frozenset()
         if key in self._provisional:
             result, low = self._provisional[key]
-            self._low = low if self._low is None else min(self._low, low)
+            self._low = min(self._low, low)
             return result
         depth = self._stack[key] = len(self._stack)
         outer_low, self._low = self._low, depth
@@ -228,8 +223,7 @@ class Module(Stores):
             self._provisional = {k: v for k, v in self._provisional.items() if v[1] < depth}
         else:
             self._provisional[key] = (result, low)
-        if outer_low is not None:
-            self._low = min(outer_low, low)
+        self._low = min(outer_low, low)
         return result
 
     def _call_tags(self, call: ast.Call) -> AbstractSet[Tag]:
@@ -241,8 +235,7 @@ class Module(Stores):
         if name == "cond":  # one train op: what a branch adds is not run again apart
             branches = self._union(call.args[1:] + [k.value for k in call.keywords])
             return {t for t in branches if t[0] != RERUN}
-        func = call.func
-        receiver = func.value if isinstance(func, ast.Attribute) else None
+        receiver = call.func.value if isinstance(call.func, ast.Attribute) else None
         keras_zeros = name in ("zeros", "zeros_like") and _receiver_name(receiver) in _KERAS
         if name in _VARIABLES or name in _SLOTS or keras_zeros:  # K.zeros makes a variable
             return self._variable_tags(call, name)
@@ -310,9 +303,8 @@ class Module(Stores):
             return True, False
         if call is None:
             return False, False
-        name = called_name(call)
         initial = argument_of(call, 0, "initial_value", "value")
-        if name in ("get_variable", "get_local_variable", "add_weight"):
+        if called_name(call) in ("get_variable", "get_local_variable", "add_weight"):
             initial = argument_of(call, 3, "initializer")
         if initial is None:
             return False, False
@@ -325,17 +317,12 @@ class Module(Stores):
         scalar = zeros and isinstance(shape, (ast.List, ast.Tuple)) and not shape.elts  # zeros([])
         return ZEROS in self.tags(initial), scalar
 
-    @cached_property
-    def _made(self) -> dict[Vid, ast.Call]:
-        return {(c.lineno, c.col_offset): c for c, _ in self.calls}
-
     def accumulation(self, call: ast.Call) -> tuple[set[Vid], frozenset[Tag]] | None:
         """(variables added to, tags of what is added) of ``v.assign_add(g)``,
         ``add_fn(v, g)`` or ``v.assign(v + g)``; None for any other call."""
-        name, func = called_name(call), call.func
-        if name in ADDS or (
-            isinstance(func, ast.Name) and len(call.args) > 1 and ADD_FUNCTION in self.tags(func)
-        ):
+        name = called_name(call)
+        by_name = isinstance(call.func, ast.Name) and len(call.args) > 1  # add_fn(v, g)
+        if name in ADDS or (by_name and ADD_FUNCTION in self.tags(call.func)):
             return self.assigned(call)
         value = operands(call)[1]
         if name in ASSIGNS and value is not None and self.holds(value, _addition):
