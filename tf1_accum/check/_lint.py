@@ -106,14 +106,12 @@ def python_files(paths: Iterable[str]) -> Iterator[str]:
             unlisted: list[OSError] = []
             found = 0
             for root, dirs, files in os.walk(path, onerror=unlisted.append):
-                found += len(unlisted)
-                yield from (error.filename or root for error in unlisted)
-                unlisted.clear()
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-                for name in sorted(files):
-                    if name.endswith(".py"):
-                        found += 1
-                        yield os.path.join(root, name)
+                named = [error.filename or root for error in unlisted]
+                named += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+                unlisted.clear()
+                found += len(named)
+                yield from named
             yield from (error.filename or path for error in unlisted)
             if found + len(unlisted) == 0:
                 raise FileNotFoundError(f"no Python files under {path}")
