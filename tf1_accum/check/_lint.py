@@ -141,8 +141,7 @@ def check_file(path: str, modules: _parents.Modules | None = None) -> FileResult
 
 def check_paths(paths: Iterable[str], jobs: int = 1) -> list[Finding]:
     """The `Finding` list of files and directories, checked by ``jobs`` processes."""
-    results = check_files(python_files(paths), jobs)
-    return [finding for result in results for finding in result.findings]
+    return [f for result in check_files(python_files(paths), jobs) for f in result.findings]
 
 
 def check_files(files: Iterable[str], jobs: int = 1) -> Iterator[FileResult]:

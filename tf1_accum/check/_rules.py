@@ -23,7 +23,8 @@ Found = typing.Set[typing.Tuple[int, int, str]]
 Run = typing.Tuple[ast.Call, typing.FrozenSet[Tag]]
 
 _GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
-_CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
+_LITERALS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
+_CONTAINERS = (*_LITERALS, *COMPREHENSIONS)
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 #: The ops of a ``tf1_accum.build_accumulation`` result.
@@ -34,10 +35,8 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     """The (line, column, rule) triples found in a parsed module."""
     module = Module(tree, source, path, tables)
     facts = _Facts(module)
-    blocks = _blocks(module.tree)
-    completing = _completing_runs(module, facts, blocks)
-    found = _loop_findings(module, facts, blocks, completing)  # TFA008
-    found |= _refetch_findings(module, facts, blocks)  # TFA009
+    found = _loop_findings(module, facts)  # TFA008
+    found |= _refetch_findings(module, facts)  # TFA009
     found |= _one_run_findings(module, facts)  # TFA010
     found |= _schedule_findings(module, facts)  # TFA013
     for call in facts.calls:
@@ -45,7 +44,7 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
         if name == "initialized_value":  # TFA007: the call itself is the bug
             found.add(_at(call, "TFA007"))
         elif name in APPLIES and not module.callees(call):  # TFA001 to TFA005
-            found |= _apply_findings(module, facts, call, completing)
+            found |= _apply_findings(module, facts, call)
         elif name == "cond" and _cond_splits(module, facts, call):
             found.add(_at(call, "TFA006"))
         if name in ADDS | ASSIGNS and _running_average(module, facts, call):
@@ -66,7 +65,8 @@ def _kinds(tags: Iterable[Tag], *kinds: str) -> set[Vid]:
 
 
 class _Facts:
-    """What the whole module does to each variable (an accumulator or a counter?)."""
+    """What the whole module does to each variable (an accumulator or a counter?), its
+    blocks of statements, and the runs that complete a ``range(n - 1)`` loop of adds."""
 
     def __init__(self, module: Module) -> None:
         self.module = module
@@ -92,6 +92,8 @@ class _Facts:
                     if branch is not None:
                         self.branch_functions[id(branch)] = _branch_functions(module, branch)
         self.in_branch = {id(f) for fs in self.branch_functions.values() for f in fs}
+        self.blocks = _blocks(module.tree)
+        self.completing = _completing_runs(module, self)  # by id(run)
 
     @cached_property
     def runs(self) -> list[Run]:
@@ -121,9 +123,7 @@ class _Facts:
         )
 
 
-def _apply_findings(
-    module: Module, facts: _Facts, call: ast.Call, completing: typing.Container[int]
-) -> Found:
+def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
     """TFA001 to TFA005, at the gradients given to ``apply_gradients``."""
     gradients = argument_of(call, 0, "grads_and_vars")
     if gradients is None:
@@ -145,7 +145,7 @@ def _apply_findings(
         "TFA003": bool(reruns)
         and not in_branch
         and not _fused(facts, reruns)
-        and not _completes(facts, reruns, completing),
+        and not _completes(facts, reruns),
         # fed back through placeholders by code that computes gradients (tests aside)
         "TFA004": PLACEHOLDER in tags and facts.computes_gradients and not _in_test(module, call),
         # divided by the global step
@@ -180,11 +180,11 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     return bool(adding) and all(_applies(tags) for tags in adding)
 
 
-def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
+def _completes(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
     fetched = [(run, _fetches(facts.module, run)) for run in facts.session_runs]
     applying = [run for run, tags in fetched if _applies(tags) and kinds_of(tags, RERUN) & vids]
-    return bool(applying) and all(id(run) in completing for run in applying)
+    return bool(applying) and all(id(run) in facts.completing for run in applying)
 
 
 def _enclosing(module: Module, node: ast.AST) -> Iterator[ast.AST]:
@@ -246,10 +246,8 @@ def _schedule_findings(module: Module, facts: _Facts) -> Found:
     """TFA013 at the ``/ batch_size`` of a step count given to a schedule (or ``max_steps``)
     in a module that accumulates N micro-batches per update, where no step count is
     divided by N and no size is told the accumulation (``micro_batch_size=``)."""
-    windows = [
-        argument_of(call, _WINDOWS[name], "steps")
-        for call in facts.calls for name in [called_name(call)] if name in _WINDOWS
-    ]  # fmt: skip
+    builds = [call for call in facts.calls if called_name(call) in _WINDOWS]
+    windows = [argument_of(b, _WINDOWS[called_name(b) or ""], "steps") for b in builds]
     told = any(k.arg == "micro_batch_size" for call in facts.calls for k in call.keywords)
     sizes = {unparse(window) for window in windows if window is not None}
     if told or not sizes:
@@ -435,11 +433,11 @@ def _names(module: Module, node: ast.AST | None, depth: int = 0) -> set[Key]:
     return keys
 
 
-def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> dict[int, Run]:
+def _completing_runs(module: Module, facts: _Facts) -> dict[int, Run]:
     """The first run that applies after each ``range(n - 1)`` loop of adds, by id."""
     found: dict[int, Run] = {}
     short_loops = [
-        (block, i, statement) for block in blocks for i, statement in enumerate(block)
+        (block, i, statement) for block in facts.blocks for i, statement in enumerate(block)
         if type(statement) is ast.For and _short_range(statement.iter)
     ]  # fmt: skip
     for block, index, loop in short_loops:
@@ -456,20 +454,19 @@ def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]])
     return found
 
 
-def _loop_findings(
-    module: Module, facts: _Facts, blocks: list[list[ast.AST]], completing: dict[int, Run]
-) -> Found:
+def _loop_findings(module: Module, facts: _Facts) -> Found:
     """TFA008: ``range(n - 1)`` adds then an apply alone, or an ``if`` that splits them."""
     found: Found = set()
-    for run, tags in completing.values():
+    for run, tags in facts.completing.values():
         if not _accumulates(facts, tags):
             found.add(_at(run, "TFA008"))
     # if full: run(apply) else: run(accumulate); a branch that applies too is a choice.
-    for branch in (s for block in blocks for s in block if isinstance(s, ast.If) and s.orelse):
+    ifs = [s for block in facts.blocks for s in block if isinstance(s, ast.If) and s.orelse]
+    for branch in ifs:
         sides = [_runs(module, branch.body), _runs(module, branch.orelse)]
         appliers = [[run for run, tags in side if _applies(tags)] for side in sides]
         adds = [any(_accumulates(facts, tags) for _, tags in side) for side in sides]
-        for mine, other in ((0, 1), (1, 0)):  # the other side applying too: a choice, not a split
+        for mine, other in ((0, 1), (1, 0)):
             if appliers[mine] and not adds[mine] and adds[other] and not appliers[other]:
                 found.add(_at(appliers[mine][0], "TFA008"))
     return found
@@ -527,22 +524,20 @@ def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
 
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
     """What a run fetches adds to an accumulator."""
-    added = _kinds(tags, SUM, AFTER)
-    if _applies(tags):
-        added |= kinds_of(tags, RERUN)
-    return any(facts.is_accumulator(v) for v in added)
+    kinds = (SUM, AFTER, RERUN) if _applies(tags) else (SUM, AFTER)  # an apply reruns its adds
+    return any(facts.is_accumulator(v) for v in _kinds(tags, *kinds))
 
 
 def _applies(tags: AbstractSet[Tag]) -> bool:
     return any(t[0] == APPLY for t in tags)
 
 
-def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
+def _refetch_findings(module: Module, facts: _Facts) -> Found:
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``."""
     if not any(tag[0] == RERUN for run in facts.session_runs for tag in _fetches(module, run)):
         return set()  # no run fetches anything computed from an add
     found: Found = set()
-    for block in blocks:
+    for block in facts.blocks:
         for index, loop in enumerate(block):
             if not isinstance(loop, _LOOPS) or type(loop) is ast.For and _short_range(loop.iter):
                 continue  # after range(n - 1), the run that adds again completes the window
@@ -567,12 +562,12 @@ def _rereads(tags: AbstractSet[Tag], added: AbstractSet[Vid]) -> bool:
 def _parts(module: Module, node: ast.expr, once: bool = False, depth: int = 0) -> list[ast.expr]:
     """The expressions ``node`` fetches, one by one, through what holds them
     (``once``: only through names stored once, not a loop's variable)."""
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set, ast.Dict)):
+    if isinstance(node, _LITERALS):
         items = node.values if isinstance(node, ast.Dict) else node.elts
         return [p for item in items for p in _parts(module, item, once, depth)]
     if once:
         stored = module.stored(node) if isinstance(node, ast.Name) and depth < 3 else []
-        one = len(stored) == 1 and isinstance(stored[0], (ast.List, ast.Tuple, ast.Set, ast.Dict))
+        one = len(stored) == 1 and isinstance(stored[0], _LITERALS)
         return _parts(module, stored[0], once, depth + 1) if one else [node]
     if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
         element = node.value if isinstance(node, ast.DictComp) else node.elt
