@@ -83,9 +83,8 @@ def check_source(
     try:
         found = _rules.findings(tree, parsed, path, tables)
     except RecursionError:
-        message = "cannot check this file (its names are chained too deeply to follow); "
-        message += "check it by hand"
-        return [Finding(path, 1, "TFA000", message)]
+        why = "its names are chained too deeply to follow"
+        return [Finding(path, 1, "TFA000", f"cannot check this file ({why}); check it by hand")]
     except Exception:  # a shape of code the analysis does not know: report what is certain
         found = {
             (node.lineno, node.col_offset + 1, "TFA007")
