@@ -95,8 +95,7 @@ CATALOGUE = {m.code: m for m in (
         "or run it only when an update is applied (tf.cond(opt.window.applied, ...)) as "
         "global_step.assign_add(1): assign(global_step + 1) loses counts between "
         "asynchronous workers",
-        "migration.html#after-migrating-schedules-and-checkpoints", False,
-        "step_not_per_update"),
+        "migration.html#after-migrating-schedules-and-checkpoints", False, "step_not_per_update"),
     Mistake("TFA013", "schedule step counts in micro-batches",
         "a schedule's step count worked out from the micro-batch size comes N times later "
         "than in the original program (a decay N times too slow, a warm-up N times too long)",

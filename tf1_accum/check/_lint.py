@@ -83,9 +83,8 @@ def check_source(
     try:
         found = _rules.findings(tree, parsed, path, tables)
     except RecursionError:
-        message = "cannot check this file (its names are chained too deeply to follow); "
-        message += "check it by hand"
-        return [Finding(path, 1, "TFA000", message)]
+        why = "its names are chained too deeply to follow"
+        return [Finding(path, 1, "TFA000", f"cannot check this file ({why}); check it by hand")]
     except Exception:  # a shape of code the analysis does not know: report what is certain
         found = {
             (node.lineno, node.col_offset + 1, "TFA007")
@@ -106,14 +105,12 @@ def python_files(paths: Iterable[str]) -> Iterator[str]:
             unlisted: list[OSError] = []
             found = 0
             for root, dirs, files in os.walk(path, onerror=unlisted.append):
-                found += len(unlisted)
-                yield from (error.filename or root for error in unlisted)
-                unlisted.clear()
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-                for name in sorted(files):
-                    if name.endswith(".py"):
-                        found += 1
-                        yield os.path.join(root, name)
+                named = [error.filename or root for error in unlisted]
+                named += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+                unlisted.clear()
+                found += len(named)
+                yield from named
             yield from (error.filename or path for error in unlisted)
             if found + len(unlisted) == 0:
                 raise FileNotFoundError(f"no Python files under {path}")
@@ -143,8 +140,7 @@ def check_file(path: str, modules: _parents.Modules | None = None) -> FileResult
 
 def check_paths(paths: Iterable[str], jobs: int = 1) -> list[Finding]:
     """The `Finding` list of files and directories, checked by ``jobs`` processes."""
-    results = check_files(python_files(paths), jobs)
-    return [finding for result in results for finding in result.findings]
+    return [f for result in check_files(python_files(paths), jobs) for f in result.findings]
 
 
 def check_files(files: Iterable[str], jobs: int = 1) -> Iterator[FileResult]:

@@ -1,4 +1,5 @@
-"""The migration checker's rules (one ``_*_findings`` each), read from the tags of `_tags`."""
+"""The migration checker's rules, read from the tags of `_tags`: a ``_*_findings`` function
+each, or for a rule found at one call, a test of that call."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ Found = typing.Set[typing.Tuple[int, int, str]]
 Run = typing.Tuple[ast.Call, typing.FrozenSet[Tag]]
 
 _GRADIENT_LISTS = (ast.ListComp, ast.GeneratorExp, ast.Tuple, ast.List, ast.Call)
-_CONTAINERS = (ast.List, ast.Tuple, ast.Set, ast.Dict, *COMPREHENSIONS)
+_LITERALS = (ast.List, ast.Tuple, ast.Set, ast.Dict)
+_CONTAINERS = (*_LITERALS, *COMPREHENSIONS)
 _BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 _LOOPS = (ast.For, ast.AsyncFor, ast.While)
 #: The ops of a ``tf1_accum.build_accumulation`` result.
@@ -33,29 +35,38 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     """The (line, column, rule) triples found in a parsed module."""
     module = Module(tree, source, path, tables)
     facts = _Facts(module)
-    blocks = _blocks(module.tree)
-    completing = _completing_runs(module, facts, blocks)
-    found = _loop_findings(module, facts, blocks, completing)  # TFA008
-    found |= _refetch_findings(module, facts, blocks)  # TFA009
+    found = _loop_findings(module, facts)  # TFA008
+    found |= _refetch_findings(module, facts)  # TFA009
     found |= _one_run_findings(module, facts)  # TFA010
     found |= _schedule_findings(module, facts)  # TFA013
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
-            found.add((call.lineno, call.col_offset + 1, "TFA007"))
+            found.add(_at(call, "TFA007"))
         elif name in APPLIES and not module.callees(call):  # TFA001 to TFA005
-            found |= _apply_findings(module, facts, call, completing)
-        elif name == "cond":  # TFA006
-            found |= _cond_findings(module, facts, call)
-        if name in ADDS | ASSIGNS:  # TFA005 on a running average
-            found |= _running_average_findings(module, facts, call)
-        elif name in ("build_accumulation", "minimize"):  # TFA014
-            found |= _data_mean_findings(module, call)
+            found |= _apply_findings(module, facts, call)
+        elif name == "cond" and _cond_splits(module, facts, call):
+            found.add(_at(call, "TFA006"))
+        if name in ADDS | ASSIGNS and _running_average(module, facts, call):
+            found.add(_at(call, "TFA005"))
+        elif name in ("build_accumulation", "minimize") and _unweighted_mean(module, call):
+            found.add(_at(call, "TFA014"))
     return found
 
 
+def _at(node: ast.expr, rule: str) -> tuple[int, int, str]:
+    """The (line, column, rule) of a finding at ``node``."""
+    return (node.lineno, node.col_offset + 1, rule)
+
+
+def _kinds(tags: Iterable[Tag], *kinds: str) -> set[Vid]:
+    """`kinds_of` for several kinds: the variables their tags name."""
+    return {t[1] for t in tags if t[0] in kinds}
+
+
 class _Facts:
-    """What the whole module does to each variable (an accumulator or a counter?)."""
+    """What the whole module does to each variable (an accumulator or a counter?), its
+    blocks of statements, and the runs that complete a ``range(n - 1)`` loop of adds."""
 
     def __init__(self, module: Module) -> None:
         self.module = module
@@ -81,6 +92,8 @@ class _Facts:
                     if branch is not None:
                         self.branch_functions[id(branch)] = _branch_functions(module, branch)
         self.in_branch = {id(f) for fs in self.branch_functions.values() for f in fs}
+        self.blocks = _blocks(module.tree)
+        self.completing = _completing_runs(module, self)  # by id(run)
 
     @cached_property
     def runs(self) -> list[Run]:
@@ -110,15 +123,13 @@ class _Facts:
         )
 
 
-def _apply_findings(
-    module: Module, facts: _Facts, call: ast.Call, completing: typing.Container[int]
-) -> Found:
+def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
     """TFA001 to TFA005, at the gradients given to ``apply_gradients``."""
     gradients = argument_of(call, 0, "grads_and_vars")
     if gradients is None:
         return set()
     tags = frozenset().union(*(module.tags(p) for p in _gradient_parts(module, gradients)))
-    held = {v for v in kinds_of(tags, VAR) | kinds_of(tags, SUM) if facts.is_accumulator(v)}
+    held = {v for v in _kinds(tags, VAR, SUM) if facts.is_accumulator(v)}
     divided = [value for vid in held for value in facts.divided.get(vid, ())]
     reruns = {v for v in kinds_of(tags, RERUN) if facts.adds_again(v)}
     in_branch = any(id(outer) in facts.in_branch for outer in _enclosing(module, call))
@@ -134,14 +145,13 @@ def _apply_findings(
         "TFA003": bool(reruns)
         and not in_branch
         and not _fused(facts, reruns)
-        and not _completes(facts, reruns, completing),
+        and not _completes(facts, reruns),
         # fed back through placeholders by code that computes gradients (tests aside)
         "TFA004": PLACEHOLDER in tags and facts.computes_gradients and not _in_test(module, call),
         # divided by the global step
         "TFA005": STEP_MEAN in tags,
     }
-    where = (gradients.lineno, gradients.col_offset + 1)
-    return {where + (rule,) for rule, found in rules.items() if found}
+    return {_at(gradients, rule) for rule, found in rules.items() if found}
 
 
 def _gradient_parts(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
@@ -166,17 +176,15 @@ def _gradient_parts(module: Module, node: ast.expr, depth: int = 0) -> list[ast.
 
 def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every session run that adds to these accumulators applies them too."""
-    adding = [
-        tags for _, tags in facts.runs if (kinds_of(tags, SUM) | kinds_of(tags, AFTER)) & vids
-    ]
+    adding = [tags for _, tags in facts.runs if _kinds(tags, SUM, AFTER) & vids]
     return bool(adding) and all(_applies(tags) for tags in adding)
 
 
-def _completes(facts: _Facts, vids: AbstractSet[Vid], completing: typing.Container[int]) -> bool:
+def _completes(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
     fetched = [(run, _fetches(facts.module, run)) for run in facts.session_runs]
     applying = [run for run, tags in fetched if _applies(tags) and kinds_of(tags, RERUN) & vids]
-    return bool(applying) and all(id(run) in completing for run in applying)
+    return bool(applying) and all(id(run) in facts.completing for run in applying)
 
 
 def _enclosing(module: Module, node: ast.AST) -> Iterator[ast.AST]:
@@ -193,14 +201,12 @@ def _in_test(module: Module, node: ast.AST) -> bool:
     return any(n.startswith("test") or n.endswith(("Test", "TestCase")) for n in names)
 
 
-def _running_average_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
-    """TFA005 at ``avg.assign((avg * step + g) / (step + 1))``."""
+def _running_average(module: Module, facts: _Facts, call: ast.Call) -> bool:
+    """TFA005: ``avg.assign((avg * step + g) / (step + 1))``."""
     vids, value = module.assigned(call) or (set(), frozenset())
-    if STEP_MEAN in value and any(
+    return STEP_MEAN in value and any(
         facts.is_accumulator(v) or (GRADIENT in value and module.variable(v)[0]) for v in vids
-    ):
-        return {(call.lineno, call.col_offset + 1, "TFA005")}
-    return set()
+    )
 
 
 #: The wrappers whose ``minimize`` accumulates (each takes ``weight=``).
@@ -208,31 +214,22 @@ _WRAPPERS = {"AccumulationOptimizer", "KerasAccumulationOptimizer"}
 _DIVISIONS = {"div", "divide", "truediv", "realdiv", "div_no_nan", "divide_no_nan"}
 #: Calls that hand a count on: ``tf.cast(tf.reduce_sum(mask), tf.float32)``.
 _HANDS_ON = {"cast", "to_float", "maximum", "minimum", "identity", "stop_gradient"}
-#: Calls whose result's size depends on the values of what they are given.
-_SIZED_BY_VALUES = {"boolean_mask", "dynamic_partition"}
 
 
-def _data_mean_findings(module: Module, call: ast.Call) -> Found:
-    """TFA014 at ``build_accumulation(loss, ...)`` or ``AccumulationOptimizer(...).minimize(loss)``
+def _unweighted_mean(module: Module, call: ast.Call) -> bool:
+    """TFA014: ``build_accumulation(loss, ...)`` or ``AccumulationOptimizer(...).minimize(loss)``
     given no ``weight=``, where the loss divides by a count of the fed data."""
     builds = [] if module.callees(call) else [call]  # not the module's own function
     if called_name(call) == "minimize":  # what the receiver holds: the wrapper?
-        receiver = getattr(call.func, "value", None)
-        held = _held(module, receiver) if isinstance(receiver, ast.expr) else []
+        held = _held(module, call.func.value) if isinstance(call.func, ast.Attribute) else []
         builds = [b for b in held if isinstance(b, ast.Call) and called_name(b) in _WRAPPERS]
     loss = argument_of(call, 0, "loss")
     weighed = any(k.arg in ("weight", None) for b in builds for k in b.keywords)
-    if builds and loss is not None and not weighed and _data_mean(module, loss):
-        return {(call.lineno, call.col_offset + 1, "TFA014")}
-    return set()
+    return bool(builds) and loss is not None and not weighed and _data_mean(module, loss, set())
 
 
 #: The window sizes: where each call that accumulates N micro-batches per update takes N.
-_WINDOWS = {
-    "AccumulationOptimizer": 1,
-    "KerasAccumulationOptimizer": 1,
-    "build_dataset_accumulation": 3,
-}
+_WINDOWS = {**dict.fromkeys(_WRAPPERS, 1), "build_dataset_accumulation": 3}
 #: Where schedules, loops and hooks take a step count: by keyword, and by position.
 _STEP_KEYWORDS = {
     "decay_steps", "first_decay_steps", "num_train_steps", "num_warmup_steps", "warmup_steps",
@@ -249,25 +246,21 @@ def _schedule_findings(module: Module, facts: _Facts) -> Found:
     """TFA013 at the ``/ batch_size`` of a step count given to a schedule (or ``max_steps``)
     in a module that accumulates N micro-batches per update, where no step count is
     divided by N and no size is told the accumulation (``micro_batch_size=``)."""
-    windows = [
-        argument_of(call, _WINDOWS[name], "steps")
-        for call in facts.calls for name in [called_name(call)] if name in _WINDOWS
-    ]  # fmt: skip
+    builds = [call for call in facts.calls if called_name(call) in _WINDOWS]
+    windows = [argument_of(b, _WINDOWS[called_name(b) or ""], "steps") for b in builds]
     told = any(k.arg == "micro_batch_size" for call in facts.calls for k in call.keywords)
     sizes = {unparse(window) for window in windows if window is not None}
     if told or not sizes:
         return set()
 
-    def has(node: ast.AST, test: typing.Callable[[ast.AST], bool]) -> bool:
-        return any(test(n) for n in ast.walk(node))
+    def windowed(node: ast.AST) -> bool:  # names a window size
+        return any(isinstance(n, ast.expr) and unparse(n) in sizes for n in ast.walk(node))
 
-    def window(node: ast.AST) -> bool:
-        return isinstance(node, ast.expr) and unparse(node) in sizes
+    def batched(node: ast.AST) -> bool:  # names a batch size
+        names = (str(getattr(n, "id", None) or getattr(n, "attr", "")) for n in ast.walk(node))
+        return any("batch_size" in name for name in names)
 
-    def batch(node: ast.AST) -> bool:
-        return "batch_size" in str(getattr(node, "id", None) or getattr(node, "attr", ""))
-
-    if any(has(d.left, batch) and has(d.right, window) for d in _divisions(module.tree)):
+    if any(batched(d.left) and windowed(d.right) for d in _divisions(module.tree)):
         return set()  # batch_size / N: the batch size is the large batch's
     found: Found = set()
     for call in facts.calls:
@@ -275,11 +268,9 @@ def _schedule_findings(module: Module, facts: _Facts) -> Found:
         counts += [argument_of(call, i) for i in _STEP_POSITIONS.get(called_name(call) or "", ())]
         for count in (c for c in counts if c is not None):
             values = _closure(module, count)
-            if not any(has(value, window) for value in values):
-                found |= {
-                    (d.lineno, d.col_offset + 1, "TFA013")
-                    for value in values for d in _divisions(value) if has(d.right, batch)
-                }  # fmt: skip
+            if not any(windowed(value) for value in values):
+                divisions = [d for value in values for d in _divisions(value)]
+                found |= {_at(d, "TFA013") for d in divisions if batched(d.right)}
     return found
 
 
@@ -307,14 +298,13 @@ def _resolved(module: Module, node: ast.expr) -> list[ast.expr]:
     """What a name or attribute holds, or a call of the module's functions returns."""
     if isinstance(node, ast.Call):
         return [value for f, _ in module.callees(node) for value in module.returns(f)]
-    return module.stored(node) if isinstance(node, (ast.Name, ast.Attribute)) else []
+    return module.stored(node)  # [] for any other expression
 
 
-def _data_mean(module: Module, node: ast.expr, seen: set[int] | None = None) -> bool:
+def _data_mean(module: Module, node: ast.expr, seen: set[int]) -> bool:
     """``sum / tf.reduce_sum(mask)`` (or ``tf.math.divide``), or ``tf.reduce_mean`` of a
     ``tf.boolean_mask``: a mean over a count the fed data decides, in the loss or a term.
     ``seen``: the expressions already looked at (``loss += ...`` in a loop holds many)."""
-    seen = set() if seen is None else seen
     if id(node) in seen or len(seen) > 500:
         return False
     seen.add(id(node))
@@ -357,7 +347,8 @@ def _data_count(module: Module, node: ast.expr, seen: set[int]) -> bool:
 
 
 def _sized_by_values(node: ast.expr) -> bool:
-    return isinstance(node, ast.Call) and called_name(node) in _SIZED_BY_VALUES
+    """A call whose result's size depends on the values of what it is given."""
+    return isinstance(node, ast.Call) and called_name(node) in ("boolean_mask", "dynamic_partition")
 
 
 def _fixed_size(node: ast.expr) -> bool:
@@ -367,28 +358,24 @@ def _fixed_size(node: ast.expr) -> bool:
     )
 
 
-def _cond_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
-    """TFA006 at ``tf.cond(pred, apply_fn, accumulate_fn)``."""
+def _cond_splits(module: Module, facts: _Facts, call: ast.Call) -> bool:
+    """TFA006: ``tf.cond(pred, apply_fn, accumulate_fn)``."""
     branches = cond_branches(call)
     if None in branches:
-        return set()
+        return False
     applies: list[list[ast.Call]] = []
-    accumulates: list[bool] = []
-    added: list[set[Key]] = []
+    adding: list[list[ast.Call]] = []
     for branch in branches:
         functions = facts.branch_functions.get(id(branch), [])
         calls = [n for f in functions for n in ast.walk(f) if isinstance(n, ast.Call)]
         applies.append([c for c in calls if called_name(c) in APPLIES | {"minimize"}])
-        adding = [c for c in calls if _accumulates_in_branch(module, facts, c)]
-        accumulates.append(bool(adding))
-        added.append({k for c in adding for k in _names(module, operands(c)[1], depth=2)})
+        adding.append([c for c in calls if _accumulates_in_branch(module, facts, c)])
+    added = [{k for c in adds for k in _names(module, operands(c)[1], depth=2)} for adds in adding]
     accumulates = [  # an apply that holds its own micro-batch accumulates it too
-        accumulates[i] or any(_applies_current(module, c, added[1 - i]) for c in applies[i])
+        bool(adding[i]) or any(_applies_current(module, c, added[1 - i]) for c in applies[i])
         for i in (0, 1)
     ]
-    if any(applies[i] and not accumulates[i] and accumulates[1 - i] for i in (0, 1)):
-        return {(call.lineno, call.col_offset + 1, "TFA006")}
-    return set()
+    return any(applies[i] and not accumulates[i] and accumulates[1 - i] for i in (0, 1))
 
 
 def cond_branches(call: ast.Call) -> list[ast.expr | None]:
@@ -446,11 +433,11 @@ def _names(module: Module, node: ast.AST | None, depth: int = 0) -> set[Key]:
     return keys
 
 
-def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> dict[int, Run]:
+def _completing_runs(module: Module, facts: _Facts) -> dict[int, Run]:
     """The first run that applies after each ``range(n - 1)`` loop of adds, by id."""
     found: dict[int, Run] = {}
     short_loops = [
-        (block, i, statement) for block in blocks for i, statement in enumerate(block)
+        (block, i, statement) for block in facts.blocks for i, statement in enumerate(block)
         if type(statement) is ast.For and _short_range(statement.iter)
     ]  # fmt: skip
     for block, index, loop in short_loops:
@@ -467,23 +454,21 @@ def _completing_runs(module: Module, facts: _Facts, blocks: list[list[ast.AST]])
     return found
 
 
-def _loop_findings(
-    module: Module, facts: _Facts, blocks: list[list[ast.AST]], completing: dict[int, Run]
-) -> Found:
+def _loop_findings(module: Module, facts: _Facts) -> Found:
     """TFA008: ``range(n - 1)`` adds then an apply alone, or an ``if`` that splits them."""
     found: Found = set()
-    for run, tags in completing.values():
+    for run, tags in facts.completing.values():
         if not _accumulates(facts, tags):
-            found.add((run.lineno, run.col_offset + 1, "TFA008"))
+            found.add(_at(run, "TFA008"))
     # if full: run(apply) else: run(accumulate); a branch that applies too is a choice.
-    for branch in (s for block in blocks for s in block if isinstance(s, ast.If) and s.orelse):
+    ifs = [s for block in facts.blocks for s in block if isinstance(s, ast.If) and s.orelse]
+    for branch in ifs:
         sides = [_runs(module, branch.body), _runs(module, branch.orelse)]
+        appliers = [[run for run, tags in side if _applies(tags)] for side in sides]
+        adds = [any(_accumulates(facts, tags) for _, tags in side) for side in sides]
         for mine, other in ((0, 1), (1, 0)):
-            appliers = [run for run, tags in sides[mine] if _applies(tags)]
-            adds = [any(_accumulates(facts, tags) for _, tags in side) for side in sides]
-            whole = any(_applies(tags) for _, tags in sides[other])
-            if appliers and not adds[mine] and adds[other] and not whole:
-                found.add((appliers[0].lineno, appliers[0].col_offset + 1, "TFA008"))
+            if appliers[mine] and not adds[mine] and adds[other] and not appliers[other]:
+                found.add(_at(appliers[mine][0], "TFA008"))
     return found
 
 
@@ -539,36 +524,33 @@ def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
 
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
     """What a run fetches adds to an accumulator."""
-    added = kinds_of(tags, SUM) | kinds_of(tags, AFTER)
-    if _applies(tags):
-        added |= kinds_of(tags, RERUN)
-    return any(facts.is_accumulator(v) for v in added)
+    kinds = (SUM, AFTER, RERUN) if _applies(tags) else (SUM, AFTER)  # an apply reruns its adds
+    return any(facts.is_accumulator(v) for v in _kinds(tags, *kinds))
 
 
 def _applies(tags: AbstractSet[Tag]) -> bool:
     return any(t[0] == APPLY for t in tags)
 
 
-def _refetch_findings(module: Module, facts: _Facts, blocks: list[list[ast.AST]]) -> Found:
+def _refetch_findings(module: Module, facts: _Facts) -> Found:
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``."""
     if not any(tag[0] == RERUN for run in facts.session_runs for tag in _fetches(module, run)):
         return set()  # no run fetches anything computed from an add
     found: Found = set()
-    for block in blocks:
+    for block in facts.blocks:
         for index, loop in enumerate(block):
             if not isinstance(loop, _LOOPS) or type(loop) is ast.For and _short_range(loop.iter):
                 continue  # after range(n - 1), the run that adds again completes the window
             added = {
                 vid for _, tags in _runs(module, loop.body)
-                for vid in kinds_of(tags, SUM) | kinds_of(tags, RERUN) | kinds_of(tags, AFTER)
-                if facts.adds_again(vid)
+                for vid in _kinds(tags, SUM, RERUN, AFTER) if facts.adds_again(vid)
             }  # fmt: skip
             for run, _ in _runs(module, block[index + 1 :]) if added else ():
                 parts = [module.tags(part) for part in _parts(module, _fetched(run))]
                 if any(_rereads(tags, added) for tags in parts):
-                    found.add((run.lineno, run.col_offset + 1, "TFA009"))
-                for tags in parts:  # a new window: the next add is its first
-                    added -= kinds_of(tags, ZERO_OP)
+                    found.add(_at(run, "TFA009"))
+                # a new window: the next add is its first
+                added -= {vid for tags in parts for vid in kinds_of(tags, ZERO_OP)}
     return found
 
 
@@ -580,13 +562,12 @@ def _rereads(tags: AbstractSet[Tag], added: AbstractSet[Vid]) -> bool:
 def _parts(module: Module, node: ast.expr, once: bool = False, depth: int = 0) -> list[ast.expr]:
     """The expressions ``node`` fetches, one by one, through what holds them
     (``once``: only through names stored once, not a loop's variable)."""
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        return [p for e in node.elts for p in _parts(module, e, once, depth)]
-    if isinstance(node, ast.Dict):
-        return [p for v in node.values for p in _parts(module, v, once, depth)]
+    if isinstance(node, _LITERALS):
+        items = node.values if isinstance(node, ast.Dict) else node.elts
+        return [p for item in items for p in _parts(module, item, once, depth)]
     if once:
         stored = module.stored(node) if isinstance(node, ast.Name) and depth < 3 else []
-        one = len(stored) == 1 and isinstance(stored[0], (ast.List, ast.Tuple, ast.Set, ast.Dict))
+        one = len(stored) == 1 and isinstance(stored[0], _LITERALS)
         return _parts(module, stored[0], once, depth + 1) if one else [node]
     if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
         element = node.value if isinstance(node, ast.DictComp) else node.elt
@@ -610,13 +591,7 @@ def _parts(module: Module, node: ast.expr, once: bool = False, depth: int = 0) -
 
 def _held(module: Module, node: ast.expr, depth: int = 0) -> list[ast.expr]:
     """What a name or attribute holds, or a module function returns (a few levels)."""
-    if isinstance(node, ast.Call):
-        functions = [f for f, _ in module.callees(node)]
-        held = [value for f in functions for value in module.returns(f)]
-    elif isinstance(node, (ast.Name, ast.Attribute)):
-        held = module.stored(node)
-    else:
-        return [node]
+    held = _resolved(module, node)
     if depth >= 3 or not held or len(held) > 20:  # many stores: their union is as good
         return [node]
     return [leaf for value in held for leaf in _held(module, value, depth + 1)]
@@ -630,19 +605,12 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
         tags = [module.tags(item) for item in items]
         added = [kinds_of(t, SUM) for t in tags if not _applies(t)]
         applied = [
-            set(tag[1:]) - kinds_of(t, RERUN) - kinds_of(t, AFTER)
-            for t in tags
-            for tag in t
-            if tag[0] == APPLY
+            set(tag[1:]) - _kinds(t, RERUN, AFTER) for t in tags for tag in t if tag[0] == APPLY
         ]
         raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
-        fields = {  # (window, op): two ops of one window
-            (unparse(item.value), item.attr)
-            for item in items
-            if isinstance(item, ast.Attribute)
-            and item.attr in _WINDOW_OPS
-            and not module.stored(item)
-        }
+        ops = [i for i in items if isinstance(i, ast.Attribute) and i.attr in _WINDOW_OPS]
+        # (window, op): two ops of one window
+        fields = {(unparse(op.value), op.attr) for op in ops if not module.stored(op)}
         if raced or len({window for window, _ in fields}) < len(fields):
-            found.add((run.lineno, run.col_offset + 1, "TFA010"))
+            found.add(_at(run, "TFA010"))
     return found
