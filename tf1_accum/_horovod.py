@@ -14,11 +14,10 @@ from tf1_accum._compat import tf
 from tf1_accum import _validate, _distributed
 
 _NO_HOROVOD = (
-    "HorovodAllReduce needs Horovod built with TensorFlow support, and "
-    "'import horovod.tensorflow' failed ({error}). Build it against the installed "
-    "TensorFlow: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install "
-    "--no-build-isolation horovod (see the guide 'Across several machines'), or use "
-    "tf1_accum.CollectiveAllReduce, which needs nothing built."
+    "HorovodAllReduce needs Horovod built with TensorFlow support, and 'import horovod.tensorflow' "
+    "failed ({error}). Build it against the installed TensorFlow: HOROVOD_WITH_TENSORFLOW=1 "
+    "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod (see the guide 'Across several "
+    "machines'), or use tf1_accum.CollectiveAllReduce, which needs nothing built."
 )
 
 # Each object made in this process takes the next default name, as on every worker.
