@@ -36,12 +36,10 @@ class SyncPush(tf.compat.v1.train.Optimizer):
         pushes = []
         with tf.compat.v1.name_scope(name, self.get_name()):
             for (grad, _), (accumulator, device) in zip(grads_and_vars, accumulators):
+                sparse = isinstance(grad, tf.IndexedSlices)
+                push = accumulator.apply_indexed_slices_grad if sparse else accumulator.apply_grad
                 with tf.device(device):
-                    if isinstance(grad, tf.IndexedSlices):
-                        push = accumulator.apply_indexed_slices_grad(grad, local_step=local_step)
-                    else:
-                        push = accumulator.apply_grad(grad, local_step=local_step)
-                pushes.append(push)
+                    pushes.append(push(grad, local_step=local_step))
             with tf.device(sync_step.device), tf.control_dependencies(pushes):
                 token = queue.dequeue()
             return tf.group(local_step.assign(token, read_value=False))
