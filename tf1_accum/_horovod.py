@@ -120,8 +120,7 @@ class _BroadcastHook(tf.compat.v1.train.SessionRunHook):
         self._op = None
 
     def begin(self) -> None:
-        graph = tf.compat.v1.get_default_graph()
-        if self._op is None or self._op.graph is not graph:
+        if self._op is None or self._op.graph is not tf.compat.v1.get_default_graph():
             self._op = _distributed.broadcast_variables(self._engine, self._var_list)
 
     def after_create_session(
