@@ -9,16 +9,14 @@ from tf1_accum._compat import control_flow_context, empty_optional, next_as_opti
 
 from tf1_accum import _validate, _count_check, _distributed, _guard, _stats
 from tf1_accum._accumulation import make_window, prepare
-from tf1_accum._window import Window, exclusive, reference_control_flow
+from tf1_accum._window import Window, exclusive, gradients, reference_control_flow
 from tf1_accum._options import GradientTransform
 from tf1_accum._state import new_mutex
 
+GraphKeys = tf.compat.v1.GraphKeys
+
 # Op collections model code adds to: what the loop body adds cannot be fetched outside it.
-_OP_COLLECTIONS = (
-    tf.compat.v1.GraphKeys.UPDATE_OPS,
-    tf.compat.v1.GraphKeys.SUMMARIES,
-    tf.compat.v1.GraphKeys.LOSSES,
-)
+_OP_COLLECTIONS = (GraphKeys.UPDATE_OPS, GraphKeys.SUMMARIES, GraphKeys.LOSSES)
 
 
 class DatasetAccumulation(typing.NamedTuple):
@@ -180,8 +178,8 @@ def build_dataset_accumulation(
                 with tf.compat.v1.variable_creator_scope(creator):
                     loss = loss_fn(batch)
                     w = None if weight is None else weight(batch)
-            before = {id(op) for op in kept[tf.compat.v1.GraphKeys.UPDATE_OPS]}
-            updates = branch_graph.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS)
+            before = {id(op) for op in kept[GraphKeys.UPDATE_OPS]}
+            updates = branch_graph.get_collection(GraphKeys.UPDATE_OPS)
             added = [op for op in updates if id(op) not in before and run_updates]
             for g in {graph, branch_graph}:
                 for key, items in kept.items():
@@ -192,22 +190,18 @@ def build_dataset_accumulation(
             _count_check.warn_if_unweighted([loss], w, how)
             trainable = _validate.check_var_list(var_list, graph)
             _validate.check_trainable(loss, trainable)
-            pairs = optimizer.compute_gradients(loss, var_list=trainable)
-            pairs = _validate.usable_gradients(pairs, loss)
+            pairs = gradients(loss, optimizer, trainable)
             window = make_window(pairs, options, scope, cross_replica, mutex)
             made.append((window, loss.dtype.base_dtype))
             grads = [g for g, _ in pairs]
             count = window.add(grads, w, run_with=added).count
             return count, loss, w
 
-        def draw_one(
-            count: tf.Tensor,
-            element: tf.experimental.Optional,
-            loss_sum: tf.Tensor,
-            weight_sum: tf.Tensor,
-            drawn: tf.Tensor,
-        ) -> tuple[tf.Tensor, tf.experimental.Optional, tf.Tensor, tf.Tensor, tf.Tensor]:
-            del count
+        def draw_one(*state: typing.Any) -> tuple[typing.Any, ...]:
+            """Draws and adds one micro-batch; returns the loop's next state."""
+            # The state: count (replaced by the window's after the add), element,
+            # loss_sum, weight_sum, drawn.
+            _, element, loss_sum, weight_sum, drawn = state
             new_count, loss, w = build_window(element.get_value())
             dtype = made[0][1]
             if w is None:
@@ -232,43 +226,36 @@ def build_dataset_accumulation(
             with tf.compat.v1.name_scope(scope):
                 # float64 sums: the loss's dtype is unknown before loss_fn runs.
                 zero = tf.constant(0.0, tf.float64)
+                no_count = lambda: tf.constant(0, tf.int64)  # noqa: E731
                 # Until the element drawn is empty: the data ended, or the window is full.
                 count, _, loss_sum, weight_sum, drawn = tf.compat.v1.while_loop(
                     lambda *state: state[1].has_value(),
                     draw_one,
-                    [
-                        tf.constant(0, tf.int64),
-                        next_as_optional(iterator),
-                        zero,
-                        zero,
-                        tf.constant(0, tf.int64),
-                    ],
+                    [no_count(), next_as_optional(iterator), zero, zero, no_count()],
                     back_prop=False,
                     name="draw",
                 )
-            window = made[0][0]
-            with tf.compat.v1.name_scope(scope):
+                window = made[0][0]
                 # Nothing drawn (the data has ended): what a run that failed
                 # midway left in the window is applied, if anything.
                 count = tf.where(tf.equal(drawn, 0), window.counter.read_value(), count)
-            with tf.compat.v1.name_scope(scope), window.control_flow(global_step):
-                # The other branch: the iterator is exhausted, get_next() raises OutOfRangeError.
-                with tf.compat.v1.name_scope(caller_scope + "/" if caller_scope else ""):
-                    applied = window.apply(
-                        optimizer,
-                        global_step,
-                        when=count > 0,
-                        otherwise=lambda: tf.nest.flatten(iterator.get_next()),
-                    )
+                with window.control_flow(global_step):
+                    # The other branch: the iterator is exhausted, get_next() raises
+                    # OutOfRangeError.
+                    with tf.compat.v1.name_scope(caller_scope + "/" if caller_scope else ""):
+                        applied = window.apply(
+                            optimizer,
+                            global_step,
+                            when=count > 0,
+                            otherwise=lambda: tf.nest.flatten(iterator.get_next()),
+                        )
             # The op is left out: what the lock waits for is the flag, norm and statistics.
             return (applied._replace(op=None), loss_sum, weight_sum, drawn, count), None
 
         # The whole window, drawing included, holds the window's mutex; v1 control
         # flow if the variables it adds into are references.
         with reference_control_flow(
-            graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-            + list(var_list or [])
-            + [global_step],
+            graph.get_collection(GraphKeys.GLOBAL_VARIABLES) + list(var_list or []) + [global_step],
             references=not _uses_resource(variable_scope),
         ):
             done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0][0]._state())

@@ -50,9 +50,8 @@ def check_cross_replica(cross_replica: object) -> None:
     """Raises TypeError unless ``cross_replica`` is None or an `Engine`."""
     if cross_replica is not None and not isinstance(cross_replica, Engine):
         raise TypeError(
-            "cross_replica must be a tf1_accum.CollectiveAllReduce, a "
-            "tf1_accum.HorovodAllReduce or None, got "
-            f"{_validate.describe(cross_replica)}."
+            "cross_replica must be a tf1_accum.CollectiveAllReduce, a tf1_accum.HorovodAllReduce "
+            f"or None, got {_validate.describe(cross_replica)}."
         )
 
 
@@ -98,12 +97,8 @@ class CollectiveAllReduce(Engine):
         group_key: int = 1,
         instance_key: int = 1000,
     ) -> None:
-        for label, value in (
-            ("num_workers", num_workers),
-            ("task_index", task_index),
-            ("group_key", group_key),
-            ("instance_key", instance_key),
-        ):
+        labels = ("num_workers", "task_index", "group_key", "instance_key")
+        for label, value in zip(labels, (num_workers, task_index, group_key, instance_key)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{label} must be an int, got {_validate.describe(value)}.")
         if num_workers < 1:
@@ -210,8 +205,7 @@ class _WindowReducer:
         tensors = [t for totals in per_slot for t in totals]
         # Base dtypes: after an add in the same run (fused) the totals of
         # reference variables are float64_ref, which must still send float64.
-        float64 = any(t.dtype.base_dtype == tf.float64 for t in tensors)
-        dtype = tf.float64 if float64 else tf.float32
+        dtype = tf.float64 if any(t.dtype.base_dtype == tf.float64 for t in tensors) else tf.float32
         scalars = [(added.count, False)]
         scalars += [(s, part.exact) for part, sums in zip(parts, added.parts) for s in sums]
         tail = [_weight_pieces(s, dtype) if exact else [tf.cast(s, dtype)] for s, exact in scalars]
@@ -228,9 +222,8 @@ class _WindowReducer:
         got = []
         for (s, _), sent in zip(scalars, tail):
             value = _join_weight_pieces([next(values) for _ in sent])
-            got.append(
-                tf.cast(tf.round(value) if s.dtype.is_integer else value, s.dtype.base_dtype)
-            )
+            rounded = tf.round(value) if s.dtype.is_integer else value
+            got.append(tf.cast(rounded, s.dtype.base_dtype))
         rest = iter(got[1:])
         sums = [tuple(next(rest) for _ in part) for part in added.parts]
         check = tf.compat.v1.assert_positive(got[0], message=_NOTHING_ACCUMULATED_ANYWHERE)
@@ -298,9 +291,8 @@ def broadcast_variables(
     _validate.check_graph_mode("broadcast_variables")
     if not isinstance(collective, Engine):
         raise TypeError(
-            "collective must be a tf1_accum.CollectiveAllReduce or a "
-            "tf1_accum.HorovodAllReduce, got "
-            f"{_validate.describe(collective)}."
+            "collective must be a tf1_accum.CollectiveAllReduce or a tf1_accum.HorovodAllReduce, "
+            f"got {_validate.describe(collective)}."
         )
     graph = tf.compat.v1.get_default_graph()
     if var_list is None:
@@ -315,20 +307,18 @@ def broadcast_variables(
         dtype = var.dtype.base_dtype
         if dtype not in supported:
             raise ValueError(
-                f"Variable {var.op.name} has dtype {dtype.name}, which the "
-                f"{collective._kind} broadcast cannot send; supported: "
-                + ", ".join(d.name for d in supported)
-                + ". Leave it out of var_list."
+                f"Variable {var.op.name} has dtype {dtype.name}, which the {collective._kind} "
+                f"broadcast cannot send; supported: {', '.join(d.name for d in supported)}. "
+                "Leave it out of var_list."
             )
         by_dtype.setdefault(dtype, []).append(var)
     with tf.compat.v1.name_scope(name, "broadcast_variables"):
         assigns = []
         for variables in by_dtype.values():
-            key = collective._take_instance_key()
             sizes = [int(np.prod(v.shape.as_list())) for v in variables]
             # Read on every worker; a receiver's engine may not send it.
             flat = tf.concat([tf.reshape(v.read_value(), [-1]) for v in variables], 0)
-            values = collective._broadcast(flat, key)
+            values = collective._broadcast(flat, collective._take_instance_key())
             for var, part in zip(variables, tf.split(values, sizes)):
                 assigns.append(var.assign(tf.reshape(part, var.shape), read_value=False))
         return tf.group(*assigns, name="broadcast")

@@ -14,11 +14,10 @@ from tf1_accum._compat import tf
 from tf1_accum import _validate, _distributed
 
 _NO_HOROVOD = (
-    "HorovodAllReduce needs Horovod built with TensorFlow support, and "
-    "'import horovod.tensorflow' failed ({error}). Build it against the installed "
-    "TensorFlow: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install "
-    "--no-build-isolation horovod (see the guide 'Across several machines'), or use "
-    "tf1_accum.CollectiveAllReduce, which needs nothing built."
+    "HorovodAllReduce needs Horovod built with TensorFlow support, and 'import horovod.tensorflow' "
+    "failed ({error}). Build it against the installed TensorFlow: HOROVOD_WITH_TENSORFLOW=1 "
+    "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod (see the guide 'Across several "
+    "machines'), or use tf1_accum.CollectiveAllReduce, which needs nothing built."
 )
 
 # Each object made in this process takes the next default name, as on every worker.
@@ -121,8 +120,7 @@ class _BroadcastHook(tf.compat.v1.train.SessionRunHook):
         self._op = None
 
     def begin(self) -> None:
-        graph = tf.compat.v1.get_default_graph()
-        if self._op is None or self._op.graph is not graph:
+        if self._op is None or self._op.graph is not tf.compat.v1.get_default_graph():
             self._op = _distributed.broadcast_variables(self._engine, self._var_list)
 
     def after_create_session(

@@ -6,7 +6,6 @@ each micro-batch adds one float64 scalar to the window.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 import typing
@@ -90,27 +89,17 @@ class WindowStatistics(Part):
             # The statistics count micro-batches of positive weight only.
             sums.append(state_variable(lambda: tf.constant(0, tf.int64), "micro_batches_weighted"))
         super().__init__(*sums)
-        self.noise_trace_ema = state_variable(zero, "noise_trace_ema")
-        self.gradient_square_ema = state_variable(zero, "gradient_square_ema")
+        # The moving averages of the noise trace and of the gradient square.
+        self.emas = [state_variable(zero, n) for n in ("noise_trace_ema", "gradient_square_ema")]
 
     def state(self) -> list[tf.Variable]:
-        return [*self.sums, self.noise_trace_ema, self.gradient_square_ema]
+        return [*self.sums, *self.emas]
 
     def increments(
         self, gradients: typing.Sequence[tf.Tensor | tf.IndexedSlices], weight: Weight | None
     ) -> list[tf.Tensor]:
-        square = self.square_norm(gradients)
-        if weight is None:
-            return [square]
-        ratio = weight.ratio
-        return [tf.math.multiply_no_nan(square, ratio), tf.cast(ratio > 0, tf.int64)]
-
-    @staticmethod
-    def square_norm(gradients: typing.Iterable[tf.Tensor | tf.IndexedSlices]) -> tf.Tensor:
-        """The float64 squared global norm of one micro-batch's gradients.
-
-        A sparse gradient's repeated rows are summed (in float32 at least) before squaring.
-        """
+        # The float64 squared global norm of the micro-batch's gradients: a
+        # sparse gradient's repeated rows are summed (in float32 at least) before squaring.
         values = []
         for g in gradients:
             if isinstance(g, tf.IndexedSlices):
@@ -119,7 +108,11 @@ class WindowStatistics(Part):
                     at_least_float32(g.values), position, tf.size(rows)
                 )
             values.append(g)
-        return tf.add_n(square_norms(values))
+        square = tf.add_n(square_norms(values))
+        if weight is None:
+            return [square]
+        ratio = weight.ratio
+        return [tf.math.multiply_no_nan(square, ratio), tf.cast(ratio > 0, tf.int64)]
 
     def observe(
         self,
@@ -168,11 +161,15 @@ class WindowStatistics(Part):
                 valid = tf.logical_and(
                     tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
                 )
-                trace_ema = self._moving(self.noise_trace_ema, noise_trace, valid)
-                square_ema = self._moving(self.gradient_square_ema, gradient_square, valid)
-                emas = [(self.noise_trace_ema, trace_ema), (self.gradient_square_ema, square_ema)]
-                updates = [v.assign(x, use_locking=True, read_value=False) for v, x in emas]
-                noise_scale_ema = tf.math.divide(trace_ema, square_ema, name="noise_scale_ema")
+                moved = []
+                for average, value in zip(self.emas, [noise_trace, gradient_square]):
+                    updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
+                    moved.append(tf.where(valid, updated, average.read_value()))
+                updates = [
+                    v.assign(x, use_locking=True, read_value=False)
+                    for v, x in zip(self.emas, moved)
+                ]
+                noise_scale_ema = tf.math.divide(*moved, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
             fields = dict(
                 global_norm=global_norm,
@@ -187,16 +184,12 @@ class WindowStatistics(Part):
                 noise_scale=noise_scale,
                 noise_scale_ema=noise_scale_ema,
             )
-            named = [
-                (k, v) for k, v in fields.items() if k not in ("variable_norms", "micro_batches")
-            ]
-            named += [
-                (f"gradient_norm/{v.op.name}", n) for v, n in zip(self.variables, variable_norms)
-            ]
-            scalar = functools.partial(tf.compat.v1.summary.scalar, collections=[])
-            summary_op = tf.compat.v1.summary.merge(
-                [scalar(k, v) for k, v in named], collections=[]
-            )
+            # A summary of each scalar field, in the fields' order, then of each variable's norm.
+            unsummarized = ("variable_norms", "micro_batches")
+            named = [(k, v) for k, v in fields.items() if k not in unsummarized]
+            named += zip([f"gradient_norm/{v.op.name}" for v in self.variables], variable_norms)
+            summaries = [tf.compat.v1.summary.scalar(k, v, collections=[]) for k, v in named]
+            summary_op = tf.compat.v1.summary.merge(summaries, collections=[])
             statistics = GradientStatistics(**fields, summary_op=summary_op)
         return statistics, updates
 
@@ -216,11 +209,6 @@ class WindowStatistics(Part):
         fields: dict[str, typing.Any] = dict.fromkeys(GradientStatistics._fields, 0)
         fields["variable_norms"] = [0] * len(self.variables)
         return tf.nest.pack_sequence_as(GradientStatistics(**fields), list(flat))
-
-    @staticmethod
-    def _moving(average: tf.Variable, value: tf.Tensor, valid: tf.Tensor) -> tf.Tensor:
-        updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
-        return tf.where(valid, updated, average.read_value())
 
 
 def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:

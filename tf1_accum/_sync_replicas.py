@@ -36,12 +36,10 @@ class SyncPush(tf.compat.v1.train.Optimizer):
         pushes = []
         with tf.compat.v1.name_scope(name, self.get_name()):
             for (grad, _), (accumulator, device) in zip(grads_and_vars, accumulators):
+                sparse = isinstance(grad, tf.IndexedSlices)
+                push = accumulator.apply_indexed_slices_grad if sparse else accumulator.apply_grad
                 with tf.device(device):
-                    if isinstance(grad, tf.IndexedSlices):
-                        push = accumulator.apply_indexed_slices_grad(grad, local_step=local_step)
-                    else:
-                        push = accumulator.apply_grad(grad, local_step=local_step)
-                pushes.append(push)
+                    pushes.append(push(grad, local_step=local_step))
             with tf.device(sync_step.device), tf.control_dependencies(pushes):
                 token = queue.dequeue()
             return tf.group(local_step.assign(token, read_value=False))
@@ -77,13 +75,12 @@ def refuse_weight(what: str) -> None:
         ValueError: Always.
     """
     raise ValueError(
-        f"{what}: weight= cannot go with a SyncReplicasOptimizer: it averages the "
-        "workers' windows equally, so a window holding less weight (fewer examples) would "
-        "count as much as one holding more, and the update would not be the large "
-        "batch's. Build the workers with cross_replica=tf1_accum.CollectiveAllReduce(...) "
-        "(or tf1_accum.HorovodAllReduce()), whose update divides by the total weight of "
-        "every worker's window, or leave weight= out where every micro-batch holds as "
-        "many examples (see the guide 'Across several machines')."
+        f"{what}: weight= cannot go with a SyncReplicasOptimizer: it averages the workers' windows "
+        "equally, so a window holding less weight (fewer examples) would count as much as one "
+        "holding more, and the update would not be the large batch's. Build the workers with "
+        "cross_replica=tf1_accum.CollectiveAllReduce(...) (or tf1_accum.HorovodAllReduce()), whose "
+        "update divides by the total weight of every worker's window, or leave weight= out where "
+        "every micro-batch holds as many examples (see the guide 'Across several machines')."
     )
 
 
@@ -114,11 +111,10 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
     def init_tokens(num_tokens: int = -1) -> tf.Operation:
         if num_tokens > 0:
             raise ValueError(
-                f"tf1_accum: num_tokens={num_tokens} initial tokens let a worker start "
-                "its next window before the update, from stale weights, and the "
-                "SyncReplicasOptimizer drops that window. Wrapped in an "
-                "AccumulationOptimizer, make the hook with num_tokens=0 (the default "
-                "then): each worker waits for the update that takes its window."
+                f"tf1_accum: num_tokens={num_tokens} initial tokens let a worker start its next "
+                "window before the update, from stale weights, and the SyncReplicasOptimizer drops "
+                "that window. Wrapped in an AccumulationOptimizer, make the hook with num_tokens=0 "
+                "(the default then): each worker waits for the update that takes its window."
             )
         return original(0)
 
