@@ -15,6 +15,7 @@ from tf1_accum._compat import control_flow_context, function_bodies, tf
 from tf1_accum import _guard, _validate
 from tf1_accum._options import Gradient, Pairs
 from tf1_accum._state import STATE_COLLECTION, state_variable
+from tf1_accum._window import _make_local
 
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
@@ -127,24 +128,23 @@ class WindowStart:
         # Ops of the wrapper's own built outside the conditional (a synchronous update).
         self.own: set[str] = set()
         self.applied: tf.Tensor | None = None  # the train op's, once built
+        # The op a write of the step takes as input 0: the variable, or its resource handle.
+        handle = getattr(global_step, "handle", None)
+        self.target = global_step.op if handle is None else handle.op
         dtype = global_step.dtype.base_dtype
         with tf.compat.v1.name_scope(scope), tf.device(counter.device):
             self.variable = state_variable(
                 lambda: tf.constant(0, dtype), "global_step_at_window_start"
             )
-        graph = counter.graph
-        if any(v is counter for v in graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)):
+        local = counter.graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+        if any(v is counter for v in local):
             # The window's state is local to the worker (replica_device_setter): so is this.
-            global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-            global_vars[:] = [v for v in global_vars if v is not self.variable]
-            graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, self.variable)
+            _make_local([self.variable])
 
     def given(self) -> tuple[tf.Operation, tf.Tensor]:
         """(the step's variable op, ``applied``), kept in `APPLIED_WITH_STEP` as names."""
-        step = self.global_step
-        target = step.op if getattr(step, "handle", None) is None else step.handle.op
         assert self.applied is not None
-        return target, self.applied
+        return self.target, self.applied
 
     def check(self, steps: int) -> tf.Operation:
         """The op to run before a micro-batch is added: record, or check, the step."""
@@ -156,17 +156,15 @@ class WindowStart:
     def hand_written(self) -> list[str]:
         """The ops outside control flow adding to ``global_step`` (an apply's are inside)."""
         step = self.global_step
-        target = getattr(step, "handle", None)
-        target = step.op if target is None else target.op
         found = []
         for op in step.graph.get_operations():
-            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not target:
+            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not self.target:
                 continue
             if control_flow_context(op) is not None or op.name in self.own:
                 continue
             if op is step.initializer:
                 continue
-            if op.type.startswith("AssignAdd") or _reads(op.inputs[1], target):
+            if op.type.startswith("AssignAdd") or _reads(op.inputs[1], self.target):
                 found.append(op.name)
         return found
 
@@ -256,28 +254,18 @@ def counted_twice(graph: tf.Graph) -> list[tuple[str, str, str]]:
         # import_meta_graph(import_scope=...) prefixes an entry's first name only.
         parts = applied.split("/")
         scoped = ["/".join(parts[:i] + [step]) for i in range(len(parts))]
-        step_op = next((op for op in map(_op_named(graph), scoped) if op is not None), None)
+        ops = {op.name: op for op in graph.get_operations()}
+        step_op = next((ops[name] for name in scoped if name in ops), None)
         if step_op is not None:
             for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
                 found.append((name, applied, step_op.name))
     return found
 
 
-def _op_named(graph: tf.Graph) -> typing.Callable[[str], tf.Operation | None]:
-    def named(name: str) -> tf.Operation | None:
-        try:
-            return graph.get_operation_by_name(name)
-        except KeyError:
-            return None
-
-    return named
-
-
 def _counted_twice_in_runs(graph: tf.Graph) -> tuple[str, set[str]] | None:
     """`counted_twice` for the guard: refuses every run of the train op or the increment."""
     hung = counted_twice(graph)
-    names = {name for name, _, _ in hung}
-    return (twice_per_update(hung[0][0], hung[0][2]), names) if hung else None
+    return (twice_per_update(hung[0][0], hung[0][2]), {h[0] for h in hung}) if hung else None
 
 
 # Caught in every run, in a loop that neither the wrapper's hook nor check_graph sees.
