@@ -31,9 +31,7 @@ _VALUE_OPS = _FORWARDING_OPS | frozenset(
     "UnsortedSegmentSum AssignAdd ScatterAdd".split()
 )
 # Ops that read a variable's value (input 0).
-_READ_OPS = frozenset(
-    {"ReadVariableOp", "Identity", "RefIdentity", "ResourceGather", "Gather", "GatherV2"}
-)
+_READ_OPS = frozenset("ReadVariableOp Identity RefIdentity ResourceGather Gather GatherV2".split())
 # Accumulate ops and assigns: input 0 the variable, the value input 1 (a scatter's: 2).
 _ADDED = frozenset(
     "AssignAdd AssignAddVariableOp ScatterAdd ResourceScatterAdd ScatterNdAdd "
@@ -161,7 +159,8 @@ def check_graph(
                 f"apply_op and accum_ops must come from one graph: {op.name} is in "
                 f"another graph than {apply_fetches[0].name}."
             )
-    findings = _findings(_Graph(graph), apply_fetches, accum_fetches, accum_ops is not None)
+    found = _findings(_Graph(graph), apply_fetches, accum_fetches, accum_ops is not None)
+    findings = sorted(found, key=lambda f: (_KINDS.index(f.kind), f.op_name))
     if findings and raise_on_findings:
         lines = "\n".join(f"  {f.kind} at {f.op_name}: {f.message}" for f in findings)
         raise ValueError(
@@ -308,10 +307,8 @@ class _Graph:
             ):
                 self.constant_adds.add(op)
         # Floating-point (a counter is not an int global_step), not a weight nor a metric.
-        dtypes = {v: tf.as_dtype(v.get_attr("dtype")) for v in self.accumulates.values()}
-        kept = (
-            {v for v, dtype in dtypes.items() if dtype.is_floating} - self.trainable - self.metrics
-        )
+        kept = {v for v in self.accumulates.values() if v.get_attr("dtype").is_floating}
+        kept -= self.trainable | self.metrics
         self.accumulators = {self.accumulates[op] for op in self.fresh} & kept
         self.summing = {self.accumulates[op] for op in self.fresh if op.type in _ADDED} & kept
         others = self.accumulators | self.owned | self.steps
@@ -321,22 +318,17 @@ class _Graph:
         """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
         return op.graph is not self.graph or control_flow_context(op) is not None
 
-    def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:
-        """The summing accumulator whose value ``op`` outputs unchanged, or None."""
-        var = self.variable_of(op, _VALUE_OPS)
-        return var if var in self.summing and var not in self.owned else None
-
 
 def _findings(
     g: _Graph,
     apply_fetches: list[tf.Operation],
     accum_fetches: list[tf.Operation],
     accum_given: bool,
-) -> list[GraphFinding]:
+) -> typing.Iterator[GraphFinding]:
+    """The findings, in no order."""
     accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
     apply_set, accum_set = g.reaches(apply_fetches, None), g.reaches(accum_fetches, None)
     apply_name = ", ".join(op.name for op in apply_fetches)
-    findings: list[GraphFinding] = []
 
     reset_in_apply = {var for var, ops in g.resets.items() if any(o in apply_set for o in ops)}
     # The variables the applied gradients come from (not a batch-norm moving average).
@@ -358,7 +350,7 @@ def _findings(
         which = "the micro-batch fetches run too" if accum_given else "adds its feed"
         where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
         where += f"{g.accumulates[op].name}), which {which}"
-        findings.append(_finding("apply_accumulates", op.name, where))
+        yield _finding("apply_accumulates", op.name, where)
 
     # (i) and (iv): the applied gradients, and what the accumulate ops run again add.
     starts = gradients + [(op.inputs[_value_index(op)].op, op) for op in again]
@@ -370,15 +362,16 @@ def _findings(
         for op in g.reaches([start], stop, control=True):
             if g.is_placeholder(op):
                 needs_feed.setdefault(op, user)
-        var = None if user in again else g.summed_accumulator(start)
-        if var is not None:
+        # A summing accumulator whose value the update takes unchanged.
+        var = g.variable_of(start, _VALUE_OPS)
+        if var is not None and user not in again and var in g.summing and var not in g.owned:
             where = f"{user.name} ({user.type}) applies accumulator {var.name} as it is"
-            findings.append(_finding("sum_not_mean", user.name, where))
+            yield _finding("sum_not_mean", user.name, where)
     for placeholder, user in needs_feed.items():
         what = "accumulate op" if user in again else "the gradient of update op"
         where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
         where += f"on which {what} {user.name} depends"
-        findings.append(_finding("apply_needs_feed", placeholder.name, where))
+        yield _finding("apply_needs_feed", placeholder.name, where)
 
     # (iii) applied accumulators and read counters that nothing resets.
     read = {
@@ -394,20 +387,18 @@ def _findings(
         for var in sorted(variables - set(g.resets), key=lambda v: v.name):
             adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
             where = text.format(var.name, ", ".join(adders))
-            findings.append(_finding("never_reset", var.name, where))
-    findings += _one_run_findings(apply_set, apply_name, g.graph)
-    findings += _step_findings(g, apply_set, accum_set, apply_name)
-    findings += _twice_findings(g.graph, apply_set | accum_set, apply_name)
+            yield _finding("never_reset", var.name, where)
+    yield from _one_run_findings(apply_set, apply_name, g.graph)
+    yield from _step_findings(g, apply_set, accum_set, apply_name)
+    yield from _twice_findings(g.graph, apply_set | accum_set, apply_name)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
-        findings.append(_finding("schedule_in_micro_batches", op_name, where))
+        yield _finding("schedule_in_micro_batches", op_name, where)
     # The gradients hand-written accumulate ops add (tf1_accum's own warned when built).
     adds = [op for op in g.fresh if g.accumulates[op] in (used & g.accumulators) - g.owned]
     for count in _count_check.data_counts([op.inputs[_value_index(op)] for op in adds]):
         where = f"The gradients accumulated are of a loss that {count.where}, "
         where += f"and nothing weighs them by it: weight={count.weight}"
-        findings.append(_finding("mean_over_data_count", count.op_name, where))
-    findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
-    return findings
+        yield _finding("mean_over_data_count", count.op_name, where)
 
 
 def _one_run_findings(
