@@ -52,12 +52,11 @@ def watch_checkpoint_saver_hook() -> None:
                 unkept = [c.name for c in counters if c.name not in _kept.get(session, ())]
                 if unkept:
                     warnings.warn(
-                        "tf1_accum: this session runs an AccumulationOptimizer's train op "
-                        f"(window counter {', '.join(unkept)}) without the accumulation hook: "
-                        "if it ends in the middle of a window (an input that runs out), the "
-                        "micro-batches accumulated since the last update "
-                        "may be in no checkpoint, and a resumed run starts that window over "
-                        "without them. " + _FIX,
+                        "tf1_accum: this session runs an AccumulationOptimizer's train op (window "
+                        f"counter {', '.join(unkept)}) without the accumulation hook: if it ends "
+                        "in the middle of a window (an input that runs out), the micro-batches "
+                        "accumulated since the last update may be in no checkpoint, and a resumed "
+                        "run starts that window over without them. " + _FIX,
                         stacklevel=_validate._caller_stacklevel(),
                     )
             return original(self, run_context)
