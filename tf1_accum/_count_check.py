@@ -126,10 +126,9 @@ def _count(denominator: tf.Tensor, fixed: set[tf.Operation]) -> DataCount | None
     """The data-dependent count ``denominator`` is computed from, if a scalar one."""
     if denominator.shape.num_elements() != 1:
         return None  # a softmax's sums, a per-sequence mean: not the micro-batch's count
-    stack, seen = [denominator], set()
+    stack, seen = [denominator.op], set()
     while stack:
-        tensor = stack.pop()
-        op = tensor.op
+        op = stack.pop()
         if op in seen:
             continue
         seen.add(op)
@@ -139,7 +138,7 @@ def _count(denominator: tf.Tensor, fixed: set[tf.Operation]) -> DataCount | None
         if op.type in ("Size", "Shape") and _sized_by_data(op.inputs[0], fixed):
             return _averaged(op.inputs[0])
         if op.type in _COUNT_OPS:
-            stack += list(op.inputs)
+            stack += [t.op for t in op.inputs]
     return None
 
 
