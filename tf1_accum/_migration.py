@@ -60,7 +60,7 @@ def _clipped_by(gradient: Gradient) -> str | None:
     for _ in range(8):
         if not isinstance(op, tf.Operation):
             return None
-        for part in op.name.split("/")[:-1] + [op.name.rsplit("/", 1)[-1]]:
+        for part in op.name.split("/"):
             match = _CLIP_SCOPE.match(part)
             if match:
                 return match.group(1)
