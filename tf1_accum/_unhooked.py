@@ -88,24 +88,23 @@ def _warn_if_left_out(
         return
     step = int(session.run(step_tensor))
     if last_save == step:
-        warnings.warn(
+        message = (
             f"tf1_accum: the session ends with {pending} micro-batches accumulated since "
             f"the last update (global_step {step}), and CheckpointSaverHook writes no "
             "final checkpoint: it saves at the end only if global_step moved since its "
             f"last save, which was at step {step}. The micro-batches accumulated after "
             "that checkpoint are in none, so a run resumed from it does not resume this "
-            "window: it starts the window over without them. " + _FIX,
-            stacklevel=2,
+            "window: it starts the window over without them. "
         )
     else:
         # Without numbers, so that Python shows it once, not at every session.
-        warnings.warn(
+        message = (
             "tf1_accum: the session ends in the middle of an accumulation window without "
             "the accumulation hook. Its final checkpoint holds the window this time, "
             "because global_step moved since CheckpointSaverHook's last save; when it did "
-            "not, the window is in no checkpoint. " + _FIX,
-            stacklevel=2,
+            "not, the window is in no checkpoint. "
         )
+    warnings.warn(message + _FIX, stacklevel=2)
 
 
 _KERAS_FIX = (
