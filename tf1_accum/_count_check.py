@@ -37,7 +37,8 @@ _GATHER_OPS = frozenset({"Gather", "GatherV2", "GatherNd", "ResourceGather"})
 _FIXED_SIZE_OPS = frozenset(
     "Sum Mean Prod Max Min All Any Shape ShapeN Size Rank Const VarHandleOp".split()
 )
-_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
+# Ops that read a tensor's shape, not its values.
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
 _VARIABLE_OPS = frozenset({"VariableV2", "Variable", "VarHandleOp", "ReadVariableOp"})
 
 
@@ -49,35 +50,39 @@ class DataCount(typing.NamedTuple):
     weight: str  # what to pass as weight=
 
 
-def _walk(
+def walk(
     starts: typing.Iterable[tf.Operation],
-    follow: typing.Callable[[tf.Operation], typing.Iterable[tf.Tensor]],
+    follow: typing.Callable[[tf.Operation], typing.Iterable[tf.Operation]],
 ) -> set[tf.Operation]:
+    """The ops reached from ``starts`` (included) by ``follow``, which gives an op's next ops."""
     seen: set[tf.Operation] = set()
     stack = list(starts)
     while stack:
         op = stack.pop()
         if op not in seen:
             seen.add(op)
-            stack += [t.op for t in follow(op)]
+            stack += follow(op)
     return seen
 
 
-def _values(op: tf.Operation) -> list[tf.Tensor]:
-    """The inputs whose values ``op`` computes with (a shape op reads sizes only)."""
-    return [] if op.type in _SHAPE_OPS else list(op.inputs)
+def _values(op: tf.Operation) -> list[tf.Operation]:
+    """The ops whose values ``op`` computes with (a shape op reads sizes only)."""
+    return [] if op.type in SHAPE_OPS else [t.op for t in op.inputs]
+
+
+def is_fed(op: tf.Operation) -> bool:
+    """Whether ``op`` outputs what is fed: a placeholder's value, an iterator's element."""
+    return op.type in ("Placeholder", "OptionalGetValue") or "IteratorGetNext" in op.type
 
 
 def _is_data(op: tf.Operation) -> bool:
     """Whether ``op`` outputs fed data (a function's non-resource input is its caller's)."""
-    if op.type in ("Placeholder", "OptionalGetValue") or "IteratorGetNext" in op.type:
-        return op.outputs[0].dtype != tf.resource
-    return False
+    return is_fed(op) and op.outputs[0].dtype != tf.resource
 
 
 def _from_data(tensor: tf.Tensor) -> bool:
     """Whether ``tensor`` is computed from fed data and from no variable (a mask, lengths)."""
-    ops = _walk([tensor.op], _values)
+    ops = walk([tensor.op], _values)
     variables = any(
         o.type in _VARIABLE_OPS or (o.type == "Placeholder" and o.outputs[0].dtype == tf.resource)
         for o in ops
@@ -110,7 +115,7 @@ def _sized_by_data(tensor: tf.Tensor, fixed: set[tf.Operation]) -> bool:
             return []
         return [t for t in op.inputs if t.shape.ndims != 0 and t.dtype != tf.resource]
 
-    seen = _walk([tensor.op], sizes)
+    seen = walk([tensor.op], lambda op: [t.op for t in sizes(op)])
     if any(op.type in _SIZED_BY_VALUES and any(map(_from_data, op.inputs)) for op in seen):
         return True
     fixed.update(seen)
@@ -121,10 +126,9 @@ def _count(denominator: tf.Tensor, fixed: set[tf.Operation]) -> DataCount | None
     """The data-dependent count ``denominator`` is computed from, if a scalar one."""
     if denominator.shape.num_elements() != 1:
         return None  # a softmax's sums, a per-sequence mean: not the micro-batch's count
-    stack, seen = [denominator], set()
+    stack, seen = [denominator.op], set()
     while stack:
-        tensor = stack.pop()
-        op = tensor.op
+        op = stack.pop()
         if op in seen:
             continue
         seen.add(op)
@@ -134,7 +138,7 @@ def _count(denominator: tf.Tensor, fixed: set[tf.Operation]) -> DataCount | None
         if op.type in ("Size", "Shape") and _sized_by_data(op.inputs[0], fixed):
             return _averaged(op.inputs[0])
         if op.type in _COUNT_OPS:
-            stack += list(op.inputs)
+            stack += [t.op for t in op.inputs]
     return None
 
 
@@ -155,7 +159,7 @@ def data_counts(roots: typing.Sequence[tf.Tensor]) -> list[DataCount]:
     """
     found: dict[str, DataCount] = {}
     fixed: set[tf.Operation] = set()
-    for op in _walk([r.op for r in roots], _values):
+    for op in walk([r.op for r in roots], _values):
         count = None
         if op.type in _DIVIDE_OPS:
             count = _count(op.inputs[1], fixed)

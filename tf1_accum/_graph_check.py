@@ -31,24 +31,18 @@ _VALUE_OPS = _FORWARDING_OPS | frozenset(
     "UnsortedSegmentSum AssignAdd ScatterAdd".split()
 )
 # Ops that read a variable's value (input 0).
-_READ_OPS = frozenset(
-    {"ReadVariableOp", "Identity", "RefIdentity", "ResourceGather", "Gather", "GatherV2"}
+_READ_OPS = frozenset("ReadVariableOp Identity RefIdentity ResourceGather Gather GatherV2".split())
+# Accumulate ops and assigns: input 0 the variable, the value input 1 (a scatter's: 2).
+_ADDED = frozenset(
+    "AssignAdd AssignAddVariableOp ScatterAdd ResourceScatterAdd ScatterNdAdd "
+    "ResourceScatterNdAdd".split()
 )
-# Accumulate ops and assigns (input 0 the variable) to the index of the value.
-_ADDED = {"AssignAdd": 1, "AssignAddVariableOp": 1}
-_ADDED.update(
-    dict.fromkeys(["ScatterAdd", "ResourceScatterAdd", "ScatterNdAdd", "ResourceScatterNdAdd"], 2)
-)
-_ASSIGNED = {"Assign": 1, "AssignVariableOp": 1}
-_ASSIGNED.update(
-    dict.fromkeys(
-        ["ScatterUpdate", "ResourceScatterUpdate", "ScatterNdUpdate", "ResourceScatterNdUpdate"], 2
-    )
+_ASSIGNED = frozenset(
+    "Assign AssignVariableOp ScatterUpdate ResourceScatterUpdate ScatterNdUpdate "
+    "ResourceScatterNdUpdate".split()
 )
 # Other writes in place (a sparse window marks its rows touched): state, not data.
 _UPDATED = frozenset({"ScatterMax", "ResourceScatterMax", "ScatterMin", "ResourceScatterMin"})
-# Ops that read a tensor's shape, not its values.
-_SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank", "ZerosLike", "OnesLike"})
 
 
 class GraphFinding(typing.NamedTuple):
@@ -165,8 +159,8 @@ def check_graph(
                 f"apply_op and accum_ops must come from one graph: {op.name} is in "
                 f"another graph than {apply_fetches[0].name}."
             )
-    facts = _Graph(graph)
-    findings = _findings(facts, apply_fetches, accum_fetches, accum_ops is not None)
+    found = _findings(_Graph(graph), apply_fetches, accum_fetches, accum_ops is not None)
+    findings = sorted(found, key=lambda f: (_KINDS.index(f.kind), f.op_name))
     if findings and raise_on_findings:
         lines = "\n".join(f"  {f.kind} at {f.op_name}: {f.message}" for f in findings)
         raise ValueError(
@@ -178,15 +172,9 @@ def check_graph(
 
 def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
     items = list(fetches) if isinstance(fetches, (list, tuple)) else [fetches]
-    ops: list[tf.Operation] = []
-    for item in items:
-        if isinstance(item, tf.Operation):
-            ops.append(item)
-        elif isinstance(item, (tf.Tensor, tf.Variable)) and isinstance(
-            getattr(item, "op", None), tf.Operation
-        ):
-            ops.append(item.op)
-        else:
+    ops = [item if isinstance(item, tf.Operation) else _validate._graph_op(item) for item in items]
+    for item, op in zip(items, ops):
+        if op is None:
             raise TypeError(
                 f"{label} must be a tf.Operation, tf.Tensor or tf.Variable of a graph, "
                 f"or a list of them, got {_validate.describe(item)}."
@@ -196,9 +184,8 @@ def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
 
 def _bodies(op: tf.Operation) -> list[tuple[tf.Graph, list[tf.Tensor]]]:
     """(function graph, outer tensor of each of its inputs) of a version 2 ``If`` or ``While``."""
-    graphs = function_bodies(op)
     outer = list(op.inputs)[1:] if op.type in ("If", "StatelessIf") else list(op.inputs)
-    return [(g, outer) for g in graphs if g is not None]
+    return [(g, outer) for g in function_bodies(op)]
 
 
 class _Graph:
@@ -250,19 +237,14 @@ class _Graph:
         control: bool = True,
     ) -> set[tf.Operation]:
         """Ops reached backwards from ``start_ops``, not walking past ``stop(op)``."""
-        seen: set[tf.Operation] = set()
-        stack = list(start_ops)
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
+
+        def follow(op: tf.Operation) -> list[tf.Operation]:
             if stop is None:
-                stack += [o for body, _ in _bodies(op) for o in body.get_operations()]
-            elif stop(op) or op.type in _SHAPE_OPS:
-                continue
-            stack += self.inputs(op, control)
-        return seen
+                bodies = [o for body, _ in _bodies(op) for o in body.get_operations()]
+                return bodies + self.inputs(op, control)
+            return [] if stop(op) or op.type in _count_check.SHAPE_OPS else self.inputs(op, control)
+
+        return _count_check.walk(start_ops, follow)
 
     def variable_of(
         self, op: tf.Operation, through: frozenset[str] = _FORWARDING_OPS
@@ -279,10 +261,6 @@ class _Graph:
                 return None
         return None
 
-    @staticmethod
-    def is_data(op: tf.Operation) -> bool:
-        return op.type in ("Placeholder", "OptionalGetValue") or "IteratorGetNext" in op.type
-
     def is_placeholder(self, op: tf.Operation) -> bool:
         return op.type == "Placeholder" and op not in self.outer
 
@@ -290,28 +268,23 @@ class _Graph:
         self.accumulates: dict[tf.Operation, tf.Operation] = {}  # accumulate op -> variable op
         self.fresh: set[tf.Operation] = set()  # accumulate ops that add fresh data
         self.resets: dict[tf.Operation, list[tf.Operation]] = {}  # variable op -> reset ops
-        self.writes = set()
+        self.writes = {op for op in self.all_ops if op.type in _UPDATED}
         for op in self.all_ops:
-            if op.type in _UPDATED:
-                self.writes.add(op)
-            elif op.type in _ADDED:
-                var = self.variable_of(op.inputs[0].op)
-                if var is not None:
-                    self.accumulates[op] = var
-            elif op.type in _ASSIGNED and op not in self.initializers:
+            if op.type in _ADDED or (op.type in _ASSIGNED and op not in self.initializers):
                 var = self.variable_of(op.inputs[0].op)
                 if var is None:
                     continue
-                value = op.inputs[_ASSIGNED[op.type]].op
-                # A window of tf1_accum's own that rescales as it assigns still starts afresh.
-                if var not in self.owned and var in self.reaches(
-                    [value], lambda o, var=var: o is var, control=False
+                self.writes.add(op)
+                value = op.inputs[_value_index(op)].op
+                # An assign that reads itself is a self-update; but a window of tf1_accum's
+                # own that rescales as it assigns still starts afresh.
+                if op.type in _ADDED or (
+                    var not in self.owned
+                    and var in self.reaches([value], lambda o, var=var: o is var, control=False)
                 ):
-                    self.accumulates[op] = var  # reads itself: a self-update
+                    self.accumulates[op] = var
                 else:
                     self.resets.setdefault(var, []).append(op)
-        self.writes.update(self.accumulates)
-        self.writes.update(op for ops in self.resets.values() for op in ops)
         # A version 2 conditional that writes a variable in a branch outputs state too.
         for op in self.all_ops:
             if op.type in ("If", "StatelessIf") and any(
@@ -324,19 +297,18 @@ class _Graph:
             value = op.inputs[_value_index(op)].op
             # What was written to a variable is state, not fresh data.
             reached = self.reaches([value], lambda o: o in self.writes, control=False)
-            if any(self.is_data(o) and o not in self.outer for o in reached):
+            if any(_count_check.is_fed(o) and o not in self.outer for o in reached):
                 self.fresh.add(op)
             if any(self.is_placeholder(o) for o in reached):
                 self.fed.add(op)
             if op.type in _ADDED and not any(
-                o.type in _VARIABLE_OPS or o in self.writes or self.is_data(o) for o in reached
+                o.type in _VARIABLE_OPS or o in self.writes or _count_check.is_fed(o)
+                for o in reached
             ):
                 self.constant_adds.add(op)
         # Floating-point (a counter is not an int global_step), not a weight nor a metric.
-        dtypes = {v: tf.as_dtype(v.get_attr("dtype")) for v in self.accumulates.values()}
-        kept = (
-            {v for v, dtype in dtypes.items() if dtype.is_floating} - self.trainable - self.metrics
-        )
+        kept = {v for v in self.accumulates.values() if v.get_attr("dtype").is_floating}
+        kept -= self.trainable | self.metrics
         self.accumulators = {self.accumulates[op] for op in self.fresh} & kept
         self.summing = {self.accumulates[op] for op in self.fresh if op.type in _ADDED} & kept
         others = self.accumulators | self.owned | self.steps
@@ -346,34 +318,25 @@ class _Graph:
         """Whether ``op`` runs only on a branch or in a loop: not with every fetch."""
         return op.graph is not self.graph or control_flow_context(op) is not None
 
-    def summed_accumulator(self, op: tf.Operation) -> tf.Operation | None:
-        """The summing accumulator whose value ``op`` outputs unchanged, or None."""
-        var = self.variable_of(op, _VALUE_OPS)
-        return var if var in self.summing and var not in self.owned else None
-
 
 def _findings(
     g: _Graph,
     apply_fetches: list[tf.Operation],
     accum_fetches: list[tf.Operation],
     accum_given: bool,
-) -> list[GraphFinding]:
+) -> typing.Iterator[GraphFinding]:
+    """The findings, in no order."""
     accum_fetches = [op for op in accum_fetches if op not in apply_fetches]
     apply_set, accum_set = g.reaches(apply_fetches, None), g.reaches(accum_fetches, None)
     apply_name = ", ".join(op.name for op in apply_fetches)
-    findings: list[GraphFinding] = []
 
     reset_in_apply = {var for var, ops in g.resets.items() if any(o in apply_set for o in ops)}
     # The variables the applied gradients come from (not a batch-norm moving average).
     updates = [op for op in apply_set if _gradient_index(op) is not None]
-    used: set[tf.Operation] = set()
-    for update in updates:
-        grad = update.inputs[_gradient_index(update)].op
-        for op in g.reaches([grad], lambda o: o in g.writes, control=False):
-            if op.type in _VARIABLE_OPS:
-                used.add(op)
-            elif op in g.accumulates:
-                used.add(g.accumulates[op])
+    gradients = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
+    reached = g.reaches([grad for grad, _ in gradients], lambda o: o in g.writes, control=False)
+    used = {op for op in reached if op.type in _VARIABLE_OPS}
+    used |= {g.accumulates[op] for op in reached if op in g.accumulates}
 
     # (ii) accumulate ops that the apply runs again.
     again = {
@@ -387,11 +350,10 @@ def _findings(
         which = "the micro-batch fetches run too" if accum_given else "adds its feed"
         where = f"Fetching {apply_name} runs accumulate op {op.name} (into "
         where += f"{g.accumulates[op].name}), which {which}"
-        findings.append(_finding("apply_accumulates", op.name, where))
+        yield _finding("apply_accumulates", op.name, where)
 
     # (i) and (iv): the applied gradients, and what the accumulate ops run again add.
-    starts = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
-    starts += [(op.inputs[_value_index(op)].op, op) for op in again]
+    starts = gradients + [(op.inputs[_value_index(op)].op, op) for op in again]
     # Only writes run again carry this run's feed; a wait for another update is an order.
     applying = set(updates)
     stop = lambda o: (o in g.writes and o not in again) or o in applying  # noqa: E731
@@ -400,15 +362,16 @@ def _findings(
         for op in g.reaches([start], stop, control=True):
             if g.is_placeholder(op):
                 needs_feed.setdefault(op, user)
-        var = None if user in again else g.summed_accumulator(start)
-        if var is not None:
+        # A summing accumulator whose value the update takes unchanged.
+        var = g.variable_of(start, _VALUE_OPS)
+        if var is not None and user not in again and var in g.summing and var not in g.owned:
             where = f"{user.name} ({user.type}) applies accumulator {var.name} as it is"
-            findings.append(_finding("sum_not_mean", user.name, where))
+            yield _finding("sum_not_mean", user.name, where)
     for placeholder, user in needs_feed.items():
         what = "accumulate op" if user in again else "the gradient of update op"
         where = f"Fetching {apply_name} needs a feed for placeholder {placeholder.name}, "
         where += f"on which {what} {user.name} depends"
-        findings.append(_finding("apply_needs_feed", placeholder.name, where))
+        yield _finding("apply_needs_feed", placeholder.name, where)
 
     # (iii) applied accumulators and read counters that nothing resets.
     read = {
@@ -424,95 +387,83 @@ def _findings(
         for var in sorted(variables - set(g.resets), key=lambda v: v.name):
             adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
             where = text.format(var.name, ", ".join(adders))
-            findings.append(_finding("never_reset", var.name, where))
-    findings += _one_run_findings(apply_set, apply_name, g.graph)
-    findings += _step_findings(g, apply_set, accum_set, apply_name)
-    findings += _twice_findings(g.graph, apply_set | accum_set, apply_name)
+            yield _finding("never_reset", var.name, where)
+    yield from _one_run_findings(apply_set, apply_name, g.graph)
+    yield from _step_findings(g, apply_set, accum_set, apply_name)
+    yield from _twice_findings(g.graph, apply_set | accum_set, apply_name)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
-        findings.append(_finding("schedule_in_micro_batches", op_name, where))
+        yield _finding("schedule_in_micro_batches", op_name, where)
     # The gradients hand-written accumulate ops add (tf1_accum's own warned when built).
     adds = [op for op in g.fresh if g.accumulates[op] in (used & g.accumulators) - g.owned]
     for count in _count_check.data_counts([op.inputs[_value_index(op)] for op in adds]):
         where = f"The gradients accumulated are of a loss that {count.where}, "
         where += f"and nothing weighs them by it: weight={count.weight}"
-        findings.append(_finding("mean_over_data_count", count.op_name, where))
-    findings.sort(key=lambda f: (_KINDS.index(f.kind), f.op_name))
-    return findings
+        yield _finding("mean_over_data_count", count.op_name, where)
 
 
 def _one_run_findings(
     apply_set: set[tf.Operation], apply_name: str, graph: tf.Graph
-) -> list[GraphFinding]:
+) -> typing.Iterator[GraphFinding]:
     """The pairs `_guard` refuses, among the ops the apply runs (a function body's have no mark)."""
     ops = sorted((op for op in apply_set if op.graph is graph), key=lambda o: o.name)
-    findings = []
     for first, second in _guard.pairs(m for op in ops for m in _guard.marks(op)):
         where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
         where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
-        findings.append(_finding("ops_in_one_run", second.op, where))
-    return findings
+        yield _finding("ops_in_one_run", second.op, where)
 
 
 def _twice_findings(
     graph: tf.Graph, reached: set[tf.Operation], apply_name: str
-) -> list[GraphFinding]:
+) -> typing.Iterator[GraphFinding]:
     """(vi) an increment hung on ``window.applied`` of a wrapper that advances the step too."""
-    findings = []
     for name, applied, step in _migration.counted_twice(graph):
         if graph.get_operation_by_name(name) in reached:
             where = f"Fetching {apply_name} runs {name}, which increments the global step "
             where += f"{step} when {applied} (window.applied) holds, and the "
             where += "AccumulationOptimizer given that step increments it too: twice per update"
-            findings.append(_finding("step_not_per_update", name, where))
-    return findings
+            yield _finding("step_not_per_update", name, where)
 
 
 def _step_findings(
     g: _Graph, apply_set: set[tf.Operation], accum_set: set[tf.Operation], apply_name: str
-) -> list[GraphFinding]:
+) -> typing.Iterator[GraphFinding]:
     """(v) increments of the global step that do not follow the updates."""
     increments = {op for op, var in g.accumulates.items() if var in g.steps}
-    findings: list[GraphFinding] = []
-    # An apply that adds to a window's state always but resets it on a branch runs per micro-batch.
-    adds = [
-        op
-        for op in apply_set & set(g.accumulates)
-        if not g.conditional(op)
-        and g.accumulates[op] not in g.steps
-        and (
-            (op in g.fresh and g.accumulates[op] in g.accumulators) or g.accumulates[op] in g.resets
-        )
-    ]
     unconditional_resets = {
         var
         for var, ops in g.resets.items()
         if any(o in apply_set and not g.conditional(o) for o in ops)
     }
-    per_micro_batch_apply = any(g.accumulates[op] not in unconditional_resets for op in adds)
+    # An apply that adds to a window's state always but resets it on a branch runs per micro-batch.
+    per_micro_batch_apply = any(
+        var not in unconditional_resets
+        and var not in g.steps
+        and ((op in g.fresh and var in g.accumulators) or var in g.resets)
+        for op, var in g.accumulates.items()
+        if op in apply_set and not g.conditional(op)
+    )
+    # Disjoint sets: an increment is reported once.
     per_micro_batch = [(accum_set - apply_set, "a micro-batch's fetch (accum_ops)")]
     if per_micro_batch_apply:
         per_micro_batch.append((apply_set, f"{apply_name}, run once per micro-batch,"))
-    reported: set[tf.Operation] = set()
     for ops, what in per_micro_batch:
         for op in sorted(increments & ops, key=lambda o: o.name):
-            if g.conditional(op) or op in reported:
-                continue
-            reported.add(op)
-            where = f"{what} runs {op.name}, which increments the global step "
-            where += f"{g.accumulates[op].name} with every micro-batch"
-            findings.append(_finding("step_not_per_update", op.name, where))
+            if not g.conditional(op):
+                where = f"{what} runs {op.name}, which increments the global step "
+                where += f"{g.accumulates[op].name} with every micro-batch"
+                yield _finding("step_not_per_update", op.name, where)
     if not per_micro_batch_apply:
         in_apply = sorted(increments & apply_set, key=lambda o: o.name)
         if len(in_apply) >= 2 and any(not g.conditional(o) for o in in_apply):
             names = ", ".join(o.name for o in in_apply)
             where = f"Fetching {apply_name} runs {len(in_apply)} increments of the "
             where += f"global step ({names}; an optimizer given global_step is one)"
-            findings.append(_finding("step_not_per_update", in_apply[-1].name, where))
-    return findings
+            yield _finding("step_not_per_update", in_apply[-1].name, where)
 
 
-def _value_index(op: tf.Operation) -> int | None:
-    return _ADDED.get(op.type, _ASSIGNED.get(op.type))
+def _value_index(op: tf.Operation) -> int:
+    """The input of accumulate op or assign ``op`` that holds the value written."""
+    return 2 if "Scatter" in op.type else 1
 
 
 def _gradient_index(op: tf.Operation) -> int | None:

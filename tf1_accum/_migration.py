@@ -15,6 +15,7 @@ from tf1_accum._compat import control_flow_context, function_bodies, tf
 from tf1_accum import _guard, _validate
 from tf1_accum._options import Gradient, Pairs
 from tf1_accum._state import STATE_COLLECTION, state_variable
+from tf1_accum._window import _make_local
 
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
@@ -36,13 +37,11 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
         return
     inner = type(optimizer.optimizer).__name__
     raise TypeError(
-        f"{what} accumulates by itself, but its optimizer is "
-        f"{'an' if kind[0] == 'A' else 'a'} {kind} (steps={optimizer.steps}) wrapping "
-        f"{inner}: each update of {what} would only add to the wrapper's window, which "
-        "applies nothing until it is full, so the weights would not change while "
-        "global_step advances. Give "
-        f"{what} the wrapped optimizer (opt.optimizer, the {inner}) and let it "
-        f"accumulate, or use the {kind} alone, {how}."
+        f"{what} accumulates by itself, but its optimizer is {'an' if kind[0] == 'A' else 'a'} "
+        f"{kind} (steps={optimizer.steps}) wrapping {inner}: each update of {what} would only add "
+        "to the wrapper's window, which applies nothing until it is full, so the weights would "
+        f"not change while global_step advances. Give {what} the wrapped optimizer (opt.optimizer, "
+        f"the {inner}) and let it accumulate, or use the {kind} alone, {how}."
     )
 
 
@@ -61,7 +60,7 @@ def _clipped_by(gradient: Gradient) -> str | None:
     for _ in range(8):
         if not isinstance(op, tf.Operation):
             return None
-        for part in op.name.split("/")[:-1] + [op.name.rsplit("/", 1)[-1]]:
+        for part in op.name.split("/"):
             match = _CLIP_SCOPE.match(part)
             if match:
                 return match.group(1)
@@ -73,20 +72,17 @@ def _clipped_by(gradient: Gradient) -> str | None:
 
 def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
     """Warns of gradients clipped per micro-batch before `AccumulationOptimizer.apply_gradients`."""
-    found: dict[str, list[str]] = {}
-    for gradient, var in pairs:
-        how = _clipped_by(gradient)
-        if how is not None:
-            found.setdefault(how, []).append(var.op.name)
-    if not found:
+    found = [(_clipped_by(gradient), var.op.name) for gradient, var in pairs]
+    if all(how is None for how, _ in found):
         return
-    how, names = sorted(found.items())[0]
+    # One clipping function is named (the first by name), with the variables it clipped.
+    how = min(how for how, _ in found if how is not None)
+    names = [name for clipped, name in found if clipped == how]
     if how == "clip_by_global_norm":
         fix = (
-            "Hand the wrapper the unclipped gradients and pass the norm as "
-            "AccumulationOptimizer(..., clip_norm=c): it clips the window's mean "
-            "gradient to that global norm just before the update, as tf.clip_by_global_norm "
-            "clipped the large batch's gradient."
+            "Hand the wrapper the unclipped gradients and pass the norm as AccumulationOptimizer("
+            "..., clip_norm=c): it clips the window's mean gradient to that global norm just "
+            "before the update, as tf.clip_by_global_norm clipped the large batch's gradient."
         )
         if clip_norm is not None:
             fix = (
@@ -127,77 +123,69 @@ class WindowStart:
         # Ops of the wrapper's own built outside the conditional (a synchronous update).
         self.own: set[str] = set()
         self.applied: tf.Tensor | None = None  # the train op's, once built
+        # The op a write of the step takes as input 0: the variable, or its resource handle.
+        handle = getattr(global_step, "handle", None)
+        self.target = global_step.op if handle is None else handle.op
         dtype = global_step.dtype.base_dtype
         with tf.compat.v1.name_scope(scope), tf.device(counter.device):
             self.variable = state_variable(
                 lambda: tf.constant(0, dtype), "global_step_at_window_start"
             )
-        graph = counter.graph
-        if any(v is counter for v in graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)):
+        local = counter.graph.get_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+        if any(v is counter for v in local):
             # The window's state is local to the worker (replica_device_setter): so is this.
-            global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-            global_vars[:] = [v for v in global_vars if v is not self.variable]
-            graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, self.variable)
+            _make_local([self.variable])
 
     def given(self) -> tuple[tf.Operation, tf.Tensor]:
         """(the step's variable op, ``applied``), kept in `APPLIED_WITH_STEP` as names."""
-        step = self.global_step
-        target = step.op if getattr(step, "handle", None) is None else step.handle.op
         assert self.applied is not None
-        return target, self.applied
+        return self.target, self.applied
 
     def check(self, steps: int) -> tf.Operation:
         """The op to run before a micro-batch is added: record, or check, the step."""
         with tf.compat.v1.name_scope(self.scope):
             if self.shared:
                 return tf.no_op(name="global_step_shared")
-            return self._check(steps)
+            count = tf.identity(self.counter.read_value(), name="micro_batches_before")
+            step = tf.identity(self.global_step.read_value(), name="global_step_now")
+            start = tf.identity(self.variable.read_value(), name="global_step_at_start")
+            empty = tf.equal(count, 0)
+            unmoved = tf.logical_or(empty, tf.equal(step, start))
+            message = (
+                "tf1_accum: global_step moved in the middle of an accumulation window. "
+                f"AccumulationOptimizer advances it once per update (every {steps} runs of the "
+                "train op), but something else incremented it since the window's first "
+                f"micro-batch: {_HAND_WRITTEN}, which now counts micro-batches, so a learning-rate "
+                f"schedule runs ahead. {_DELETE_IT} This micro-batch was not accumulated. Values: "
+                "global_step at the window's start, global_step now, micro-batches in the window:"
+            )
+            # The op itself: tf.debugging.Assert would wrap it in a conditional.
+            checked = tf.raw_ops.Assert(
+                condition=unmoved,
+                data=[tf.constant(message), start, step, count],
+                summarize=3,
+                name="global_step_unmoved",
+            )
+            with tf.control_dependencies([checked]):
+                record = self.variable.assign(
+                    tf.where(empty, step, start), use_locking=True, read_value=False
+                )
+            return tf.group(record, name="record_global_step")
 
     def hand_written(self) -> list[str]:
         """The ops outside control flow adding to ``global_step`` (an apply's are inside)."""
         step = self.global_step
-        target = getattr(step, "handle", None)
-        target = step.op if target is None else target.op
         found = []
         for op in step.graph.get_operations():
-            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not target:
+            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not self.target:
                 continue
             if control_flow_context(op) is not None or op.name in self.own:
                 continue
             if op is step.initializer:
                 continue
-            if op.type.startswith("AssignAdd") or _reads(op.inputs[1], target):
+            if op.type.startswith("AssignAdd") or _reads(op.inputs[1], self.target):
                 found.append(op.name)
         return found
-
-    def _check(self, steps: int) -> tf.Operation:
-        count = tf.identity(self.counter.read_value(), name="micro_batches_before")
-        step = tf.identity(self.global_step.read_value(), name="global_step_now")
-        start = tf.identity(self.variable.read_value(), name="global_step_at_start")
-        empty = tf.equal(count, 0)
-        unmoved = tf.logical_or(empty, tf.equal(step, start))
-        message = (
-            "tf1_accum: global_step moved in the middle of an accumulation window. "
-            f"AccumulationOptimizer advances it once per update (every {steps} runs of "
-            "the train op), but something else incremented it since the window's first "
-            f"micro-batch: {_HAND_WRITTEN}, which now counts micro-batches, so a "
-            f"learning-rate schedule runs ahead. {_DELETE_IT} This micro-batch was not "
-            "accumulated. Values: "
-            "global_step at the window's start, global_step now, micro-batches in the "
-            "window:"
-        )
-        # The op itself: tf.debugging.Assert would wrap it in a conditional.
-        checked = tf.raw_ops.Assert(
-            condition=unmoved,
-            data=[tf.constant(message), start, step, count],
-            summarize=3,
-            name="global_step_unmoved",
-        )
-        with tf.control_dependencies([checked]):
-            record = self.variable.assign(
-                tf.where(empty, step, start), use_locking=True, read_value=False
-            )
-        return tf.group(record, name="record_global_step")
 
 
 def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
@@ -228,19 +216,19 @@ def hung_on_applied(step: tf.Operation, applied: tf.Tensor) -> list[str]:
 
     A wrapper given that step advances it in the same updates: each counts twice.
     """
-    target, found = step, []
+    found = []
     for op in step.graph.get_operations():
         context = control_flow_context(op)  # a version 1 tf.cond
         pred = getattr(context, "pred", None)
         if op.type in _STEP_WRITES and pred is not None and _reads(pred, applied.op):
-            if _variable_of(op.inputs[0]) is target:
+            if _variable_of(op.inputs[0]) is step:
                 found.append(op.name)
         if op.type in ("If", "StatelessIf") and _reads(op.inputs[0], applied.op):
             for body in function_bodies(op):  # a version 2 tf.cond
                 outer = dict(zip([t.op for t in body.inputs], op.inputs[1:]))
                 for inner in body.get_operations():
                     handle = outer.get(inner.inputs[0].op) if inner.type in _STEP_WRITES else None
-                    if handle is not None and _variable_of(handle) is target:
+                    if handle is not None and _variable_of(handle) is step:
                         found.append(op.name)
     return found
 
@@ -256,28 +244,18 @@ def counted_twice(graph: tf.Graph) -> list[tuple[str, str, str]]:
         # import_meta_graph(import_scope=...) prefixes an entry's first name only.
         parts = applied.split("/")
         scoped = ["/".join(parts[:i] + [step]) for i in range(len(parts))]
-        step_op = next((op for op in map(_op_named(graph), scoped) if op is not None), None)
+        ops = {op.name: op for op in graph.get_operations()}
+        step_op = next((ops[name] for name in scoped if name in ops), None)
         if step_op is not None:
             for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):
                 found.append((name, applied, step_op.name))
     return found
 
 
-def _op_named(graph: tf.Graph) -> typing.Callable[[str], tf.Operation | None]:
-    def named(name: str) -> tf.Operation | None:
-        try:
-            return graph.get_operation_by_name(name)
-        except KeyError:
-            return None
-
-    return named
-
-
 def _counted_twice_in_runs(graph: tf.Graph) -> tuple[str, set[str]] | None:
     """`counted_twice` for the guard: refuses every run of the train op or the increment."""
     hung = counted_twice(graph)
-    names = {name for name, _, _ in hung}
-    return (twice_per_update(hung[0][0], hung[0][2]), names) if hung else None
+    return (twice_per_update(hung[0][0], hung[0][2]), {h[0] for h in hung}) if hung else None
 
 
 # Caught in every run, in a loop that neither the wrapper's hook nor check_graph sees.
@@ -287,13 +265,12 @@ _guard.GRAPH_CHECKS.append(_counted_twice_in_runs)
 def twice_per_update(increment: str, step: str) -> str:
     """Why an increment of ``step`` hung on ``window.applied`` beside the wrapper's is refused."""
     return (
-        f"tf1_accum: {increment} increments global_step ({step}) in a tf.cond on "
-        "window.applied, and AccumulationOptimizer, given that global_step "
-        "(minimize(..., global_step=...)), increments it with each update too: every "
-        "update would count twice, and a learning-rate schedule run ahead. Keep one: "
-        "give the wrapper no global_step and keep the increment, as "
-        "global_step.assign_add(1) (an assign(global_step + 1) loses counts between "
-        "asynchronous workers), or delete the increment."
+        f"tf1_accum: {increment} increments global_step ({step}) in a tf.cond on window.applied, "
+        "and AccumulationOptimizer, given that global_step (minimize(..., global_step=...)), "
+        "increments it with each update too: every update would count twice, and a learning-rate "
+        "schedule run ahead. Keep one: give the wrapper no global_step and keep the increment, as "
+        "global_step.assign_add(1) (an assign(global_step + 1) loses counts between asynchronous "
+        "workers), or delete the increment."
     )
 
 
@@ -344,9 +321,8 @@ def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
         return ""
     return (
         f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): "
-        "tf.compat.v1.global_variables_initializer() initializes only the variables "
-        "that exist when it is made, so make it (and run it) after the accumulation "
-        "is built, or also run "
+        "tf.compat.v1.global_variables_initializer() initializes only the variables that exist "
+        "when it is made, so make it (and run it) after the accumulation is built, or also run "
         "tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
         "tf1_accum.STATE_COLLECTION)). "
     )

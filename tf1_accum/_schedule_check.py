@@ -7,10 +7,9 @@ import typing
 import warnings
 
 import numpy as np
-from tf1_accum._compat import function_bodies
-from tf1_accum._compat import tf
+from tf1_accum._compat import function_bodies, tf
 
-from tf1_accum import _validate
+from tf1_accum import _count_check, _validate
 from tf1_accum._window import APPLY_DUE_COLLECTION
 from tf1_accum.check._catalogue import message
 
@@ -42,14 +41,13 @@ class _Size(typing.NamedTuple):
 
 def warn_of_schedules(train_op: tf.Operation, global_step: tf.Variable) -> None:
     """Warns, as ``train_op`` is built, of each step count `schedule_findings` finds in it."""
-    reached: set[tf.Operation] = set()  # what a run of the train op may run, bodies too
-    stack = [train_op]
-    while stack:
-        op = stack.pop()
-        if op not in reached:
-            reached.add(op)
-            stack += [t.op for t in op.inputs] + list(op.control_inputs)
-            stack += [o for body in function_bodies(op) for o in body.get_operations()]
+
+    def runs(op: tf.Operation) -> list[tf.Operation]:
+        bodies = [o for body in function_bodies(op) for o in body.get_operations()]
+        return [t.op for t in op.inputs] + list(op.control_inputs) + bodies
+
+    # What a run of the train op may run, function bodies too.
+    reached = _count_check.walk([train_op], runs)
     for _, where in schedule_findings(train_op.graph, {global_step.op}, reached):
         warnings.warn(
             f"tf1_accum: {message('TFA013', where)}", stacklevel=_validate._caller_stacklevel()
@@ -58,21 +56,20 @@ def warn_of_schedules(train_op: tf.Operation, global_step: tf.Variable) -> None:
 
 def schedule_findings(
     graph: tf.Graph, global_steps: set[tf.Operation], apply_set: set[tf.Operation]
-) -> list[tuple[str, str]]:
+) -> typing.Iterator[tuple[str, str]]:
     """The step counts in micro-batches, as ``(op_name, where)`` of each finding."""
     steps = _window_steps(graph, apply_set)
     if steps is None or not global_steps:
-        return []
+        return
     iterators = {op.inputs[0].op for op in apply_set if op.type in _GET_NEXT}
     sizes = [_pipeline(graph, iterator) for iterator in iterators]
     if len(sizes) != 1 or sizes[0] is None:
-        return []
+        return
     total, epoch = sizes[0]
     if not math.isfinite(total.epochs) or epoch.exact <= 0:
-        return []
+        return
     updates = math.ceil(total.actual / steps)
     counts = _step_counts(global_steps, apply_set)
-    findings: list[tuple[str, str]] = []
     reported: set[float] = set()
     for value, op, var in sorted(counts, key=lambda c: (c[1].name, c[0])):
         if value in reported or value <= updates:
@@ -89,8 +86,7 @@ def schedule_findings(
             f"counts updates, one per {steps} micro-batches: training ends at update "
             f"{updates}, N = {steps}"
         )
-        findings.append((op.name, where))
-    return findings
+        yield op.name, where
 
 
 def _window_steps(graph: tf.Graph, apply_set: set[tf.Operation]) -> int | None:
@@ -103,7 +99,7 @@ def _window_steps(graph: tf.Graph, apply_set: set[tf.Operation]) -> int | None:
 
 def _step_counts(
     global_steps: set[tf.Operation], apply_set: set[tf.Operation]
-) -> list[tuple[float, tf.Operation, tf.Operation]]:
+) -> typing.Iterator[tuple[float, tf.Operation, tf.Operation]]:
     """``(value, op, global step)`` of each constant the apply compares the step with."""
     derived: dict[tf.Operation, tf.Operation] = {}  # op -> the global step its output counts
     stack = [(var, var) for var in global_steps]
@@ -116,7 +112,6 @@ def _step_counts(
             for consumer in output.consumers():
                 if consumer.type in _STEP_OPS and consumer in apply_set:
                     stack.append((consumer, var))
-    counts: list[tuple[float, tf.Operation, tf.Operation]] = []
     for op in apply_set:
         if op.type not in _COMPARE_OPS | _DIVIDE_OPS or len(op.inputs) != 2:
             continue
@@ -127,8 +122,7 @@ def _step_counts(
             value = tf.get_static_value(tensor)
             if value is None or np.ndim(value) != 0 or not np.isfinite(value) or value <= 1:
                 continue
-            counts.append((float(value), op, derived[other]))
-    return counts
+            yield float(value), op, derived[other]
 
 
 def _whole_epochs(value: float, epoch: _Size, epochs: int) -> int | None:

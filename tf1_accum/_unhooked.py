@@ -52,12 +52,11 @@ def watch_checkpoint_saver_hook() -> None:
                 unkept = [c.name for c in counters if c.name not in _kept.get(session, ())]
                 if unkept:
                     warnings.warn(
-                        "tf1_accum: this session runs an AccumulationOptimizer's train op "
-                        f"(window counter {', '.join(unkept)}) without the accumulation hook: "
-                        "if it ends in the middle of a window (an input that runs out), the "
-                        "micro-batches accumulated since the last update "
-                        "may be in no checkpoint, and a resumed run starts that window over "
-                        "without them. " + _FIX,
+                        "tf1_accum: this session runs an AccumulationOptimizer's train op (window "
+                        f"counter {', '.join(unkept)}) without the accumulation hook: if it ends "
+                        "in the middle of a window (an input that runs out), the micro-batches "
+                        "accumulated since the last update may be in no checkpoint, and a resumed "
+                        "run starts that window over without them. " + _FIX,
                         stacklevel=_validate._caller_stacklevel(),
                     )
             return original(self, run_context)
@@ -89,24 +88,23 @@ def _warn_if_left_out(
         return
     step = int(session.run(step_tensor))
     if last_save == step:
-        warnings.warn(
+        message = (
             f"tf1_accum: the session ends with {pending} micro-batches accumulated since "
             f"the last update (global_step {step}), and CheckpointSaverHook writes no "
             "final checkpoint: it saves at the end only if global_step moved since its "
             f"last save, which was at step {step}. The micro-batches accumulated after "
             "that checkpoint are in none, so a run resumed from it does not resume this "
-            "window: it starts the window over without them. " + _FIX,
-            stacklevel=2,
+            "window: it starts the window over without them. "
         )
     else:
         # Without numbers, so that Python shows it once, not at every session.
-        warnings.warn(
+        message = (
             "tf1_accum: the session ends in the middle of an accumulation window without "
             "the accumulation hook. Its final checkpoint holds the window this time, "
             "because global_step moved since CheckpointSaverHook's last save; when it did "
-            "not, the window is in no checkpoint. " + _FIX,
-            stacklevel=2,
+            "not, the window is in no checkpoint. "
         )
+    warnings.warn(message + _FIX, stacklevel=2)
 
 
 _KERAS_FIX = (
@@ -140,6 +138,21 @@ def _pending(optimizer: typing.Any) -> int:
     return sum(int(count) for count in session.run(counters))
 
 
+def _warn_of_fit(what: str, last: int = 0, were_not: str = "were not") -> None:
+    """Warns of fit's epochs that end mid-window, and says how to flush them.
+
+    Args:
+        what: What fit does, or did.
+        last: The micro-batches the last epoch leaves in its window (0: none).
+        were_not: How they miss their update: "were not", or "would not be".
+    """
+    if last:
+        what += f", and the last {last} {were_not} applied at all"
+    warnings.warn(
+        keras_names(f"tf1_accum: {what}. {_KERAS_FIX}"), stacklevel=_validate._caller_stacklevel()
+    )
+
+
 def _warning_at_begin(epoch_begin: typing.Callable[..., None]) -> typing.Callable[..., None]:
     # At the first epoch's begin, before any micro-batch: its index is fit's initial_epoch,
     # which a resumed fit skips.
@@ -162,19 +175,14 @@ def _warning_at_begin(epoch_begin: typing.Callable[..., None]) -> typing.Callabl
         ends = [(pending + e * steps) % n for e in epochs]
         if any(ends):
             self.__dict__["_tf1_accum_warned"] = True
-            warnings.warn(
-                keras_names(
-                    f"tf1_accum: fit runs {steps} micro-batches an epoch in windows of {n}, so "
-                    f"{sum(1 for e in ends if e)} of its {len(ends)} epochs end in the middle of "
-                    "an accumulation window, and none of its callbacks runs the optimizer's "
-                    "flush_op: each such epoch's last micro-batches would go into the next "
-                    "epoch's first window (fit with batches steps times larger applies a short "
-                    "last batch)"
-                    + (f", and the last {ends[-1]} would not be applied at all" if ends[-1] else "")
-                    + ". "
-                    + _KERAS_FIX
-                ),
-                stacklevel=_validate._caller_stacklevel(),
+            _warn_of_fit(
+                f"fit runs {steps} micro-batches an epoch in windows of {n}, so "
+                f"{sum(1 for e in ends if e)} of its {len(ends)} epochs end in the middle of an "
+                "accumulation window, and none of its callbacks runs the optimizer's flush_op: "
+                "each such epoch's last micro-batches would go into the next epoch's first "
+                "window (fit with batches steps times larger applies a short last batch)",
+                ends[-1],
+                "would not be",
             )
 
     return on_epoch_begin
@@ -192,14 +200,11 @@ def _reading_epochs(epoch_end: typing.Callable[..., None]) -> typing.Callable[..
         # Not known at the start (a callback might flush): warn before the next epoch's updates.
         if pending and epoch + 1 < epochs and not self.__dict__.get("_tf1_accum_warned"):
             self.__dict__["_tf1_accum_warned"] = True
-            warnings.warn(
-                keras_names(
-                    f"tf1_accum: fit's epoch {epoch + 1} ended with {pending} micro-batches in "
-                    "an accumulation window, and no callback ran the optimizer's flush_op: they "
-                    "go into the next epoch's first window, where fit with batches steps times "
-                    "larger applies a short last batch. " + _KERAS_FIX
-                ),
-                stacklevel=_validate._caller_stacklevel(),
+            _warn_of_fit(
+                f"fit's epoch {epoch + 1} ended with {pending} micro-batches in an accumulation "
+                "window, and no callback ran the optimizer's flush_op: they go into the next "
+                "epoch's first window, where fit with batches steps times larger applies a "
+                "short last batch"
             )
 
     return on_epoch_end
@@ -214,17 +219,12 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
         mid_window = [count for count in pending if count]
         if not mid_window:
             return
-        warnings.warn(
-            keras_names(
-                f"tf1_accum: fit ended {len(mid_window)} of its {len(pending)} epochs in the "
-                "middle of an accumulation window, and no callback ran the optimizer's flush_op: "
-                "each such epoch's last micro-batches went into the next epoch's first window, "
-                "where fit with batches steps times larger applies a short last batch"
-                + (f", and the last {pending[-1]} were not applied at all" if pending[-1] else "")
-                + ". "
-                + _KERAS_FIX
-            ),
-            stacklevel=_validate._caller_stacklevel(),
+        _warn_of_fit(
+            f"fit ended {len(mid_window)} of its {len(pending)} epochs in the middle of an "
+            "accumulation window, and no callback ran the optimizer's flush_op: each such "
+            "epoch's last micro-batches went into the next epoch's first window, where fit "
+            "with batches steps times larger applies a short last batch",
+            pending[-1],
         )
 
     return on_train_end
