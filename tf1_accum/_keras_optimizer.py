@@ -206,9 +206,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         """
         return self._accumulation("window").window
 
-    def __getattr__(self, name: str) -> typing.NoReturn:
-        """Raises AttributeError; a removed property's names its `window` field (one release)."""
-        raise missing_attribute(self, name)
+    # A removed property's AttributeError names its `window` field (one release).
+    __getattr__ = missing_attribute
 
     @property
     def flush_op(self) -> tf.Operation:

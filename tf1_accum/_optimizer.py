@@ -140,26 +140,24 @@ class TrainOpWindow(typing.NamedTuple):
     options: WindowOptions
 
 
-#: The wrappers' properties that became `TrainOpWindow` fields: name -> field.
-_MOVED_TO_WINDOW = {
-    "micro_step": "counter",
-    "applied": "applied",
-    "global_norm": "global_norm",
-    "skipped_windows": "skipped_windows",
-    "statistics": "statistics",
-    "flush_statistics": "flush_statistics",
-}
+#: The wrappers' properties that became `TrainOpWindow` fields: name -> field
+#: (each of the same name but ``micro_step``).
+_MOVED_TO_WINDOW = {"micro_step": "counter"}
+_MOVED_TO_WINDOW.update(
+    (name, name)
+    for name in ("applied", "global_norm", "skipped_windows", "statistics", "flush_statistics")
+)
 
 
-def missing_attribute(wrapper: object, name: str) -> AttributeError:
-    """The AttributeError of a wrapper's missing ``name``: where it went, if it moved.
+def missing_attribute(wrapper: object, name: str) -> typing.NoReturn:
+    """The wrappers' ``__getattr__``: raises AttributeError, saying where ``name`` went if it moved.
 
     The pointer to the window stays for one release after the move.
     """
     kind = type(wrapper).__name__
     if name not in _MOVED_TO_WINDOW:
-        return AttributeError(f"'{kind}' object has no attribute '{name}'")
-    return AttributeError(
+        raise AttributeError(f"'{kind}' object has no attribute '{name}'")
+    raise AttributeError(
         f"tf1_accum: {kind}.{name} was removed: read opt.window.{_MOVED_TO_WINDOW[name]} "
         "instead, a field of the TrainOpWindow record of the train op built in the default "
         "graph (build the train op first; with several, each AccumulationOptimizer's "
@@ -343,9 +341,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     steps = property(lambda self: self._steps, doc="Micro-batches per update.")
 
-    def __getattr__(self, name: str) -> typing.NoReturn:
-        """Raises AttributeError; a removed property's names its `window` field (one release)."""
-        raise missing_attribute(self, name)
+    # A removed property's AttributeError names its `window` field (one release).
+    __getattr__ = missing_attribute
 
     @property
     def window(self) -> TrainOpWindow:
