@@ -165,9 +165,18 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         super().__init__(name)
         self._optimizer = optimizer
         self._steps = int(steps)
-        self._window_weight = weight
-        # (graph, AccumulationOptimizer, state variables), per train op.
-        self._built: list[tuple[tf.Graph, AccumulationOptimizer, list[tf.Variable]]] = []
+        # What builds the train op: one per graph, in the name scope of this optimizer's name.
+        self._accumulation = AccumulationOptimizer(
+            optimizer,
+            steps,
+            weight=weight,
+            update_ops=[],
+            name=self._name,
+            **{key: getattr(self._options, key) for key in _OPTIONS},
+        )
+        self._accumulation._with_weight = (
+            "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
+        )
         # Weights set before the window existed (load_model).
         self._pending: list[np.ndarray] | None = None
 
@@ -177,25 +186,22 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     learning_rate = _wrapped("learning_rate", "The wrapped optimizer's (for Keras callbacks).")
     lr = learning_rate
 
-    def _accumulation(self, what: str) -> AccumulationOptimizer:
-        """The `AccumulationOptimizer` built in the default graph; raises if none."""
-        graph = tf.compat.v1.get_default_graph()
-        for built_graph, accumulation, _ in reversed(self._built):
-            if built_graph is graph:
-                return accumulation
-        raise ValueError(
-            f"{what} exists once the train op is built in this graph: model.fit() "
-            "builds it (or call apply_gradients() first)."
-        )
+    def _built(self, what: str) -> AccumulationOptimizer:
+        """The `AccumulationOptimizer`, once it built the train op in the default graph."""
+        if not self._accumulation._builds.of():
+            raise ValueError(
+                f"{what} exists once the train op is built in this graph: model.fit() "
+                "builds it (or call apply_gradients() first)."
+            )
+        return self._accumulation
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
         """(counter, flush op) of the train op built in ``graph``, as `AccumulationOptimizer`'s."""
-        return [w for g, acc, _ in self._built if g is graph for w in acc._built_windows(graph)]
+        return self._accumulation._built_windows(graph)
 
     def _state(self) -> list[tf.Variable]:
         """The window's variables in the default graph, in saved order."""
-        graph = tf.compat.v1.get_default_graph()
-        return [v for g, _, state in self._built if g is graph for v in state]
+        return [v for build in self._accumulation._builds.of() for v in build.window._state()]
 
     @property
     def window(self) -> TrainOpWindow:
@@ -204,7 +210,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         Raises:
             ValueError: If ``fit`` (or ``apply_gradients``) built none in this graph yet.
         """
-        return self._accumulation("window").window
+        return self._built("window").window
 
     # A removed property's AttributeError names its `window` field (one release).
     __getattr__ = missing_attribute
@@ -212,7 +218,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     @property
     def flush_op(self) -> tf.Operation:
         """Applies the micro-batches of a partial window, as `AccumulationOptimizer`'s."""
-        return self._accumulation("flush_op").flush_op
+        return self._built("flush_op").flush_op
 
     def apply_gradients(
         self,
@@ -228,22 +234,15 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 set before (by ``load_model``) do not match the window.
         """
         _validate.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
-        graph = tf.compat.v1.get_default_graph()
-        if any(g is graph for g, _, _ in self._built):
+        if self._accumulation._builds.of():
             raise ValueError(
                 "KerasAccumulationOptimizer builds one train op per graph, and it built "
                 "one already: a second would accumulate a window of its own. Compile "
                 "each model with its own KerasAccumulationOptimizer."
             )
-        accumulation = AccumulationOptimizer._of_options(
-            self._optimizer, self._steps, self._options, self._name, self._window_weight
-        )
-        train_op = accumulation.apply_gradients(grads_and_vars, name=name)
-        wrapped = {id(v) for v in self._optimizer.weights}
-        state = [v for v in accumulation.variables() if id(v) not in wrapped]
-        for variable in state:  # Keras initializes them in its session
+        train_op = self._accumulation.apply_gradients(grads_and_vars, name=name)
+        for variable in self._state():  # Keras initializes them in its session
             _compat.keras_track_variable(variable)
-        self._built.append((graph, accumulation, state))
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.set_weights(pending)
@@ -270,7 +269,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         # Values read now: load_model hands over HDF5 datasets of a file it then closes.
         weights = [np.asarray(w) for w in weights]
         wrapped = list(self._optimizer.weights)
-        if any(g is tf.compat.v1.get_default_graph() for g, _, _ in self._built):
+        if self._accumulation._builds.of():
             params = self.weights
             if len(weights) != len(params):
                 raise ValueError(

@@ -300,39 +300,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str = "Accumulation",
     ) -> None:
         check_weight(weight)
-        self._weight, self._cross_replica = weight, cross_replica
-        self._with_weight = "AccumulationOptimizer(optimizer, steps, weight={})"
-        prepared = _accumulation.prepare(
+        # The optimizer checked (a Keras one behind an adapter), and the options made.
+        optimizer, options = _accumulation.prepare(
             "AccumulationOptimizer", optimizer, cross_replica, locals()
         )
-        self._start(steps, name, *prepared)
-
-    @classmethod
-    def _of_options(
-        cls,
-        optimizer: typing.Any,
-        steps: int,
-        options: WindowOptions,
-        name: str,
-        weight: typing.Any,
-    ) -> AccumulationOptimizer:
-        """One with ``options`` made (the Keras wrapper's, and its ``weight``); no cross_replica."""
-        wrapper = cls.__new__(cls)
-        wrapper._weight, wrapper._cross_replica = weight, None
-        wrapper._with_weight = "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
-        prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, None, options)
-        wrapper._start(steps, name, *prepared)
-        return wrapper
-
-    def _start(
-        self, steps: int, name: str, optimizer: tf.compat.v1.train.Optimizer, options: WindowOptions
-    ) -> None:
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             _sync_replicas.check(optimizer)
         _validate.check_steps(steps)
         super().__init__(use_locking=False, name=name)
         self._optimizer, self._options, self._steps = optimizer, options, int(steps)
+        self._weight, self._cross_replica = weight, cross_replica
         self._builds = _Builds()
+
+    #: How the warning of a loss that needs a weight gives one (the Keras wrapper's sets its own).
+    _with_weight = "AccumulationOptimizer(optimizer, steps, weight={})"
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
