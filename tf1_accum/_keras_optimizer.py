@@ -48,14 +48,16 @@ def _check_wrapped(optimizer: typing.Any) -> None:
             "the inner one is full. Wrap the optimizer itself once, with the product "
             "of the steps."
         )
+    refused = (
+        "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
+        f"...), got {_validate.describe(optimizer)}."
+    )
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
             keras_names(
-                "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers."
-                f"legacy.Adam, ...), got {_validate.describe(optimizer)}. A tf.compat.v1."
-                "train optimizer goes in tf1_accum.AccumulationOptimizer instead (model."
-                "save() keeps none of its state); to save with model.save(), use its "
-                "tf_keras.optimizers.legacy counterpart here."
+                f"{refused} A tf.compat.v1.train optimizer goes in tf1_accum."
+                "AccumulationOptimizer instead (model.save() keeps none of its state); to "
+                "save with model.save(), use its tf_keras.optimizers.legacy counterpart here."
             )
         )
     _keras.adapt(optimizer)  # refuses tf_keras's LossScaleOptimizer, with what to use
@@ -72,13 +74,7 @@ def _check_wrapped(optimizer: typing.Any) -> None:
                 "tf1_accum.AccumulationOptimizer."
             )
         )
-    raise TypeError(
-        keras_names(
-            "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-            f"...), got {_validate.describe(optimizer)}."
-        )
-        + _keras.refusal_hint(optimizer)
-    )
+    raise TypeError(keras_names(refused) + _keras.refusal_hint(optimizer))
 
 
 def _wrapped(name: str, doc: str) -> property:
