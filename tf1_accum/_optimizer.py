@@ -85,18 +85,17 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
         why = this.coupling(other)
         if why is None:
             continue
-        names = {"this": this.name, "other": other.name}
         message = (
             f"tf1_accum: the train op {this.describe()} ran while the window of "
             f"{other.describe()} is partly full, and the two are coupled: "
-            + why.format(**names)
+            + why.format(this=this.name, other=other.name)
             + ". An update of either in the middle of the other's window mixes "
             "gradients from before and after it, which no large-batch step computes. "
             "Run one train op a whole window in a row (steps runs) before the other: "
             "a GAN runs the discriminator's train op on the batch's N micro-batches, "
             "then the generator's on N micro-batches, once per generator step (see "
             '"Several optimizers on shared variables" in the concepts page). This '
-            f"micro-batch was not accumulated. Micro-batches in {names['other']}'s window:"
+            f"micro-batch was not accumulated. Micro-batches in {other.name}'s window:"
         )
         with tf.compat.v1.name_scope(this.window.scope):
             count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
