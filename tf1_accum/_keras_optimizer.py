@@ -160,7 +160,6 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             )
         super().__init__(name)
         self._optimizer = optimizer
-        self._steps = int(steps)
         # What builds the train op: one per graph, in the name scope of this optimizer's name.
         self._accumulation = AccumulationOptimizer(
             optimizer,
@@ -177,7 +176,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         self._pending: list[np.ndarray] | None = None
 
     optimizer = property(lambda self: self._optimizer, doc="The wrapped tf_keras legacy optimizer.")
-    steps = property(lambda self: self._steps, doc="Micro-batches per update.")
+    steps = property(lambda self: self._accumulation.steps, doc="Micro-batches per update.")
     iterations = _wrapped("iterations", "The wrapped optimizer's: the number of updates applied.")
     learning_rate = _wrapped("learning_rate", "The wrapped optimizer's (for Keras callbacks).")
     lr = learning_rate
@@ -313,7 +312,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return {
             "name": self._name,
             "optimizer": keras.optimizers.serialize(self._optimizer),
-            "steps": self._steps,
+            "steps": self.steps,
             **{key: getattr(self._options, key) for key in _OPTIONS},
         }
 
