@@ -47,18 +47,15 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._dataset import build_dataset_accumulation as build_dataset_accumulation
     from tf1_accum._distributed import CollectiveAllReduce as CollectiveAllReduce
     from tf1_accum._distributed import broadcast_variables as broadcast_variables
-    from tf1_accum._graph_check import GraphFinding as GraphFinding
-    from tf1_accum._graph_check import check_graph as check_graph
+    from tf1_accum._graph_check import GraphFinding as GraphFinding, check_graph as check_graph
     from tf1_accum._horovod import HorovodAllReduce as HorovodAllReduce
     from tf1_accum._keras_optimizer import KerasAccumulationOptimizer as KerasAccumulationOptimizer
     from tf1_accum._optimizer import AccumulationOptimizer as AccumulationOptimizer
     from tf1_accum._optimizer import TrainOpWindow as TrainOpWindow
-    from tf1_accum._options import WindowMean as WindowMean
-    from tf1_accum._options import WindowOptions as WindowOptions
+    from tf1_accum._options import WindowMean as WindowMean, WindowOptions as WindowOptions
     from tf1_accum._options import clip_by_global_norm as clip_by_global_norm
     from tf1_accum._session import run_accumulation as run_accumulation
-    from tf1_accum._split import MemoryFit as MemoryFit
-    from tf1_accum._split import SizeChange as SizeChange
+    from tf1_accum._split import MemoryFit as MemoryFit, SizeChange as SizeChange
     from tf1_accum._stats import GradientStatistics as GradientStatistics
     from tf1_accum._stats import RunningAverage as RunningAverage
     from tf1_accum._stats import build_running_average as build_running_average

@@ -75,9 +75,8 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         _unhooked.keep_windows(session, self._counters)
 
     def end(self, session: tf.compat.v1.Session) -> None:
-        if self._filter is not None:
-            tf.get_logger().removeFilter(self._filter)
-            self._filter = None
+        tf.get_logger().removeFilter(self._filter)  # None, or this session's: removed once
+        self._filter = None
         pending = sum(int(count) for count in session.run(self._counters))
         if not pending:
             return

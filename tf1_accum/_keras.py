@@ -25,12 +25,16 @@ _KERAS_TO_V1 = {
 }
 
 
+def _has_class(optimizer: object, names: tuple[str, ...], module: str) -> bool:
+    """Whether a class along ``optimizer``'s MRO is one of ``names``, of a ``*module*`` module."""
+    return any(
+        cls.__name__ in names and module in cls.__module__ for cls in type(optimizer).__mro__
+    )
+
+
 def is_legacy_keras_optimizer(optimizer: object) -> bool:
     """Whether ``optimizer`` is a Keras 2 ``OptimizerV2`` (tf_keras.optimizers.legacy.*)."""
-    return any(
-        cls.__name__ == "OptimizerV2" and "optimizer_v2" in cls.__module__
-        for cls in type(optimizer).__mro__
-    )
+    return _has_class(optimizer, ("OptimizerV2",), "optimizer_v2")
 
 
 def _is_keras_3(optimizer: object) -> bool:
@@ -84,10 +88,8 @@ def adapt(optimizer: object) -> tf.compat.v1.train.Optimizer | None:
 
 def _scales_loss(optimizer: object) -> bool:
     """Whether ``optimizer`` is tf_keras's ``LossScaleOptimizer`` (or a subclass)."""
-    return any(
-        cls.__name__ in ("LossScaleOptimizer", "BaseLossScaleOptimizer")
-        and "mixed_precision" in cls.__module__
-        for cls in type(optimizer).__mro__
+    return _has_class(
+        optimizer, ("LossScaleOptimizer", "BaseLossScaleOptimizer"), "mixed_precision"
     )
 
 

@@ -48,14 +48,16 @@ def _check_wrapped(optimizer: typing.Any) -> None:
             "the inner one is full. Wrap the optimizer itself once, with the product "
             "of the steps."
         )
+    refused = (
+        "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
+        f"...), got {_validate.describe(optimizer)}."
+    )
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
             keras_names(
-                "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers."
-                f"legacy.Adam, ...), got {_validate.describe(optimizer)}. A tf.compat.v1."
-                "train optimizer goes in tf1_accum.AccumulationOptimizer instead (model."
-                "save() keeps none of its state); to save with model.save(), use its "
-                "tf_keras.optimizers.legacy counterpart here."
+                f"{refused} A tf.compat.v1.train optimizer goes in tf1_accum."
+                "AccumulationOptimizer instead (model.save() keeps none of its state); to "
+                "save with model.save(), use its tf_keras.optimizers.legacy counterpart here."
             )
         )
     _keras.adapt(optimizer)  # refuses tf_keras's LossScaleOptimizer, with what to use
@@ -72,13 +74,7 @@ def _check_wrapped(optimizer: typing.Any) -> None:
                 "tf1_accum.AccumulationOptimizer."
             )
         )
-    raise TypeError(
-        keras_names(
-            "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-            f"...), got {_validate.describe(optimizer)}."
-        )
-        + _keras.refusal_hint(optimizer)
-    )
+    raise TypeError(keras_names(refused) + _keras.refusal_hint(optimizer))
 
 
 def _wrapped(name: str, doc: str) -> property:
@@ -164,38 +160,43 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             )
         super().__init__(name)
         self._optimizer = optimizer
-        self._steps = int(steps)
-        self._window_weight = weight
-        # (graph, AccumulationOptimizer, state variables), per train op.
-        self._built: list[tuple[tf.Graph, AccumulationOptimizer, list[tf.Variable]]] = []
+        # What builds the train op: one per graph, in the name scope of this optimizer's name.
+        self._accumulation = AccumulationOptimizer(
+            optimizer,
+            steps,
+            weight=weight,
+            update_ops=[],
+            name=self._name,
+            **{key: getattr(self._options, key) for key in _OPTIONS},
+        )
+        self._accumulation._with_weight = (
+            "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
+        )
         # Weights set before the window existed (load_model).
         self._pending: list[np.ndarray] | None = None
 
     optimizer = property(lambda self: self._optimizer, doc="The wrapped tf_keras legacy optimizer.")
-    steps = property(lambda self: self._steps, doc="Micro-batches per update.")
+    steps = property(lambda self: self._accumulation.steps, doc="Micro-batches per update.")
     iterations = _wrapped("iterations", "The wrapped optimizer's: the number of updates applied.")
     learning_rate = _wrapped("learning_rate", "The wrapped optimizer's (for Keras callbacks).")
     lr = learning_rate
 
-    def _accumulation(self, what: str) -> AccumulationOptimizer:
-        """The `AccumulationOptimizer` built in the default graph; raises if none."""
-        graph = tf.compat.v1.get_default_graph()
-        for built_graph, accumulation, _ in reversed(self._built):
-            if built_graph is graph:
-                return accumulation
-        raise ValueError(
-            f"{what} exists once the train op is built in this graph: model.fit() "
-            "builds it (or call apply_gradients() first)."
-        )
+    def _built(self, what: str) -> AccumulationOptimizer:
+        """The `AccumulationOptimizer`, once it built the train op in the default graph."""
+        if not self._accumulation._builds.of():
+            raise ValueError(
+                f"{what} exists once the train op is built in this graph: model.fit() "
+                "builds it (or call apply_gradients() first)."
+            )
+        return self._accumulation
 
     def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
         """(counter, flush op) of the train op built in ``graph``, as `AccumulationOptimizer`'s."""
-        return [w for g, acc, _ in self._built if g is graph for w in acc._built_windows(graph)]
+        return self._accumulation._built_windows(graph)
 
     def _state(self) -> list[tf.Variable]:
         """The window's variables in the default graph, in saved order."""
-        graph = tf.compat.v1.get_default_graph()
-        return [v for g, _, state in self._built if g is graph for v in state]
+        return [v for build in self._accumulation._builds.of() for v in build.window._state()]
 
     @property
     def window(self) -> TrainOpWindow:
@@ -204,16 +205,15 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         Raises:
             ValueError: If ``fit`` (or ``apply_gradients``) built none in this graph yet.
         """
-        return self._accumulation("window").window
+        return self._built("window").window
 
-    def __getattr__(self, name: str) -> typing.NoReturn:
-        """Raises AttributeError; a removed property's names its `window` field (one release)."""
-        raise missing_attribute(self, name)
+    # A removed property's AttributeError names its `window` field (one release).
+    __getattr__ = missing_attribute
 
     @property
     def flush_op(self) -> tf.Operation:
         """Applies the micro-batches of a partial window, as `AccumulationOptimizer`'s."""
-        return self._accumulation("flush_op").flush_op
+        return self._built("flush_op").flush_op
 
     def apply_gradients(
         self,
@@ -229,22 +229,15 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 set before (by ``load_model``) do not match the window.
         """
         _validate.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
-        graph = tf.compat.v1.get_default_graph()
-        if any(g is graph for g, _, _ in self._built):
+        if self._accumulation._builds.of():
             raise ValueError(
                 "KerasAccumulationOptimizer builds one train op per graph, and it built "
                 "one already: a second would accumulate a window of its own. Compile "
                 "each model with its own KerasAccumulationOptimizer."
             )
-        accumulation = AccumulationOptimizer._of_options(
-            self._optimizer, self._steps, self._options, self._name, self._window_weight
-        )
-        train_op = accumulation.apply_gradients(grads_and_vars, name=name)
-        wrapped = {id(v) for v in self._optimizer.weights}
-        state = [v for v in accumulation.variables() if id(v) not in wrapped]
-        for variable in state:  # Keras initializes them in its session
+        train_op = self._accumulation.apply_gradients(grads_and_vars, name=name)
+        for variable in self._state():  # Keras initializes them in its session
             _compat.keras_track_variable(variable)
-        self._built.append((graph, accumulation, state))
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.set_weights(pending)
@@ -271,7 +264,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         # Values read now: load_model hands over HDF5 datasets of a file it then closes.
         weights = [np.asarray(w) for w in weights]
         wrapped = list(self._optimizer.weights)
-        if any(g is tf.compat.v1.get_default_graph() for g, _, _ in self._built):
+        if self._accumulation._builds.of():
             params = self.weights
             if len(weights) != len(params):
                 raise ValueError(
@@ -319,7 +312,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return {
             "name": self._name,
             "optimizer": keras.optimizers.serialize(self._optimizer),
-            "steps": self._steps,
+            "steps": self.steps,
             **{key: getattr(self._options, key) for key in _OPTIONS},
         }
 

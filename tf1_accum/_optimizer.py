@@ -85,18 +85,17 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
         why = this.coupling(other)
         if why is None:
             continue
-        names = {"this": this.name, "other": other.name}
         message = (
             f"tf1_accum: the train op {this.describe()} ran while the window of "
             f"{other.describe()} is partly full, and the two are coupled: "
-            + why.format(**names)
+            + why.format(this=this.name, other=other.name)
             + ". An update of either in the middle of the other's window mixes "
             "gradients from before and after it, which no large-batch step computes. "
             "Run one train op a whole window in a row (steps runs) before the other: "
             "a GAN runs the discriminator's train op on the batch's N micro-batches, "
             "then the generator's on N micro-batches, once per generator step (see "
             '"Several optimizers on shared variables" in the concepts page). This '
-            f"micro-batch was not accumulated. Micro-batches in {names['other']}'s window:"
+            f"micro-batch was not accumulated. Micro-batches in {other.name}'s window:"
         )
         with tf.compat.v1.name_scope(this.window.scope):
             count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
@@ -140,26 +139,24 @@ class TrainOpWindow(typing.NamedTuple):
     options: WindowOptions
 
 
-#: The wrappers' properties that became `TrainOpWindow` fields: name -> field.
-_MOVED_TO_WINDOW = {
-    "micro_step": "counter",
-    "applied": "applied",
-    "global_norm": "global_norm",
-    "skipped_windows": "skipped_windows",
-    "statistics": "statistics",
-    "flush_statistics": "flush_statistics",
-}
+#: The wrappers' properties that became `TrainOpWindow` fields: name -> field
+#: (each of the same name but ``micro_step``).
+_MOVED_TO_WINDOW = {"micro_step": "counter"}
+_MOVED_TO_WINDOW.update(
+    (name, name)
+    for name in ("applied", "global_norm", "skipped_windows", "statistics", "flush_statistics")
+)
 
 
-def missing_attribute(wrapper: object, name: str) -> AttributeError:
-    """The AttributeError of a wrapper's missing ``name``: where it went, if it moved.
+def missing_attribute(wrapper: object, name: str) -> typing.NoReturn:
+    """The wrappers' ``__getattr__``: raises AttributeError, saying where ``name`` went if it moved.
 
     The pointer to the window stays for one release after the move.
     """
     kind = type(wrapper).__name__
     if name not in _MOVED_TO_WINDOW:
-        return AttributeError(f"'{kind}' object has no attribute '{name}'")
-    return AttributeError(
+        raise AttributeError(f"'{kind}' object has no attribute '{name}'")
+    raise AttributeError(
         f"tf1_accum: {kind}.{name} was removed: read opt.window.{_MOVED_TO_WINDOW[name]} "
         "instead, a field of the TrainOpWindow record of the train op built in the default "
         "graph (build the train op first; with several, each AccumulationOptimizer's "
@@ -302,39 +299,20 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
         name: str = "Accumulation",
     ) -> None:
         check_weight(weight)
-        self._weight, self._cross_replica = weight, cross_replica
-        self._with_weight = "AccumulationOptimizer(optimizer, steps, weight={})"
-        prepared = _accumulation.prepare(
+        # The optimizer checked (a Keras one behind an adapter), and the options made.
+        optimizer, options = _accumulation.prepare(
             "AccumulationOptimizer", optimizer, cross_replica, locals()
         )
-        self._start(steps, name, *prepared)
-
-    @classmethod
-    def _of_options(
-        cls,
-        optimizer: typing.Any,
-        steps: int,
-        options: WindowOptions,
-        name: str,
-        weight: typing.Any,
-    ) -> AccumulationOptimizer:
-        """One with ``options`` made (the Keras wrapper's, and its ``weight``); no cross_replica."""
-        wrapper = cls.__new__(cls)
-        wrapper._weight, wrapper._cross_replica = weight, None
-        wrapper._with_weight = "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
-        prepared = _accumulation.prepare("AccumulationOptimizer", optimizer, None, options)
-        wrapper._start(steps, name, *prepared)
-        return wrapper
-
-    def _start(
-        self, steps: int, name: str, optimizer: tf.compat.v1.train.Optimizer, options: WindowOptions
-    ) -> None:
         if isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
             _sync_replicas.check(optimizer)
         _validate.check_steps(steps)
         super().__init__(use_locking=False, name=name)
         self._optimizer, self._options, self._steps = optimizer, options, int(steps)
+        self._weight, self._cross_replica = weight, cross_replica
         self._builds = _Builds()
+
+    #: How the warning of a loss that needs a weight gives one (the Keras wrapper's sets its own).
+    _with_weight = "AccumulationOptimizer(optimizer, steps, weight={})"
 
     @property
     def optimizer(self) -> tf.compat.v1.train.Optimizer:
@@ -343,9 +321,8 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
 
     steps = property(lambda self: self._steps, doc="Micro-batches per update.")
 
-    def __getattr__(self, name: str) -> typing.NoReturn:
-        """Raises AttributeError; a removed property's names its `window` field (one release)."""
-        raise missing_attribute(self, name)
+    # A removed property's AttributeError names its `window` field (one release).
+    __getattr__ = missing_attribute
 
     @property
     def window(self) -> TrainOpWindow:

@@ -135,7 +135,7 @@ class WindowOptions:
         update_ops = _validate.check_update_ops(self.update_ops)
         object.__setattr__(self, "update_ops", None if update_ops is None else tuple(update_ops))
 
-    def __deepcopy__(self, memo: dict) -> WindowOptions:
+    def __deepcopy__(self, _memo: dict) -> WindowOptions:
         return self
 
 
