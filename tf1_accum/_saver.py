@@ -55,9 +55,8 @@ class Saver(tf.compat.v1.train.Saver):
             # RestoreV2 reads every key before any assign: nothing was restored by its
             # one restore op (a sharded saver runs one a device, some may have assigned).
             saved = {name for name, _ in tf.train.list_variables(save_path)}
-            graph = sess.graph
-            missing = [v.op.name for v in graph.get_collection(STATE_COLLECTION)]
-            missing = [name for name in missing if name not in saved]
+            state = sess.graph.get_collection(STATE_COLLECTION)
+            missing = [v.op.name for v in state if v.op.name not in saved]
             if not missing:
                 raise
             message = (
@@ -103,7 +102,7 @@ def _locked(
     name: str,
 ) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
-    section = ancestors([last], created).values()
+    section = [op for op in ancestors([last], created).values() if op is not last]
 
     def on_device(mutex: tf.Tensor) -> typing.ContextManager[object]:
         return tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
@@ -115,8 +114,6 @@ def _locked(
                 locks.append(tf.raw_ops.MutexLock(mutex=mutex, name=f"{name}_lock"))
         lock = locks[-1].op
         for op in section:
-            if op is last:
-                continue
             for index, tensor in enumerate(list(op.inputs)):
                 if tensor.op.name in created:
                     continue
