@@ -32,6 +32,11 @@ def describe(value: object) -> str:
     return f"{text} (a {type(value).__module__}.{type(value).__qualname__})"
 
 
+def type_error(name: str, value: object, expected: str) -> TypeError:
+    """The TypeError saying that ``name`` must be ``expected``, and what ``value`` is."""
+    return TypeError(f"{name} must be {expected}, got {describe(value)}.")
+
+
 def check_graph_mode(what: str) -> None:
     """Raises RuntimeError when eager execution is on."""
     if tf.executing_eagerly():
@@ -46,9 +51,7 @@ def check_graph_mode(what: str) -> None:
 def check_loss(loss: object) -> None:
     """Checks that ``loss`` is a scalar floating-point graph tensor."""
     if not isinstance(loss, tf.Tensor) or not hasattr(loss, "graph"):
-        raise TypeError(
-            f"loss must be a scalar floating-point tf.Tensor of a graph, got {describe(loss)}."
-        )
+        raise type_error("loss", loss, "a scalar floating-point tf.Tensor of a graph")
     dtype = loss.dtype.base_dtype
     if not dtype.is_floating:
         raise TypeError(
@@ -56,9 +59,8 @@ def check_loss(loss: object) -> None:
             f"{dtype.name}. Cast it, e.g. tf.cast(loss, tf.float32)."
         )
     if loss.shape.ndims not in (0, None):  # unknown: checked when run
-        shape = loss.shape.as_list()
         raise ValueError(
-            f"loss must be a scalar (shape []), got {loss.name} of shape {shape}. "
+            f"loss must be a scalar (shape []), got {loss.name} of shape {loss.shape.as_list()}. "
             "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean "
             "over the micro-batch is what accumulation averages into the mean "
             "over the window."
@@ -110,15 +112,13 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
     if isinstance(var_list, (tf.Variable, str)) or not isinstance(
         var_list, collections.abc.Iterable
     ):
-        raise TypeError(
-            f"var_list must be a list of tf.Variable or None, got {describe(var_list)}."
-        )
+        raise type_error("var_list", var_list, "a list of tf.Variable or None")
     var_list = list(var_list)
     if not var_list:
         raise ValueError("var_list is empty: expected at least one tf.Variable.")
     for i, v in enumerate(var_list):
         if not isinstance(v, tf.Variable):
-            raise TypeError(f"var_list[{i}] must be a tf.Variable, got {describe(v)}.")
+            raise type_error(f"var_list[{i}]", v, "a tf.Variable")
         if v.graph is not graph:
             raise ValueError(f"var_list[{i}] {v.op.name} is not in the graph of the loss.")
     return var_list
@@ -151,7 +151,7 @@ def check_global_step(global_step: object, graph: tf.Graph | None = None) -> Non
 def check_bool(name: str, value: object) -> None:
     """Checks that ``value`` is a Python bool."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {describe(value)}.")
+        raise type_error(name, value, "True or False")
 
 
 def check_weight(weight: object, graph: tf.Graph) -> None:
@@ -189,10 +189,7 @@ def check_statistics_options(statistics: object, micro_batch_size: object, weigh
             )
         return
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Real):
-        raise TypeError(
-            "micro_batch_size must be a positive number of examples, got "
-            f"{describe(micro_batch_size)}."
-        )
+        raise type_error("micro_batch_size", micro_batch_size, "a positive number of examples")
     # A numbers.Real, which typeshed gives no comparison with an int.
     size = typing.cast(float, micro_batch_size)
     if not (size > 0 and math.isfinite(size)):
@@ -216,7 +213,7 @@ def check_clip_norm(clip_norm: object) -> None:
     if clip_norm is None:
         return
     if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float, np.number)):
-        raise TypeError(f"clip_norm must be a positive number or None, got {describe(clip_norm)}.")
+        raise type_error("clip_norm", clip_norm, "a positive number or None")
     if not (clip_norm > 0 and math.isfinite(clip_norm)):
         raise ValueError(
             f"clip_norm must be a positive, finite number, got {clip_norm}: pass "
@@ -241,10 +238,7 @@ def check_update_ops(
     for i, item in enumerate(update_ops):
         op = item if isinstance(item, tf.Operation) else _graph_op(item)
         if op is None:
-            raise TypeError(
-                f"update_ops[{i}] must be a tf.Operation or tf.Tensor of a graph, got "
-                f"{describe(item)}."
-            )
+            raise type_error(f"update_ops[{i}]", item, "a tf.Operation or tf.Tensor of a graph")
         if graph is not None and op.graph is not graph:
             raise ValueError(f"update_ops[{i}] {op.name} is not in the graph of the loss.")
         ops.append(op)
@@ -260,14 +254,6 @@ def _graph_op(item: object) -> tf.Operation | None:
     return op if isinstance(op, tf.Operation) else None
 
 
-# The ops a SyncReplicasOptimizer's gradient accumulators hand their aggregate out by.
-_TAKE_GRADIENT_OPS = (
-    "AccumulatorTakeGradient",
-    "ResourceAccumulatorTakeGradient",
-    "SparseAccumulatorTakeGradient",
-)
-
-
 def check_not_under_sync_replicas(
     grads_and_vars: typing.Iterable[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]],
 ) -> None:
@@ -275,7 +261,9 @@ def check_not_under_sync_replicas(
     for gradient, var in grads_and_vars:
         values = getattr(gradient, "values", gradient)
         op = getattr(values, "op", None)
-        if op is not None and op.type in _TAKE_GRADIENT_OPS:
+        # A SyncReplicasOptimizer's gradient accumulators hand their aggregate out by
+        # AccumulatorTakeGradient, or its Resource or Sparse form.
+        if op is not None and op.type.endswith("AccumulatorTakeGradient"):
             raise ValueError(
                 "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
                 f"of {var.op.name} comes from its {op.type} ({op.name}), which waits for "
@@ -292,7 +280,7 @@ def check_not_under_sync_replicas(
 def check_steps(steps: object) -> None:
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
-        raise TypeError(f"steps must be an int (micro-batches per update), got {describe(steps)}.")
+        raise type_error("steps", steps, "an int (micro-batches per update)")
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (micro-batches per update), got {steps}.")
 
@@ -300,10 +288,7 @@ def check_steps(steps: object) -> None:
 def check_feed_dict(label: str, feed_dict: object) -> None:
     """Checks one feed: a mapping, or None for no feed. ``label`` names it."""
     if feed_dict is not None and not isinstance(feed_dict, collections.abc.Mapping):
-        raise TypeError(
-            f"{label} must be a dict (or None for a run that needs no feed), got "
-            f"{describe(feed_dict)}."
-        )
+        raise type_error(label, feed_dict, "a dict (or None for a run that needs no feed)")
 
 
 def check_session_graph(sess: object, graph: tf.Graph, what: str) -> None:
@@ -325,8 +310,11 @@ def check_session_graph(sess: object, graph: tf.Graph, what: str) -> None:
     )
 
 
-def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> list[tf.Variable]:
-    """Returns the variables of ``var_list`` that ``loss`` reads, with full shapes; no gradient."""
+def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> None:
+    """Checks that ``loss`` reads a variable of ``var_list``, and those it reads have full shapes.
+
+    Nothing is built: no gradient is taken.
+    """
     read = _ancestors(loss.op)
     reached = [v for v in var_list if v.op in read]
     if not reached:
@@ -337,7 +325,6 @@ def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> 
             "between these variables and the loss, or pass var_list."
         )
     check_shapes(reached)
-    return reached
 
 
 def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
@@ -463,10 +450,8 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
         store = variable_store(graph)
         for name in set(store) - names_before:
             del store[name]
-        variables = (
-            tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-            tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
-        )
+        keys = tf.compat.v1.GraphKeys
+        variables = (keys.GLOBAL_VARIABLES, keys.LOCAL_VARIABLES)
         kept_ids = {id(v) for key in variables for v in kept.get(key, ())}
         made = [v for key in variables for v in graph.get_collection(key)]
         made = [v.op.name for v in made if id(v) not in kept_ids]
