@@ -62,16 +62,14 @@ class Saver(tf.compat.v1.train.Saver):
             message = (
                 f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its "
                 "accumulation window has another layout than this graph's (saved by another "
-                "version of tf1_accum, or built with other options: weight=, statistics=). "
-                "Its partial window cannot be restored exactly, and a window mapped by hand "
-                "would apply mis-scaled: nothing was restored (by a sharded Saver, perhaps "
-                "another device's variables: restore or initialize them again). Either "
-                "restore it with the "
-                "tf1_accum and options that saved it, finish the window there (apply_op, or "
-                "the wrapper's flush_op) and save again at the window's boundary; or keep "
-                "only the model's variables, dropping the partial window: initialize every "
-                "variable, then tf.compat.v1.train.Saver(tf1_accum.plain_variables())"
-                ".restore(sess, path)."
+                "version of tf1_accum, or built with other options: weight=, statistics=). Its "
+                "partial window cannot be restored exactly, and a window mapped by hand would "
+                "apply mis-scaled: nothing was restored (by a sharded Saver, perhaps another "
+                "device's variables: restore or initialize them again). Either restore it with "
+                "the tf1_accum and options that saved it, finish the window there (apply_op, or "
+                "the wrapper's flush_op) and save again at the window's boundary; or keep only "
+                "the model's variables, dropping the partial window: initialize every variable, "
+                "then tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)."
             )
             raise type(error)(error.node_def, error.op, message) from error
 

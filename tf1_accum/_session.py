@@ -395,10 +395,9 @@ def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.It
     held = _HELD.__dict__.setdefault("locks", set())
     if lock in held:
         raise RuntimeError(
-            "run_accumulation was called for an accumulation whose window this same "
-            "thread is running (from its feed_dicts or a hook): windows of one "
-            "accumulation run one at a time, so this call would wait forever. Run the "
-            "second window after the first returns."
+            "run_accumulation was called for an accumulation whose window this same thread is "
+            "running (from its feed_dicts or a hook): windows of one accumulation run one at a "
+            "time, so this call would wait forever. Run the second window after the first returns."
         )
     with lock:
         held.add(lock)

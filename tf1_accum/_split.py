@@ -304,10 +304,9 @@ def run_window(
         held = read_counter()
         if held:
             raise ValueError(
-                f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, "
-                "which memory_fit could not run again after discarding the window: run "
-                "apply_op (or zero_op) first, or call run_accumulation without memory_fit. "
-                "Nothing was run."
+                f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, which "
+                "memory_fit could not run again after discarding the window: run apply_op (or "
+                "zero_op) first, or call run_accumulation without memory_fit. Nothing was run."
             )
         largest = max(_largest(plan, b) for b in plan.batches)
         size = min(fit._start(largest), largest)
@@ -448,10 +447,9 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
             continue
         if isinstance(tensor, tf.SparseTensor):
             raise TypeError(
-                f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), "
-                "which run_accumulation does not split: split the batch yourself and pass "
-                "one feed dict per micro-batch, without micro_batch_size, micro_batches or "
-                "memory_fit."
+                f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), which "
+                "run_accumulation does not split: split the batch yourself and pass one feed dict "
+                "per micro-batch, without micro_batch_size, micro_batches or memory_fit."
             )
         value = values[key] = np.asanyarray(value)
         shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None

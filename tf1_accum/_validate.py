@@ -41,10 +41,9 @@ def check_graph_mode(what: str) -> None:
     """Raises RuntimeError when eager execution is on."""
     if tf.executing_eagerly():
         raise RuntimeError(
-            f"{what} builds TF1 graph-mode ops (Session, feed_dict), but eager "
-            "execution is active. Call tf.compat.v1.disable_eager_execution() (or "
-            "tf.compat.v1.disable_v2_behavior()) at program start, before any "
-            "graph is built."
+            f"{what} builds TF1 graph-mode ops (Session, feed_dict), but eager execution is "
+            "active. Call tf.compat.v1.disable_eager_execution() (or "
+            "tf.compat.v1.disable_v2_behavior()) at program start, before any graph is built."
         )
 
 
@@ -61,9 +60,8 @@ def check_loss(loss: object) -> None:
     if loss.shape.ndims not in (0, None):  # unknown: checked when run
         raise ValueError(
             f"loss must be a scalar (shape []), got {loss.name} of shape {loss.shape.as_list()}. "
-            "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean "
-            "over the micro-batch is what accumulation averages into the mean "
-            "over the window."
+            "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean over the "
+            "micro-batch is what accumulation averages into the mean over the window."
         )
 
 
@@ -85,10 +83,9 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
         return adapted
     raise TypeError(
         keras_names(
-            "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, "
-            "Momentum, Adam, RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a "
-            "subclass) or a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-            f"...), got {describe(optimizer)}."
+            "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, Momentum, Adam, "
+            "RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a subclass) or a tf_keras "
+            f"legacy optimizer (tf_keras.optimizers.legacy.Adam, ...), got {describe(optimizer)}."
         )
         + _keras.refusal_hint(optimizer)
     )
@@ -104,9 +101,8 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
         var_list = list({id(v): v for v in found}.values())
         if not var_list:
             raise ValueError(
-                "No variables to train: var_list is None and the loss's graph has "
-                "no trainable variables. Build the model before calling, or pass "
-                "var_list."
+                "No variables to train: var_list is None and the loss's graph has no trainable "
+                "variables. Build the model before calling, or pass var_list."
             )
         return var_list
     if isinstance(var_list, (tf.Variable, str)) or not isinstance(
@@ -131,8 +127,7 @@ def check_global_step(global_step: object, graph: tf.Graph | None = None) -> Non
     if not isinstance(global_step, tf.Variable):
         raise TypeError(
             "global_step must be an integer tf.Variable (e.g. from "
-            "tf.compat.v1.train.get_or_create_global_step()) or None, got "
-            f"{describe(global_step)}."
+            f"tf.compat.v1.train.get_or_create_global_step()) or None, got {describe(global_step)}."
         )
     if not global_step.dtype.base_dtype.is_integer:
         raise TypeError(
@@ -141,10 +136,9 @@ def check_global_step(global_step: object, graph: tf.Graph | None = None) -> Non
         )
     if graph is not None and global_step.graph is not graph:
         raise ValueError(
-            f"global_step must be a variable of the loss's graph, got {global_step.op.name} "
-            "of another graph. Create it in the graph you build in (e.g. "
-            "tf.compat.v1.train.get_or_create_global_step() inside "
-            "graph.as_default())."
+            f"global_step must be a variable of the loss's graph, got {global_step.op.name} of "
+            "another graph. Create it in the graph you build in (e.g. "
+            "tf.compat.v1.train.get_or_create_global_step() inside graph.as_default())."
         )
 
 
@@ -265,15 +259,14 @@ def check_not_under_sync_replicas(
         # AccumulatorTakeGradient, or its Resource or Sparse form.
         if op is not None and op.type.endswith("AccumulatorTakeGradient"):
             raise ValueError(
-                "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
-                f"of {var.op.name} comes from its {op.type} ({op.name}), which waits for "
-                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer "
-                "applies once every steps runs: the second micro-batch would wait "
-                "forever. Nest them the other way round, "
-                "AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps), which "
-                "pushes one window per worker per update, or use "
-                "cross_replica=tf1_accum.CollectiveAllReduce (see the guide 'Across "
-                "several machines')."
+                "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient of "
+                f"{var.op.name} comes from its {op.type} ({op.name}), which waits for "
+                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer applies "
+                "once every steps runs: the second micro-batch would wait forever. Nest them the "
+                "other way round, AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps), "
+                "which pushes one window per worker per update, or use "
+                "cross_replica=tf1_accum.CollectiveAllReduce (see the guide 'Across several "
+                "machines')."
             )
 
 
@@ -319,10 +312,9 @@ def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> 
     reached = [v for v in var_list if v.op in read]
     if not reached:
         raise ValueError(
-            "No gradients provided for any variable: "
-            f"{[v.op.name for v in var_list]}. The loss {loss.name} does not depend "
-            "on any of them: check the graph for ops that do not support gradients "
-            "between these variables and the loss, or pass var_list."
+            f"No gradients provided for any variable: {[v.op.name for v in var_list]}. The loss "
+            f"{loss.name} does not depend on any of them: check the graph for ops that do not "
+            "support gradients between these variables and the loss, or pass var_list."
         )
     check_shapes(reached)
 
