@@ -8,8 +8,7 @@ import typing
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate, _count_check, _distributed, _guard, _keras, _migration, _stats
-from tf1_accum import _sync_replicas
-from tf1_accum import _options
+from tf1_accum import _options, _sync_replicas
 from tf1_accum._window import Added, Applied, Window, gradients
 from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 

@@ -8,8 +8,7 @@ import typing
 from tf1_accum._compat import add_control_inputs, set_input, tf
 from tf1_accum._locking import ancestors
 
-from tf1_accum._state import MUTEX_COLLECTION
-from tf1_accum._state import STATE_COLLECTION
+from tf1_accum._state import MUTEX_COLLECTION, STATE_COLLECTION
 
 
 class Saver(tf.compat.v1.train.Saver):

@@ -13,15 +13,9 @@ import typing
 import warnings
 
 import numpy as np
-from tf1_accum._compat import (
-    control_inputs_restored_on_failure,
-    keras_names,
-    tensorflow_dir,
-    tf,
-    variable_store,
-)
+from tf1_accum._compat import tf
 
-from tf1_accum import _keras
+from tf1_accum import _compat, _keras
 
 
 def describe(value: object) -> str:
@@ -82,7 +76,7 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
     if adapted is not None:
         return adapted
     raise TypeError(
-        keras_names(
+        _compat.keras_names(
             "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, Momentum, Adam, "
             "RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a subclass) or a tf_keras "
             f"legacy optimizer (tf_keras.optimizers.legacy.Adam, ...), got {describe(optimizer)}."
@@ -378,15 +372,13 @@ def usable_gradients(
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.join(tensorflow_dir(), ""),
-    os.path.join(os.path.dirname(tensorflow_dir()), "tf_keras", ""),
+    os.path.join(_compat.tensorflow_dir(), ""),
+    os.path.join(os.path.dirname(_compat.tensorflow_dir()), "tf_keras", ""),
 )
 
 
 def warn_of_other_models(
-    update_ops: typing.Sequence[tf.Operation | tf.Tensor],
-    reads: typing.Container[str],
-    runner: str,
+    update_ops: typing.Sequence[tf.Operation | tf.Tensor], reads: typing.Container[str], runner: str
 ) -> None:
     """Warns of an op of ``UPDATE_OPS`` needing a feed the loss does not read (another model's).
 
@@ -432,14 +424,14 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
     """
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
-    names_before = set(variable_store(graph))
+    names_before = set(_compat.variable_store(graph))
     try:
         # The control inputs a build added to ops it did not create go too.
-        with control_inputs_restored_on_failure():
+        with _compat.control_inputs_restored_on_failure():
             yield
     except Exception as error:
         # Names tf.compat.v1.get_variable gave (a transform's variable): free for a retry.
-        store = variable_store(graph)
+        store = _compat.variable_store(graph)
         for name in set(store) - names_before:
             del store[name]
         keys = tf.compat.v1.GraphKeys
