@@ -224,22 +224,16 @@ def check_update_ops(
         )
     ops = []
     for i, item in enumerate(update_ops):
-        op = item if isinstance(item, tf.Operation) else _graph_op(item)
-        if op is None:
+        op = item  # an op; or a tensor or an assign's result, whose graph op is taken
+        if isinstance(item, (tf.Tensor, tf.Variable)):
+            with contextlib.suppress(AttributeError, NotImplementedError):  # an eager one: none
+                op = item.op
+        if not isinstance(op, tf.Operation):
             raise type_error(f"update_ops[{i}]", item, "a tf.Operation or tf.Tensor of a graph")
         if graph is not None and op.graph is not graph:
             raise ValueError(f"update_ops[{i}] {op.name} is not in the graph of the loss.")
         ops.append(op)
     return ops
-
-
-def _graph_op(item: object) -> tf.Operation | None:
-    """The graph op of a tensor or an assign's result; None for anything else (eager ones)."""
-    try:
-        op = item.op if isinstance(item, (tf.Tensor, tf.Variable)) else None
-    except (AttributeError, NotImplementedError):
-        return None
-    return op if isinstance(op, tf.Operation) else None
 
 
 def check_not_under_sync_replicas(
