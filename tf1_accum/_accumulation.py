@@ -8,9 +8,8 @@ import typing
 from tf1_accum._compat import tf
 
 from tf1_accum import _validate, _count_check, _distributed, _guard, _keras, _migration, _stats
-from tf1_accum import _sync_replicas
-from tf1_accum import _options
-from tf1_accum._window import Applied, Window, gradients
+from tf1_accum import _options, _sync_replicas
+from tf1_accum._window import Added, Applied, Window, gradients
 from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
 
@@ -163,11 +162,14 @@ def build_accumulation(
         if weight is not None and weight.shape.ndims is None:
             weight = tf.reshape(weight, [], name="scalar_weight")
         grads = [g for g, _ in pairs]
+
+        def add() -> Added:
+            """Adds the fed micro-batch: what ``accum_op`` and ``accum_apply_op`` run first."""
+            return window.add(grads, weight, run_with=update_ops)
+
+        accum_op, _ = window.exclusive(lambda: (add().op, None), name="accumulate")
         # zero_op and apply_op run without a feed: they drop the caller's
         # control dependencies, which may read one.
-        accum_op, _ = window.exclusive(
-            lambda: (window.add(grads, weight, run_with=update_ops).op, None), name="accumulate"
-        )
         with tf.control_dependencies(None), window.control_flow(global_step):
             zero_op, _ = window.exclusive(lambda: (window.reset(), None), name="zero")
             apply_op, applied = window.exclusive(
@@ -177,13 +179,7 @@ def build_accumulation(
         if fused:
             with window.control_flow(global_step):
                 accum_apply_op, fused_applied = window.exclusive(
-                    lambda: _op_first(
-                        window.apply(
-                            optimizer,
-                            global_step,
-                            after=window.add(grads, weight, run_with=update_ops),
-                        )
-                    ),
+                    lambda: _op_first(window.apply(optimizer, global_step, after=add())),
                     name="accumulate_and_apply",
                 )
     ops = {"zero_op": zero_op, "accum_op": accum_op, "apply_op": apply_op}

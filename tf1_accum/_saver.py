@@ -8,8 +8,7 @@ import typing
 from tf1_accum._compat import add_control_inputs, set_input, tf
 from tf1_accum._locking import ancestors
 
-from tf1_accum._state import MUTEX_COLLECTION
-from tf1_accum._state import STATE_COLLECTION
+from tf1_accum._state import MUTEX_COLLECTION, STATE_COLLECTION
 
 
 class Saver(tf.compat.v1.train.Saver):
@@ -55,24 +54,21 @@ class Saver(tf.compat.v1.train.Saver):
             # RestoreV2 reads every key before any assign: nothing was restored by its
             # one restore op (a sharded saver runs one a device, some may have assigned).
             saved = {name for name, _ in tf.train.list_variables(save_path)}
-            graph = sess.graph
-            missing = [v.op.name for v in graph.get_collection(STATE_COLLECTION)]
-            missing = [name for name in missing if name not in saved]
+            state = sess.graph.get_collection(STATE_COLLECTION)
+            missing = [v.op.name for v in state if v.op.name not in saved]
             if not missing:
                 raise
             message = (
                 f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its "
                 "accumulation window has another layout than this graph's (saved by another "
-                "version of tf1_accum, or built with other options: weight=, statistics=). "
-                "Its partial window cannot be restored exactly, and a window mapped by hand "
-                "would apply mis-scaled: nothing was restored (by a sharded Saver, perhaps "
-                "another device's variables: restore or initialize them again). Either "
-                "restore it with the "
-                "tf1_accum and options that saved it, finish the window there (apply_op, or "
-                "the wrapper's flush_op) and save again at the window's boundary; or keep "
-                "only the model's variables, dropping the partial window: initialize every "
-                "variable, then tf.compat.v1.train.Saver(tf1_accum.plain_variables())"
-                ".restore(sess, path)."
+                "version of tf1_accum, or built with other options: weight=, statistics=). Its "
+                "partial window cannot be restored exactly, and a window mapped by hand would "
+                "apply mis-scaled: nothing was restored (by a sharded Saver, perhaps another "
+                "device's variables: restore or initialize them again). Either restore it with "
+                "the tf1_accum and options that saved it, finish the window there (apply_op, or "
+                "the wrapper's flush_op) and save again at the window's boundary; or keep only "
+                "the model's variables, dropping the partial window: initialize every variable, "
+                "then tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)."
             )
             raise type(error)(error.node_def, error.op, message) from error
 
@@ -103,7 +99,7 @@ def _locked(
     name: str,
 ) -> None:
     """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
-    section = ancestors([last], created).values()
+    section = [op for op in ancestors([last], created).values() if op is not last]
 
     def on_device(mutex: tf.Tensor) -> typing.ContextManager[object]:
         return tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
@@ -115,8 +111,6 @@ def _locked(
                 locks.append(tf.raw_ops.MutexLock(mutex=mutex, name=f"{name}_lock"))
         lock = locks[-1].op
         for op in section:
-            if op is last:
-                continue
             for index, tensor in enumerate(list(op.inputs)):
                 if tensor.op.name in created:
                     continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections.abc
 import contextlib
+import functools
 import threading
 import typing
 import weakref
@@ -12,6 +13,8 @@ import numpy as np
 from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation, _validate, _migration, _split, _stats
+from tf1_accum._locking import ancestors
+from tf1_accum._split import DISCARDED
 
 
 class WindowFetches(list):
@@ -137,10 +140,8 @@ def run_accumulation(
             runs, except a bad feed dict from a generator (as micro-batch k).
     """
     if not isinstance(accumulation, _accumulation.Accumulation):
-        raise TypeError(
-            "accumulation must be a tf1_accum.Accumulation from "
-            f"build_accumulation, got {_validate.describe(accumulation)}."
-        )
+        expected = "a tf1_accum.Accumulation from build_accumulation"
+        raise _validate.type_error("accumulation", accumulation, expected)
     _validate.check_session_graph(sess, accumulation.apply_op.graph, "accumulation")
     _validate.check_feed_dict("apply_feed_dict", apply_feed_dict)
     if fused is None:
@@ -153,24 +154,19 @@ def run_accumulation(
         )
     _check_fetches(accumulation, fetches)
     if not isinstance(feed_dicts, collections.abc.Iterable):
-        raise TypeError(
-            "feed_dicts must be an iterable of feed dicts, one per micro-batch, or the large "
-            "batch to split: a feed dict (or a list of them), got "
-            f"{_validate.describe(feed_dicts)}."
+        expected = (
+            "an iterable of feed dicts, one per micro-batch, or the large batch to split: a "
+            "feed dict (or a list of them)"
         )
+        raise _validate.type_error("feed_dicts", feed_dicts, expected)
     if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
         # The large batch, split here: see _split.
         split = _split.plan_window(
             accumulation, feed_dicts, micro_batch_size, micro_batches, memory_fit, unbatched_feeds
         )
+        run = functools.partial(_run_window, sess, accumulation, fetches, fused, apply_feed_dict)
         with _one_window_at_a_time(accumulation):
-            return _split.run_window(
-                split,
-                lambda feeds, retry: _run_window(
-                    sess, accumulation, feeds, fetches, fused, apply_feed_dict, retry
-                ),
-                lambda: _counter(sess, accumulation, None),
-            )
+            return _split.run_window(split, run, lambda: _counter(sess, accumulation, None))
     if unbatched_feeds is not None:
         raise ValueError(
             "unbatched_feeds names feeds that a split of the large batch feeds whole, and no "
@@ -192,16 +188,16 @@ def run_accumulation(
             _validate.check_feed_dict(f"feed_dicts[{index}]", feed)
 
     with _one_window_at_a_time(accumulation):
-        return _run_window(sess, accumulation, feed_dicts, fetches, fused, apply_feed_dict)
+        return _run_window(sess, accumulation, fetches, fused, apply_feed_dict, feed_dicts)
 
 
 def _run_window(
     sess: tf.compat.v1.Session,
     accumulation: _accumulation.Accumulation,
-    feed_dicts: typing.Iterable[typing.Mapping | None],
     fetches: typing.Any,
     fused: bool,
     apply_feed_dict: typing.Mapping | None,
+    feed_dicts: typing.Iterable[typing.Mapping | None],
     retry: bool = False,
 ) -> WindowFetches:
     """`run_accumulation` once its arguments are checked and the window is its own.
@@ -262,7 +258,7 @@ def _run_window(
             )
         else:
             what = _discard_window(sess, accumulation)
-            if retry and what == _DISCARDED and isinstance(error, tf.errors.ResourceExhaustedError):
+            if retry and what == DISCARDED and isinstance(error, tf.errors.ResourceExhaustedError):
                 raise _split.WindowDiscarded(error, failing) from error
         hint = _migration.uninitialized_hint(error, accumulation.counter.graph)
         _reraise(error, f"{hint}micro-batch {failing} of the window failed {what}")
@@ -302,15 +298,9 @@ def _apply_reads(
         known = _APPLY_READS.setdefault(apply_op.graph, {})
     names = known.get(apply_op.name)
     if names is None:  # found once per accumulation: a walk of the apply's graph
-        found, seen, stack = set(), set(), [apply_op]
-        while stack:
-            op = stack.pop()
-            if op in seen:
-                continue
-            seen.add(op)
-            if op.type in ("Placeholder", "PlaceholderWithDefault"):
-                found.add(op.outputs[0].name)
-            stack += [t.op for t in op.inputs] + list(op.control_inputs)
+        reached = ancestors([apply_op], {op.name for op in apply_op.graph.get_operations()})
+        placeholders = ("Placeholder", "PlaceholderWithDefault")
+        found = {op.outputs[0].name for op in reached.values() if op.type in placeholders}
         names = known[apply_op.name] = frozenset(found)
     if not apply_feed_dict:
         return names
@@ -362,14 +352,13 @@ def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any
                 owned.setdefault(item.name, what)
     for item in tf.nest.flatten(fetches):
         name = item if isinstance(item, str) else getattr(item, "name", None)
-        if not isinstance(name, str) or name not in owned:
-            continue
-        raise ValueError(
-            f"fetches holds {owned[name]} ({name}): run_accumulation runs the window's "
-            "ops itself and fetches with each micro-batch. Fetch losses and metrics only. "
-            "To read the statistics it logs, run the ops yourself and fetch statistics "
-            "with apply_op, or accum_apply_statistics with accum_apply_op. Nothing was run."
-        )
+        if isinstance(name, str) and name in owned:
+            raise ValueError(
+                f"fetches holds {owned[name]} ({name}): run_accumulation runs the window's "
+                "ops itself and fetches with each micro-batch. Fetch losses and metrics only. "
+                "To read the statistics it logs, run the ops yourself and fetch statistics "
+                "with apply_op, or accum_apply_statistics with accum_apply_op. Nothing was run."
+            )
 
 
 def _noise(
@@ -406,10 +395,9 @@ def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.It
     held = _HELD.__dict__.setdefault("locks", set())
     if lock in held:
         raise RuntimeError(
-            "run_accumulation was called for an accumulation whose window this same "
-            "thread is running (from its feed_dicts or a hook): windows of one "
-            "accumulation run one at a time, so this call would wait forever. Run the "
-            "second window after the first returns."
+            "run_accumulation was called for an accumulation whose window this same thread is "
+            "running (from its feed_dicts or a hook): windows of one accumulation run one at a "
+            "time, so this call would wait forever. Run the second window after the first returns."
         )
     with lock:
         held.add(lock)
@@ -446,10 +434,7 @@ def _discard_window(sess: tf.compat.v1.Session, accumulation: _accumulation.Accu
             "and resetting the window failed too, so its accumulators are in an "
             f"unknown state (run zero_op before the next window): {zero_error}"
         )
-    return _DISCARDED
-
-
-_DISCARDED = "so the window was discarded (accumulators and counter reset, no update applied)"
+    return DISCARDED
 
 
 def _reraise(error: BaseException, context: str) -> typing.NoReturn:

@@ -114,11 +114,8 @@ class MemoryFit:
         if self._size is None:
             self._change(largest, "first window")
             return largest
-        if (
-            self._probe_every is not None
-            and self._since >= self._probe_every
-            and self._size < largest
-        ):
+        # At the largest allowed, target is no larger than the size in use: no probe.
+        if self._probe_every is not None and self._since >= self._probe_every:
             larger = 2 * self._size if self._fails is None else (self._size + self._fails) // 2
             target = min(larger, largest)
             if target > self._size:
@@ -163,9 +160,7 @@ class MemoryFit:
 
 def _check_positive(name: str, value: object, unit: str = "") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(
-            f"{name} must be a positive integer{unit} or None, got {_validate.describe(value)}."
-        )
+        raise _validate.type_error(name, value, f"a positive integer{unit} or None")
     if value < 1:
         raise ValueError(f"{name} must be a positive integer{unit} or None, got {value}.")
 
@@ -183,6 +178,10 @@ def _first_line(error: BaseException) -> str:
 
 class WindowDiscarded(Exception):
     """``(error, k)``: micro-batch k ran out of memory (``error``); the window was discarded."""
+
+
+# What became of a window whose micro-batch failed, once zero_op ran.
+DISCARDED = "so the window was discarded (accumulators and counter reset, no update applied)"
 
 
 class _Batch(typing.NamedTuple):
@@ -221,10 +220,7 @@ def plan_window(
             f"and {micro_batches})."
         )
     if memory_fit is not None and not isinstance(memory_fit, MemoryFit):
-        raise TypeError(
-            "memory_fit must be a tf1_accum.MemoryFit or None, got "
-            f"{_validate.describe(memory_fit)}."
-        )
+        raise _validate.type_error("memory_fit", memory_fit, "a tf1_accum.MemoryFit or None")
     feeds = [feed_dicts] if isinstance(feed_dicts, collections.abc.Mapping) else list(feed_dicts)
     if not feeds:
         raise ValueError(
@@ -237,10 +233,7 @@ def plan_window(
     for index, feed in enumerate(feeds):
         label = "feed_dicts" if feed is feed_dicts else f"feed_dicts[{index}]"
         if not isinstance(feed, collections.abc.Mapping):
-            raise TypeError(
-                f"{label} must be a feed dict holding a large batch to split, got "
-                f"{_validate.describe(feed)}."
-            )
+            raise _validate.type_error(label, feed, "a feed dict holding a large batch to split")
         batches.append(_batch(graph, dict(feed), label, whole))
     weighted = accumulation.options is not None and accumulation.options.weighted
     if memory_fit is not None and not weighted:
@@ -255,13 +248,9 @@ def plan_window(
         cuts = _sizes(plan, batch, _largest(plan, batch))
         sizes += cuts
         # Batch data through a placeholder fixed at the batch's rows (split) or another size.
-        refused = [
-            (key, shape)
-            for key, shape in batch.fixed.items()
-            if memory_fit is not None or min(cuts) < batch.rows or shape[0] != batch.rows
-        ]
-        if refused:
-            key, shape = refused[0]
+        for key, shape in batch.fixed.items():
+            if memory_fit is None and min(cuts) >= batch.rows and shape[0] == batch.rows:
+                continue  # fed whole, as the graph was built for
             cut = (
                 f"{_split_asked(plan)} cuts the batch into micro-batches of "
                 f"{_sizes_text(cuts)} rows"
@@ -315,10 +304,9 @@ def run_window(
         held = read_counter()
         if held:
             raise ValueError(
-                f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, "
-                "which memory_fit could not run again after discarding the window: run "
-                "apply_op (or zero_op) first, or call run_accumulation without memory_fit. "
-                "Nothing was run."
+                f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, which "
+                "memory_fit could not run again after discarding the window: run apply_op (or "
+                "zero_op) first, or call run_accumulation without memory_fit. Nothing was run."
             )
         largest = max(_largest(plan, b) for b in plan.batches)
         size = min(fit._start(largest), largest)
@@ -331,10 +319,9 @@ def run_window(
                 smaller = fit._out_of_memory(tried, error)
                 if smaller is None:
                     message = (
-                        f"micro-batch {failed} of the window failed so the "
-                        "window was discarded (accumulators and counter reset, no update "
-                        "applied): a micro-batch of one row does not fit in memory, so "
-                        f"memory_fit cannot split the batch further: {error.message}"
+                        f"micro-batch {failed} of the window failed {DISCARDED}: a micro-batch of "
+                        "one row does not fit in memory, so memory_fit cannot split the batch "
+                        f"further: {error.message}"
                     )
                     raise type(error)(error.node_def, error.op, message) from error
                 size = smaller
@@ -452,8 +439,7 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
     """
     values = {}
     candidates = {}  # key -> leading size
-    fixed: dict[typing.Any, tuple] = {}  # key -> (leading size, shape): fixed leading size
-    misfit: dict[typing.Any, tuple] = {}  # the same, where the value has another leading size
+    sized: dict[typing.Any, tuple] = {}  # key -> (leading size, shape): fixed leading size
     for key, value in feed.items():
         tensor = _feed_tensor(graph, key, label)
         if tensor in whole:
@@ -461,21 +447,18 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
             continue
         if isinstance(tensor, tf.SparseTensor):
             raise TypeError(
-                f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), "
-                "which run_accumulation does not split: split the batch yourself and pass "
-                "one feed dict per micro-batch, without micro_batch_size, micro_batches or "
-                "memory_fit."
+                f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), which "
+                "run_accumulation does not split: split the batch yourself and pass one feed dict "
+                "per micro-batch, without micro_batch_size, micro_batches or memory_fit."
             )
         value = values[key] = np.asanyarray(value)
         shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None
-        known = shape is not None and shape.ndims is not None
-        if value.ndim == 0 or (known and (shape.ndims == 0 or shape.as_list()[0] is not None)):
-            if value.ndim and known and shape.ndims:
-                sized = misfit if value.shape[0] != shape.as_list()[0] else fixed
-                sized[key] = (value.shape[0], shape.as_list())
-            continue  # fed whole, unless it has the batch's rows (see plan_window)
-        candidates[key] = value.shape[0]
-    sized = {**fixed, **misfit}
+        dims = None if shape is None or shape.ndims is None else shape.as_list()
+        if value.ndim and dims and dims[0] is not None:
+            # A placeholder of fixed leading size: fed whole (plan_window refuses a cut of it).
+            sized[key] = (value.shape[0], dims)
+        elif value.ndim and dims != []:  # a scalar, or fed to one, goes whole
+            candidates[key] = value.shape[0]
     sizes = collections.Counter(size for size, _ in sized.values()).most_common(2)
     if not candidates and (len(sizes) == 1 or (sizes and sizes[0][1] > sizes[1][1])):
         # A graph built for one batch size: its rows are the values'.
@@ -488,11 +471,10 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
         )
     counted = collections.Counter(candidates.values()).most_common()
     if len(counted) > 1 and counted[0][1] == counted[1][1]:
-        tied = [size for size, n in counted if n == counted[0][1]]
         keys = ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
         raise ValueError(
-            f"{label} has no one batch dimension: as many arrays have {tied[0]} rows as "
-            f"{tied[1]} ({keys}). Name the arrays that are not batch data in "
+            f"{label} has no one batch dimension: as many arrays have {counted[0][0]} rows as "
+            f"{counted[1][0]} ({keys}). Name the arrays that are not batch data in "
             "unbatched_feeds=[...], or feed them through a placeholder of known leading size "
             "(shape [100, 16], not [None, 16]), so that they are fed whole. Nothing was run."
         )
@@ -501,8 +483,10 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
         raise ValueError(
             f"{label} holds a batch of 0 rows: nothing to accumulate. Nothing was run."
         )
-    split = frozenset(key for key, size in candidates.items() if size == rows and key not in fixed)
-    batch_shaped = {k: sized[k][1] for k in values if k in sized and sized[k][0] == rows}
+    # A key of fixed leading size is never split: plan_window refuses a split that would cut
+    # its value, whatever that size.
+    split = frozenset(key for key, size in candidates.items() if size == rows and key not in sized)
+    batch_shaped = {key: shape for key, (size, shape) in sized.items() if size == rows}
     return _Batch(values, rows, split, batch_shaped)
 
 

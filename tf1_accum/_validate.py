@@ -13,15 +13,9 @@ import typing
 import warnings
 
 import numpy as np
-from tf1_accum._compat import (
-    control_inputs_restored_on_failure,
-    keras_names,
-    tensorflow_dir,
-    tf,
-    variable_store,
-)
+from tf1_accum._compat import tf
 
-from tf1_accum import _keras
+from tf1_accum import _compat, _keras
 
 
 def describe(value: object) -> str:
@@ -32,23 +26,25 @@ def describe(value: object) -> str:
     return f"{text} (a {type(value).__module__}.{type(value).__qualname__})"
 
 
+def type_error(name: str, value: object, expected: str) -> TypeError:
+    """The TypeError saying that ``name`` must be ``expected``, and what ``value`` is."""
+    return TypeError(f"{name} must be {expected}, got {describe(value)}.")
+
+
 def check_graph_mode(what: str) -> None:
     """Raises RuntimeError when eager execution is on."""
     if tf.executing_eagerly():
         raise RuntimeError(
-            f"{what} builds TF1 graph-mode ops (Session, feed_dict), but eager "
-            "execution is active. Call tf.compat.v1.disable_eager_execution() (or "
-            "tf.compat.v1.disable_v2_behavior()) at program start, before any "
-            "graph is built."
+            f"{what} builds TF1 graph-mode ops (Session, feed_dict), but eager execution is "
+            "active. Call tf.compat.v1.disable_eager_execution() (or "
+            "tf.compat.v1.disable_v2_behavior()) at program start, before any graph is built."
         )
 
 
 def check_loss(loss: object) -> None:
     """Checks that ``loss`` is a scalar floating-point graph tensor."""
     if not isinstance(loss, tf.Tensor) or not hasattr(loss, "graph"):
-        raise TypeError(
-            f"loss must be a scalar floating-point tf.Tensor of a graph, got {describe(loss)}."
-        )
+        raise type_error("loss", loss, "a scalar floating-point tf.Tensor of a graph")
     dtype = loss.dtype.base_dtype
     if not dtype.is_floating:
         raise TypeError(
@@ -56,12 +52,10 @@ def check_loss(loss: object) -> None:
             f"{dtype.name}. Cast it, e.g. tf.cast(loss, tf.float32)."
         )
     if loss.shape.ndims not in (0, None):  # unknown: checked when run
-        shape = loss.shape.as_list()
         raise ValueError(
-            f"loss must be a scalar (shape []), got {loss.name} of shape {shape}. "
-            "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean "
-            "over the micro-batch is what accumulation averages into the mean "
-            "over the window."
+            f"loss must be a scalar (shape []), got {loss.name} of shape {loss.shape.as_list()}. "
+            "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean over the "
+            "micro-batch is what accumulation averages into the mean over the window."
         )
 
 
@@ -82,11 +76,10 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
     if adapted is not None:
         return adapted
     raise TypeError(
-        keras_names(
-            "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, "
-            "Momentum, Adam, RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a "
-            "subclass) or a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-            f"...), got {describe(optimizer)}."
+        _compat.keras_names(
+            "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, Momentum, Adam, "
+            "RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a subclass) or a tf_keras "
+            f"legacy optimizer (tf_keras.optimizers.legacy.Adam, ...), got {describe(optimizer)}."
         )
         + _keras.refusal_hint(optimizer)
     )
@@ -102,23 +95,20 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
         var_list = list({id(v): v for v in found}.values())
         if not var_list:
             raise ValueError(
-                "No variables to train: var_list is None and the loss's graph has "
-                "no trainable variables. Build the model before calling, or pass "
-                "var_list."
+                "No variables to train: var_list is None and the loss's graph has no trainable "
+                "variables. Build the model before calling, or pass var_list."
             )
         return var_list
     if isinstance(var_list, (tf.Variable, str)) or not isinstance(
         var_list, collections.abc.Iterable
     ):
-        raise TypeError(
-            f"var_list must be a list of tf.Variable or None, got {describe(var_list)}."
-        )
+        raise type_error("var_list", var_list, "a list of tf.Variable or None")
     var_list = list(var_list)
     if not var_list:
         raise ValueError("var_list is empty: expected at least one tf.Variable.")
     for i, v in enumerate(var_list):
         if not isinstance(v, tf.Variable):
-            raise TypeError(f"var_list[{i}] must be a tf.Variable, got {describe(v)}.")
+            raise type_error(f"var_list[{i}]", v, "a tf.Variable")
         if v.graph is not graph:
             raise ValueError(f"var_list[{i}] {v.op.name} is not in the graph of the loss.")
     return var_list
@@ -131,8 +121,7 @@ def check_global_step(global_step: object, graph: tf.Graph | None = None) -> Non
     if not isinstance(global_step, tf.Variable):
         raise TypeError(
             "global_step must be an integer tf.Variable (e.g. from "
-            "tf.compat.v1.train.get_or_create_global_step()) or None, got "
-            f"{describe(global_step)}."
+            f"tf.compat.v1.train.get_or_create_global_step()) or None, got {describe(global_step)}."
         )
     if not global_step.dtype.base_dtype.is_integer:
         raise TypeError(
@@ -141,17 +130,16 @@ def check_global_step(global_step: object, graph: tf.Graph | None = None) -> Non
         )
     if graph is not None and global_step.graph is not graph:
         raise ValueError(
-            f"global_step must be a variable of the loss's graph, got {global_step.op.name} "
-            "of another graph. Create it in the graph you build in (e.g. "
-            "tf.compat.v1.train.get_or_create_global_step() inside "
-            "graph.as_default())."
+            f"global_step must be a variable of the loss's graph, got {global_step.op.name} of "
+            "another graph. Create it in the graph you build in (e.g. "
+            "tf.compat.v1.train.get_or_create_global_step() inside graph.as_default())."
         )
 
 
 def check_bool(name: str, value: object) -> None:
     """Checks that ``value`` is a Python bool."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {describe(value)}.")
+        raise type_error(name, value, "True or False")
 
 
 def check_weight(weight: object, graph: tf.Graph) -> None:
@@ -189,10 +177,7 @@ def check_statistics_options(statistics: object, micro_batch_size: object, weigh
             )
         return
     if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Real):
-        raise TypeError(
-            "micro_batch_size must be a positive number of examples, got "
-            f"{describe(micro_batch_size)}."
-        )
+        raise type_error("micro_batch_size", micro_batch_size, "a positive number of examples")
     # A numbers.Real, which typeshed gives no comparison with an int.
     size = typing.cast(float, micro_batch_size)
     if not (size > 0 and math.isfinite(size)):
@@ -216,7 +201,7 @@ def check_clip_norm(clip_norm: object) -> None:
     if clip_norm is None:
         return
     if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float, np.number)):
-        raise TypeError(f"clip_norm must be a positive number or None, got {describe(clip_norm)}.")
+        raise type_error("clip_norm", clip_norm, "a positive number or None")
     if not (clip_norm > 0 and math.isfinite(clip_norm)):
         raise ValueError(
             f"clip_norm must be a positive, finite number, got {clip_norm}: pass "
@@ -239,33 +224,16 @@ def check_update_ops(
         )
     ops = []
     for i, item in enumerate(update_ops):
-        op = item if isinstance(item, tf.Operation) else _graph_op(item)
-        if op is None:
-            raise TypeError(
-                f"update_ops[{i}] must be a tf.Operation or tf.Tensor of a graph, got "
-                f"{describe(item)}."
-            )
+        op = item  # an op; or a tensor or an assign's result, whose graph op is taken
+        if isinstance(item, (tf.Tensor, tf.Variable)):
+            with contextlib.suppress(AttributeError, NotImplementedError):  # an eager one: none
+                op = item.op
+        if not isinstance(op, tf.Operation):
+            raise type_error(f"update_ops[{i}]", item, "a tf.Operation or tf.Tensor of a graph")
         if graph is not None and op.graph is not graph:
             raise ValueError(f"update_ops[{i}] {op.name} is not in the graph of the loss.")
         ops.append(op)
     return ops
-
-
-def _graph_op(item: object) -> tf.Operation | None:
-    """The graph op of a tensor or an assign's result; None for anything else (eager ones)."""
-    try:
-        op = item.op if isinstance(item, (tf.Tensor, tf.Variable)) else None
-    except (AttributeError, NotImplementedError):
-        return None
-    return op if isinstance(op, tf.Operation) else None
-
-
-# The ops a SyncReplicasOptimizer's gradient accumulators hand their aggregate out by.
-_TAKE_GRADIENT_OPS = (
-    "AccumulatorTakeGradient",
-    "ResourceAccumulatorTakeGradient",
-    "SparseAccumulatorTakeGradient",
-)
 
 
 def check_not_under_sync_replicas(
@@ -275,24 +243,25 @@ def check_not_under_sync_replicas(
     for gradient, var in grads_and_vars:
         values = getattr(gradient, "values", gradient)
         op = getattr(values, "op", None)
-        if op is not None and op.type in _TAKE_GRADIENT_OPS:
+        # A SyncReplicasOptimizer's gradient accumulators hand their aggregate out by
+        # AccumulatorTakeGradient, or its Resource or Sparse form.
+        if op is not None and op.type.endswith("AccumulatorTakeGradient"):
             raise ValueError(
-                "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient "
-                f"of {var.op.name} comes from its {op.type} ({op.name}), which waits for "
-                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer "
-                "applies once every steps runs: the second micro-batch would wait "
-                "forever. Nest them the other way round, "
-                "AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps), which "
-                "pushes one window per worker per update, or use "
-                "cross_replica=tf1_accum.CollectiveAllReduce (see the guide 'Across "
-                "several machines')."
+                "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient of "
+                f"{var.op.name} comes from its {op.type} ({op.name}), which waits for "
+                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer applies "
+                "once every steps runs: the second micro-batch would wait forever. Nest them the "
+                "other way round, AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps), "
+                "which pushes one window per worker per update, or use "
+                "cross_replica=tf1_accum.CollectiveAllReduce (see the guide 'Across several "
+                "machines')."
             )
 
 
 def check_steps(steps: object) -> None:
     """Checks that ``steps`` is an int of at least 1."""
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
-        raise TypeError(f"steps must be an int (micro-batches per update), got {describe(steps)}.")
+        raise type_error("steps", steps, "an int (micro-batches per update)")
     if steps < 1:
         raise ValueError(f"steps must be at least 1 (micro-batches per update), got {steps}.")
 
@@ -300,10 +269,7 @@ def check_steps(steps: object) -> None:
 def check_feed_dict(label: str, feed_dict: object) -> None:
     """Checks one feed: a mapping, or None for no feed. ``label`` names it."""
     if feed_dict is not None and not isinstance(feed_dict, collections.abc.Mapping):
-        raise TypeError(
-            f"{label} must be a dict (or None for a run that needs no feed), got "
-            f"{describe(feed_dict)}."
-        )
+        raise type_error(label, feed_dict, "a dict (or None for a run that needs no feed)")
 
 
 def check_session_graph(sess: object, graph: tf.Graph, what: str) -> None:
@@ -325,19 +291,20 @@ def check_session_graph(sess: object, graph: tf.Graph, what: str) -> None:
     )
 
 
-def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> list[tf.Variable]:
-    """Returns the variables of ``var_list`` that ``loss`` reads, with full shapes; no gradient."""
+def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> None:
+    """Checks that ``loss`` reads a variable of ``var_list``, and those it reads have full shapes.
+
+    Nothing is built: no gradient is taken.
+    """
     read = _ancestors(loss.op)
     reached = [v for v in var_list if v.op in read]
     if not reached:
         raise ValueError(
-            "No gradients provided for any variable: "
-            f"{[v.op.name for v in var_list]}. The loss {loss.name} does not depend "
-            "on any of them: check the graph for ops that do not support gradients "
-            "between these variables and the loss, or pass var_list."
+            f"No gradients provided for any variable: {[v.op.name for v in var_list]}. The loss "
+            f"{loss.name} does not depend on any of them: check the graph for ops that do not "
+            "support gradients between these variables and the loss, or pass var_list."
         )
     check_shapes(reached)
-    return reached
 
 
 def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
@@ -399,15 +366,13 @@ def usable_gradients(
 
 _LIBRARY_DIRS = (
     os.path.dirname(os.path.abspath(__file__)) + os.sep,
-    os.path.join(tensorflow_dir(), ""),
-    os.path.join(os.path.dirname(tensorflow_dir()), "tf_keras", ""),
+    os.path.join(_compat.tensorflow_dir(), ""),
+    os.path.join(os.path.dirname(_compat.tensorflow_dir()), "tf_keras", ""),
 )
 
 
 def warn_of_other_models(
-    update_ops: typing.Sequence[tf.Operation | tf.Tensor],
-    reads: typing.Container[str],
-    runner: str,
+    update_ops: typing.Sequence[tf.Operation | tf.Tensor], reads: typing.Container[str], runner: str
 ) -> None:
     """Warns of an op of ``UPDATE_OPS`` needing a feed the loss does not read (another model's).
 
@@ -453,20 +418,18 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
     """
     kept = {key: list(graph.get_collection(key)) for key in graph.get_all_collection_keys()}
     ops_before = len(graph.get_operations())
-    names_before = set(variable_store(graph))
+    names_before = set(_compat.variable_store(graph))
     try:
         # The control inputs a build added to ops it did not create go too.
-        with control_inputs_restored_on_failure():
+        with _compat.control_inputs_restored_on_failure():
             yield
     except Exception as error:
         # Names tf.compat.v1.get_variable gave (a transform's variable): free for a retry.
-        store = variable_store(graph)
+        store = _compat.variable_store(graph)
         for name in set(store) - names_before:
             del store[name]
-        variables = (
-            tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
-            tf.compat.v1.GraphKeys.LOCAL_VARIABLES,
-        )
+        keys = tf.compat.v1.GraphKeys
+        variables = (keys.GLOBAL_VARIABLES, keys.LOCAL_VARIABLES)
         kept_ids = {id(v) for key in variables for v in kept.get(key, ())}
         made = [v for key in variables for v in graph.get_collection(key)]
         made = [v.op.name for v in made if id(v) not in kept_ids]
