@@ -172,7 +172,7 @@ def check_graph(
 
 def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
     items = list(fetches) if isinstance(fetches, (list, tuple)) else [fetches]
-    ops = [item if isinstance(item, tf.Operation) else _validate._graph_op(item) for item in items]
+    ops = [_validate.graph_op(item) for item in items]
     for item, op in zip(items, ops):
         if op is None:
             raise TypeError(

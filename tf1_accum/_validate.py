@@ -224,16 +224,23 @@ def check_update_ops(
         )
     ops = []
     for i, item in enumerate(update_ops):
-        op = item  # an op; or a tensor or an assign's result, whose graph op is taken
-        if isinstance(item, (tf.Tensor, tf.Variable)):
-            with contextlib.suppress(AttributeError, NotImplementedError):  # an eager one: none
-                op = item.op
-        if not isinstance(op, tf.Operation):
+        op = graph_op(item)
+        if op is None:
             raise type_error(f"update_ops[{i}]", item, "a tf.Operation or tf.Tensor of a graph")
         if graph is not None and op.graph is not graph:
             raise ValueError(f"update_ops[{i}] {op.name} is not in the graph of the loss.")
         ops.append(op)
     return ops
+
+
+def graph_op(item: object) -> tf.Operation | None:
+    """``item`` if an op, else the graph op of a tensor or an assign's result; None for
+    anything else (an eager tensor has none)."""
+    op = item
+    if isinstance(item, (tf.Tensor, tf.Variable)):
+        with contextlib.suppress(AttributeError, NotImplementedError):
+            op = item.op
+    return op if isinstance(op, tf.Operation) else None
 
 
 def check_not_under_sync_replicas(
