@@ -17,6 +17,7 @@ import weakref
 
 from tf1_accum._compat import guard_runs, tf
 
+from tf1_accum._locking import ancestors
 from tf1_accum.check._catalogue import refusal
 
 #: Graph collection of the marks, strings "op window field": kept in the
@@ -45,6 +46,18 @@ def mark(windows: str | typing.Sequence[str], field: str, *built: typing.Any) ->
         for window in [windows] if isinstance(windows, str) else windows:
             op.graph.add_to_collection(COLLECTION, f"{op.name} {window} {field}")
     guard_runs(_check)
+
+
+def refuse_unless(
+    condition: tf.Tensor, message: str, values: list[tf.Tensor], name: str
+) -> tf.Operation:
+    """An op failing its run unless ``condition``: with ``message``, then ``values``.
+
+    Each value shows 8 entries at most. The ``Assert`` op itself:
+    ``tf.debugging.Assert`` would wrap it in a conditional, at a cost per run.
+    """
+    data = [tf.constant(message)] + values
+    return tf.raw_ops.Assert(condition=condition, data=data, summarize=8, name=name)
 
 
 def marks(op: tf.Operation) -> list[Mark]:
@@ -94,15 +107,7 @@ class _Graph:
         """Whether running ``op`` runs an op named in ``names`` (the same on every call)."""
         found = self.reaching.get(id(op))
         if found is None:
-            seen, todo, found = {op}, [op], False
-            while todo and not found:
-                one = todo.pop()
-                found = one.name in names
-                for each in list(one.control_inputs) + [t.op for t in one.inputs]:
-                    if each not in seen:
-                        seen.add(each)
-                        todo.append(each)
-            self.reaching[id(op)] = found
+            found = self.reaching[id(op)] = not names.isdisjoint(ancestors([op]))
         return found
 
     def of(self, op: tf.Operation) -> list[Mark]:

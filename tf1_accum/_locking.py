@@ -44,9 +44,7 @@ def exclusive(
         done, other = build()
     finished = [t for t in tf.nest.flatten(done) if t is not None]
     created = [op for op in graph.get_operations() if op.name not in before]
-    section = _section(created, finished, locked)
-    section = [op for op in section if op is not lock.op]
-    _lock_before_state_reads(locked, section, state())
+    _lock_before_state_reads(locked, _section(created, finished, locked), state())
 
     def after_release(t: tf.Tensor | tf.Operation | None) -> tf.Tensor | tf.Operation | None:
         if isinstance(t, tf.Operation):
@@ -102,7 +100,6 @@ def _section(
         if op.name not in section and lock_op in op.control_inputs:
             kept = [c for c in op.control_inputs if c is not lock_op]
             set_control_inputs(op, kept)
-    section.pop(lock_op.name, None)
     return list(section.values())
 
 
@@ -114,14 +111,14 @@ def _makes_state(op: tf.Operation) -> bool:
 
 
 def ancestors(
-    ops: typing.Iterable[tf.Operation], names: typing.Container[str]
+    ops: typing.Iterable[tf.Operation], names: typing.Container[str] | None = None
 ) -> dict[str, tf.Operation]:
-    """``ops`` and what they depend on, among the ops named in ``names``, by name."""
+    """``ops`` and every op they read or wait for (among those named in ``names``), by name."""
     found: dict[str, tf.Operation] = {}
     stack = list(ops)
     while stack:
         op = stack.pop()
-        if op.name in found or op.name not in names:
+        if op.name in found or (names is not None and op.name not in names):
             continue
         found[op.name] = op
         stack += [t.op for t in op.inputs] + list(op.control_inputs)
@@ -136,7 +133,8 @@ def _lock_before_state_reads(
     """Makes every op of ``created`` that reads the window's state wait for the lock.
 
     For ops built under ``tf.control_dependencies(None)`` (a flush), which
-    the lock's own control dependency does not reach.
+    the lock's own control dependency does not reach. The lock itself and
+    ``lock_op`` read no state: they are left as they are.
     """
     sources = {v.op.name for v in state}
     context = control_flow_context(lock_op)
@@ -163,7 +161,6 @@ def apply_one_at_a_time(
     grads = make_grads()
     update = shared.apply_gradients(list(zip(grads, var_list)), global_step)
     built = graph.get_operations()[first:]
-    inside = set(built)
 
     def before(op: tf.Operation) -> typing.List[tf.Operation]:
         return [t.op for t in op.inputs] + list(op.control_inputs)
@@ -181,7 +178,7 @@ def apply_one_at_a_time(
         for dependency in before(op):
             found |= reads.get(dependency, set())
         reads[op] = found
-    users = [[c for c in values_of(g).consumers() if c in inside] for g in grads]
+    users = [[c for c in values_of(g).consumers() if c.name in names] for g in grads]
     if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
         return update
     # Only large gradients wait: a small one is cheaper run at once.
