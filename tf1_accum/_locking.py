@@ -44,7 +44,7 @@ def exclusive(
         done, other = build()
     finished = [t for t in tf.nest.flatten(done) if t is not None]
     created = [op for op in graph.get_operations() if op.name not in before]
-    _lock_before_state_reads(locked, _section(created, finished, locked), state())
+    _lock_section(created, finished, locked, state())
 
     def after_release(t: tf.Tensor | tf.Operation | None) -> tf.Tensor | tf.Operation | None:
         if isinstance(t, tf.Operation):
@@ -82,25 +82,32 @@ def reference_control_flow(
         tf.compat.v1.enable_control_flow_v2()
 
 
-def _section(
+def _lock_section(
     created: typing.Sequence[tf.Operation],
     finished: typing.Sequence[tf.Tensor | tf.Operation],
     lock_op: tf.Operation,
-) -> list[tf.Operation]:
-    """The ops of ``created`` that running ``finished`` runs: the locked section.
+    state: typing.Iterable[tf.Variable],
+) -> None:
+    """Orders the ops of ``created`` that running ``finished`` runs (the section) after the lock.
 
-    The others (a ``SyncReplicasOptimizer``'s chief queue runner, which the
-    apply waits for) lose the lock as a control input, or would deadlock.
+    Those reading the window's ``state`` wait for ``lock_op``: ops built
+    under ``tf.control_dependencies(None)`` (a flush), which the lock's own
+    control dependency does not reach. The others (a ``SyncReplicasOptimizer``'s
+    chief queue runner, which the apply waits for) lose the lock as a control
+    input, or would deadlock.
     """
     names = {op.name for op in created}
     section = ancestors([t.op if isinstance(t, tf.Tensor) else t for t in finished], names)
-    # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
-    section = {name: op for name, op in section.items() if not _makes_state(op)}
+    sources = {v.op.name for v in state}
+    context = control_flow_context(lock_op)
     for op in created:
-        if op.name not in section and lock_op in op.control_inputs:
-            kept = [c for c in op.control_inputs if c is not lock_op]
-            set_control_inputs(op, kept)
-    return list(section.values())
+        # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
+        if op.name not in section or _makes_state(op):
+            if lock_op in op.control_inputs:
+                set_control_inputs(op, [c for c in op.control_inputs if c is not lock_op])
+        elif control_flow_context(op) is context and lock_op not in op.control_inputs:
+            if any(t.op.name in sources for t in op.inputs):
+                add_control_inputs(op, [lock_op])
 
 
 def _makes_state(op: tf.Operation) -> bool:
@@ -123,26 +130,6 @@ def ancestors(
         found[op.name] = op
         stack += [t.op for t in op.inputs] + list(op.control_inputs)
     return found
-
-
-def _lock_before_state_reads(
-    lock_op: tf.Operation,
-    created: typing.Iterable[tf.Operation],
-    state: typing.Iterable[tf.Variable],
-) -> None:
-    """Makes every op of ``created`` that reads the window's state wait for the lock.
-
-    For ops built under ``tf.control_dependencies(None)`` (a flush), which
-    the lock's own control dependency does not reach. The lock itself and
-    ``lock_op`` read no state: they are left as they are.
-    """
-    sources = {v.op.name for v in state}
-    context = control_flow_context(lock_op)
-    for op in created:
-        if op is lock_op or control_flow_context(op) is not context:
-            continue
-        if lock_op not in op.control_inputs and any(t.op.name in sources for t in op.inputs):
-            add_control_inputs(op, [lock_op])
 
 
 def apply_one_at_a_time(
