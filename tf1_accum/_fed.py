@@ -51,10 +51,7 @@ class Held(typing.NamedTuple):
 
 
 def hold(
-    counter: tf.Variable,
-    gate: tf.Operation,
-    added: tf.Operation,
-    applied: tf.Tensor,
+    counter: tf.Variable, gate: tf.Operation, added: tf.Operation, applied: tf.Tensor
 ) -> Held | None:
     """Makes ``gate`` (which every op of the add waits for) check the fed values.
 

@@ -105,10 +105,9 @@ class _Graph:
 
     def runs_any(self, op: tf.Operation, names: set[str]) -> bool:
         """Whether running ``op`` runs an op named in ``names`` (the same on every call)."""
-        found = self.reaching.get(id(op))
-        if found is None:
-            found = self.reaching[id(op)] = not names.isdisjoint(ancestors([op]))
-        return found
+        if id(op) not in self.reaching:
+            self.reaching[id(op)] = not names.isdisjoint(ancestors([op]))
+        return self.reaching[id(op)]
 
     def of(self, op: tf.Operation) -> list[Mark]:
         found = self.reached.get(id(op))

@@ -6,7 +6,6 @@ Every way in composes these, each inside `exclusive` (the window's mutex).
 from __future__ import annotations
 
 import contextlib
-import functools
 import typing
 import weakref
 
@@ -33,14 +32,8 @@ APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 Totals = typing.Tuple[tf.Tensor, ...]  # what a slot's add returns: its sum (and touched rows)
 
 
-if typing.TYPE_CHECKING:  # typing.Protocol is Python 3.8's
-
-    class Reducer(typing.Protocol):
-        """Sums a window across the workers (`_distributed._WindowReducer`)."""
-
-        def reduce(
-            self, slots: typing.Sequence[typing.Any], added: Added, parts: typing.Sequence[Part]
-        ) -> tuple[Added, list[tf.Operation]]: ...
+if typing.TYPE_CHECKING:  # what sums a window across the workers
+    from tf1_accum._distributed import _WindowReducer as Reducer
 
 
 class Added(typing.NamedTuple):
@@ -448,9 +441,10 @@ class Window:
         ``make_grads()`` builds the gradients inside the conditional.
         """
         shared = self._shared_applies.setdefault(id(optimizer), SharedApply(optimizer))
-        update = functools.partial(
-            apply_one_at_a_time, shared, make_grads, self.var_list, global_step
-        )
+
+        def update() -> tf.Operation:
+            return apply_one_at_a_time(shared, make_grads, self.var_list, global_step)
+
         count_skip = lambda: self.skipped.assign_add(  # noqa: E731
             tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
         )
@@ -533,8 +527,7 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
     ids = {id(v) for v in variables}
     global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     global_vars[:] = [v for v in global_vars if id(v) not in ids]
-    for v in variables:
-        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
+    graph.get_collection_ref(tf.compat.v1.GraphKeys.LOCAL_VARIABLES).extend(variables)
 
 
 # The name of a window's checked weight, and per graph the names of the update
@@ -619,8 +612,8 @@ class _VariableAccumulator:
         return [self.accumulator]
 
     def totals(self) -> Totals:
-        """Reads what `add` returns: the accumulator's value, in a tuple."""
-        return (self.accumulator.read_value(),)
+        """Reads what `add` returns: the value of each of `state`, in a tuple."""
+        return tuple(v.read_value() for v in self.state())
 
     def window_sum(self, totals: Totals | None = None) -> tuple[Gradient, tf.Tensor | None]:
         """``(sum, None)`` from `add`'s ``totals``, or read from the accumulator."""
@@ -714,9 +707,6 @@ class _SparseAccumulator(_VariableAccumulator):
     def state(self) -> list[tf.Variable]:
         return [self.accumulator, self.touched]
 
-    def totals(self) -> Totals:
-        return (self.accumulator.read_value(), self.touched.read_value())
-
     def _rows(self, touched: tf.Tensor | None = None) -> tf.Tensor:
         touched = self.touched.read_value() if touched is None else touched
         return tf.reshape(tf.where(touched > 0), [-1])
@@ -739,7 +729,6 @@ class _SparseAccumulator(_VariableAccumulator):
         return tf.group(
             self.accumulator.scatter_update(tf.IndexedSlices(zeros, rows), use_locking=True),
             self.touched.scatter_update(
-                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows),
-                use_locking=True,
+                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows), use_locking=True
             ),
         )
