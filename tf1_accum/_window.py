@@ -207,12 +207,11 @@ class Window:
         # Parameter servers: the window's state stays local to the worker.
         worker = _worker_device(pairs)
         with tf.device(worker) if worker else contextlib.nullcontext():
+            zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
             # Another name, so a checkpoint of one kind fails to restore into the other.
-            self.counter = state_variable(
-                lambda: tf.constant(0, tf.int64),
-                "weighted_counter" if options.weighted else "counter",
-            )
-            self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
+            counter = "weighted_counter" if options.weighted else "counter"
+            self.counter = state_variable(zero, counter)
+            self.skipped = state_variable(zero, "skipped_windows")
             self.weighting: _Weighting | None = None
             if options.weighted:
                 dtypes = {_accumulator_dtype(v.dtype) for _, v in pairs}
