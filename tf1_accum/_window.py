@@ -319,11 +319,10 @@ class Window:
                 # After an add, the mean waits for its count (which waits for every add).
                 checks = [totals.count]
             else:
-                checks = [
-                    tf.debugging.Assert(
-                        totals.count > 0, [_NOTHING_ACCUMULATED], name="nothing_accumulated"
-                    )
-                ]
+                nonempty_check = tf.debugging.Assert(
+                    totals.count > 0, [_NOTHING_ACCUMULATED], name="nothing_accumulated"
+                )
+                checks = [nonempty_check]
             # Weighted, the mean divides by the weight total, and the sums are
             # relative to a reference weight (None: to 1).
             total, reference, count = totals.count, None, totals.count
@@ -345,13 +344,10 @@ class Window:
                 norm = tf.identity(norm, name="global_norm")
                 statistics: GradientStatistics | None = None
                 observed: list[tf.Operation] = []
-                if self.statistics is not None:
+                if self.statistics is not None:  # the last part
+                    unit = 1.0 if reference is None else reference
                     statistics, observed = self.statistics.observe(
-                        totals.parts[self.parts.index(self.statistics)],
-                        squares,
-                        count,
-                        total,
-                        1.0 if reference is None else reference,
+                        totals.parts[-1], squares, count, total, unit
                     )
                 window = WindowMean(norm, count)
         transforms = transforms_of(self.options)  # one clip_by_global_norm for every variable
