@@ -681,17 +681,14 @@ class _SparseAccumulator(_VariableAccumulator):
         rescale: list = []
         if scale is not None:
             accumulator = self.accumulator
+
+            def rescale_sums() -> tf.Operation:
+                sums = rescaled(accumulator, scale)
+                return accumulator.assign(sums, use_locking=True, read_value=False)
+
+            downscaled = tf.logical_and(scale > 0, scale < 1)
             with reference_control_flow([accumulator]):
-                rescale.append(
-                    tf.cond(
-                        tf.logical_and(scale > 0, scale < 1),
-                        lambda: accumulator.assign(
-                            rescaled(accumulator, scale), use_locking=True, read_value=False
-                        ),
-                        tf.no_op,
-                        name="rescale",
-                    )
-                )
+                rescale.append(tf.cond(downscaled, rescale_sums, tf.no_op, name="rescale"))
         if weight is None:
             touched = self.touched.scatter_update(
                 tf.IndexedSlices(marks, indices), use_locking=True
