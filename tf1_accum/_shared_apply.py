@@ -15,6 +15,7 @@ import typing
 import numpy as np
 from tf1_accum._compat import control_flow_context, tf
 
+from tf1_accum._options import Pairs
 from tf1_accum._wrapping import counts_its_own_steps
 
 _T = typing.TypeVar("_T")
@@ -45,9 +46,7 @@ class SharedApply:
         self._recorded: tuple[list, dict[str, tf.Variable]] | None = None
 
     def apply_gradients(
-        self,
-        grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
-        global_step: tf.Variable | None = None,
+        self, grads_and_vars: Pairs, global_step: tf.Variable | None = None
     ) -> tf.Operation:
         """Builds one update op: the optimizer's apply, and ``global_step`` + 1."""
         with _outer_train_ops_only():
@@ -101,11 +100,7 @@ class SharedApply:
         self._recorded = (created, got)
         return result
 
-    def _apply(
-        self,
-        grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
-        global_step: tf.Variable | None,
-    ) -> tf.Operation:
+    def _apply(self, grads_and_vars: Pairs, global_step: tf.Variable | None) -> tf.Operation:
         if global_step is None or counts_its_own_steps(self.optimizer):
             return self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         # Ours only if its apply built none; an add, for workers sharing the step.
