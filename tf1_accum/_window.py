@@ -472,13 +472,10 @@ class Window:
         return applied.op, applied
 
 
-def _cond(
-    scope: str,
-    pred: tf.Tensor,
-    apply: typing.Callable[[], typing.Any],
-    otherwise: typing.Callable[[], typing.Any],
-    name: str,
-) -> typing.Any:
+_Branch = typing.Callable[[], typing.Any]  # builds a branch of a conditional
+
+
+def _cond(scope: str, pred: tf.Tensor, apply: _Branch, otherwise: _Branch, name: str) -> typing.Any:
     """``tf.cond`` in the name scope ``scope``, ``apply`` in the caller's (for Adam's names)."""
     caller = tf.compat.v1.get_default_graph().get_name_scope()
 
