@@ -8,6 +8,8 @@ order, so two that change one window in different ways are refused before
 anything runs. A graph-wide mistake that a module above registers in
 `GRAPH_CHECKS` (a global step counted twice per update, in `_migration`) is
 refused the same way, in a loop that no hook or `check_graph` looks at.
+A refusal that depends on a run's values is built in the graph by
+`refuse_unless`.
 """
 
 from __future__ import annotations
