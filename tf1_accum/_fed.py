@@ -45,7 +45,7 @@ class Held(typing.NamedTuple):
             f"micro-batch 0 of the window fed it{_RULE} Values{summary}: fed now, fed with "
             "micro-batch 0, micro-batches in the window:"
         )
-        checked = refuse_unless(holds, message, [value, first, count], "one_value_per_window")
+        checked = refuse_unless(holds, message, value, first, count, name="one_value_per_window")
         with tf.control_dependencies([checked]):
             return tf.identity(value)
 
