@@ -14,6 +14,9 @@ import typing
 from tf1_accum._compat import add_control_inputs
 from tf1_accum._compat import tf
 
+from tf1_accum._guard import refuse_unless
+from tf1_accum._locking import ancestors
+
 _PLACEHOLDERS = ("Placeholder", "PlaceholderWithDefault")
 
 
@@ -31,7 +34,7 @@ class Held(typing.NamedTuple):
         value = tf.concat([_values(t) for t in self.fed], 0)
         unknown = tf.fill(tf.shape(value), tf.constant(float("nan"), tf.float64))
         first = tf.raw_ops.LookupTableFindV2(
-            table_handle=self.table, keys=_key(), default_value=unknown
+            table_handle=self.table, keys=tf.constant([0], tf.int64), default_value=unknown
         )[0]
         # No record (a new session, a restored window), or the values it holds.
         held = [tf.reduce_any(tf.math.is_nan(first)), tf.reduce_all(tf.equal(first, value))]
@@ -42,22 +45,13 @@ class Held(typing.NamedTuple):
             f"micro-batch 0 of the window fed it{_RULE} Values{summary}: fed now, fed with "
             "micro-batch 0, micro-batches in the window:"
         )
-        # The op itself: tf.debugging.Assert would wrap it in a conditional, at a cost per run.
-        checked = tf.raw_ops.Assert(
-            condition=holds,
-            data=[tf.constant(message), value, first, count],
-            summarize=8,
-            name="one_value_per_window",
-        )
+        checked = refuse_unless(holds, message, value, first, count, name="one_value_per_window")
         with tf.control_dependencies([checked]):
             return tf.identity(value)
 
 
 def hold(
-    counter: tf.Variable,
-    gate: tf.Operation,
-    added: tf.Operation,
-    applied: tf.Tensor,
+    counter: tf.Variable, gate: tf.Operation, added: tf.Operation, applied: tf.Tensor
 ) -> Held | None:
     """Makes ``gate`` (which every op of the add waits for) check the fed values.
 
@@ -68,10 +62,10 @@ def hold(
     session that finds none (a new one, a restored window) keeps the first it
     sees. Returns what `Held.check` checks a flush with, or None (nothing fed).
     """
-    batch = _ancestors([added])
+    batch = ancestors([added])
     fed = [
         op.outputs[0]
-        for op in _ancestors([applied.op]).values()
+        for op in ancestors([applied.op]).values()
         if op.type in _PLACEHOLDERS
         and op.name not in batch
         and (op.outputs[0].dtype.is_floating or op.outputs[0].dtype.is_integer)
@@ -92,7 +86,7 @@ def hold(
     count = tf.identity(counter.read_value())
     value = held.check(count, "this micro-batch")
     keep = tf.raw_ops.LookupTableInsertV2(
-        table_handle=table, keys=_key(), values=tf.expand_dims(value, 0)
+        table_handle=table, keys=tf.constant([0], tf.int64), values=tf.expand_dims(value, 0)
     )
     add_control_inputs(gate, [keep])
     return held
@@ -116,11 +110,6 @@ def _values(fed: tf.Tensor) -> tf.Tensor:
     return tf.stack([size, tf.reduce_sum(flat), tf.reduce_sum(tf.square(flat))] + ends)
 
 
-def _key() -> tf.Tensor:
-    """The table's one key."""
-    return tf.constant([0], tf.int64)
-
-
 _RULE = (
     ": the update reads it, and runs once for the window, with one value. Feed the same "
     "value to every micro-batch of a window (change it once window.applied is True). "
@@ -128,15 +117,3 @@ _RULE = (
     "ops run with a micro-batch (UPDATE_OPS) may have run."
 )
 _SUMMARY = " (of a placeholder without a full shape: size, sum, sum of squares, first, last)"
-
-
-def _ancestors(ops: typing.Iterable[tf.Operation]) -> dict[str, tf.Operation]:
-    """``ops`` and every op they read or wait for, by name."""
-    seen: dict[str, tf.Operation] = {}
-    stack = list(ops)
-    while stack:
-        op = stack.pop()
-        if op.name not in seen:
-            seen[op.name] = op
-            stack += [t.op for t in op.inputs] + list(op.control_inputs)
-    return seen

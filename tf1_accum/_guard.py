@@ -8,6 +8,8 @@ order, so two that change one window in different ways are refused before
 anything runs. A graph-wide mistake that a module above registers in
 `GRAPH_CHECKS` (a global step counted twice per update, in `_migration`) is
 refused the same way, in a loop that no hook or `check_graph` looks at.
+A refusal that depends on a run's values is built in the graph by
+`refuse_unless`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import weakref
 
 from tf1_accum._compat import guard_runs, tf
 
+from tf1_accum._locking import ancestors
 from tf1_accum.check._catalogue import refusal
 
 #: Graph collection of the marks, strings "op window field": kept in the
@@ -45,6 +48,16 @@ def mark(windows: str | typing.Sequence[str], field: str, *built: typing.Any) ->
         for window in [windows] if isinstance(windows, str) else windows:
             op.graph.add_to_collection(COLLECTION, f"{op.name} {window} {field}")
     guard_runs(_check)
+
+
+def refuse_unless(holds: tf.Tensor, message: str, *values: tf.Tensor, name: str) -> tf.Operation:
+    """An op failing its run unless ``holds`` (a bool): with ``message``, then ``values``.
+
+    Each value shows 8 entries at most. The ``Assert`` op itself:
+    ``tf.debugging.Assert`` would wrap it in a conditional, at a cost per run.
+    """
+    data = [tf.constant(message), *values]
+    return tf.raw_ops.Assert(condition=holds, data=data, summarize=8, name=name)
 
 
 def marks(op: tf.Operation) -> list[Mark]:
@@ -92,18 +105,9 @@ class _Graph:
 
     def runs_any(self, op: tf.Operation, names: set[str]) -> bool:
         """Whether running ``op`` runs an op named in ``names`` (the same on every call)."""
-        found = self.reaching.get(id(op))
-        if found is None:
-            seen, todo, found = {op}, [op], False
-            while todo and not found:
-                one = todo.pop()
-                found = one.name in names
-                for each in list(one.control_inputs) + [t.op for t in one.inputs]:
-                    if each not in seen:
-                        seen.add(each)
-                        todo.append(each)
-            self.reaching[id(op)] = found
-        return found
+        if id(op) not in self.reaching:
+            self.reaching[id(op)] = not names.isdisjoint(ancestors([op]))
+        return self.reaching[id(op)]
 
     def of(self, op: tf.Operation) -> list[Mark]:
         found = self.reached.get(id(op))

@@ -44,9 +44,7 @@ def exclusive(
         done, other = build()
     finished = [t for t in tf.nest.flatten(done) if t is not None]
     created = [op for op in graph.get_operations() if op.name not in before]
-    section = _section(created, finished, locked)
-    section = [op for op in section if op is not lock.op]
-    _lock_before_state_reads(locked, section, state())
+    _lock_section(created, finished, locked, state())
 
     def after_release(t: tf.Tensor | tf.Operation | None) -> tf.Tensor | tf.Operation | None:
         if isinstance(t, tf.Operation):
@@ -84,26 +82,32 @@ def reference_control_flow(
         tf.compat.v1.enable_control_flow_v2()
 
 
-def _section(
+def _lock_section(
     created: typing.Sequence[tf.Operation],
     finished: typing.Sequence[tf.Tensor | tf.Operation],
     lock_op: tf.Operation,
-) -> list[tf.Operation]:
-    """The ops of ``created`` that running ``finished`` runs: the locked section.
+    state: typing.Iterable[tf.Variable],
+) -> None:
+    """Orders the ops of ``created`` that running ``finished`` runs (the section) after the lock.
 
-    The others (a ``SyncReplicasOptimizer``'s chief queue runner, which the
-    apply waits for) lose the lock as a control input, or would deadlock.
+    Those reading the window's ``state`` wait for ``lock_op``: ops built
+    under ``tf.control_dependencies(None)`` (a flush), which the lock's own
+    control dependency does not reach. The others (a ``SyncReplicasOptimizer``'s
+    chief queue runner, which the apply waits for) lose the lock as a control
+    input, or would deadlock.
     """
     names = {op.name for op in created}
     section = ancestors([t.op if isinstance(t, tf.Tensor) else t for t in finished], names)
-    # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
-    section = {name: op for name, op in section.items() if not _makes_state(op)}
+    sources = {v.op.name for v in state}
+    context = control_flow_context(lock_op)
     for op in created:
-        if op.name not in section and lock_op in op.control_inputs:
-            kept = [c for c in op.control_inputs if c is not lock_op]
-            set_control_inputs(op, kept)
-    section.pop(lock_op.name, None)
-    return list(section.values())
+        # Nor the ops making state those runs share (a SyncReplicasOptimizer's queues).
+        if op.name not in section or _makes_state(op):
+            if lock_op in op.control_inputs:
+                set_control_inputs(op, [c for c in op.control_inputs if c is not lock_op])
+        elif control_flow_context(op) is context and lock_op not in op.control_inputs:
+            if any(t.op.name in sources for t in op.inputs):
+                add_control_inputs(op, [lock_op])
 
 
 def _makes_state(op: tf.Operation) -> bool:
@@ -114,37 +118,18 @@ def _makes_state(op: tf.Operation) -> bool:
 
 
 def ancestors(
-    ops: typing.Iterable[tf.Operation], names: typing.Container[str]
+    ops: typing.Iterable[tf.Operation], names: typing.Container[str] | None = None
 ) -> dict[str, tf.Operation]:
-    """``ops`` and what they depend on, among the ops named in ``names``, by name."""
+    """``ops`` and every op they read or wait for (among those named in ``names``), by name."""
     found: dict[str, tf.Operation] = {}
     stack = list(ops)
     while stack:
         op = stack.pop()
-        if op.name in found or op.name not in names:
+        if op.name in found or (names is not None and op.name not in names):
             continue
         found[op.name] = op
         stack += [t.op for t in op.inputs] + list(op.control_inputs)
     return found
-
-
-def _lock_before_state_reads(
-    lock_op: tf.Operation,
-    created: typing.Iterable[tf.Operation],
-    state: typing.Iterable[tf.Variable],
-) -> None:
-    """Makes every op of ``created`` that reads the window's state wait for the lock.
-
-    For ops built under ``tf.control_dependencies(None)`` (a flush), which
-    the lock's own control dependency does not reach.
-    """
-    sources = {v.op.name for v in state}
-    context = control_flow_context(lock_op)
-    for op in created:
-        if op is lock_op or control_flow_context(op) is not context:
-            continue
-        if lock_op not in op.control_inputs and any(t.op.name in sources for t in op.inputs):
-            add_control_inputs(op, [lock_op])
 
 
 def apply_one_at_a_time(
@@ -163,7 +148,6 @@ def apply_one_at_a_time(
     grads = make_grads()
     update = shared.apply_gradients(list(zip(grads, var_list)), global_step)
     built = graph.get_operations()[first:]
-    inside = set(built)
 
     def before(op: tf.Operation) -> typing.List[tf.Operation]:
         return [t.op for t in op.inputs] + list(op.control_inputs)
@@ -181,7 +165,7 @@ def apply_one_at_a_time(
         for dependency in before(op):
             found |= reads.get(dependency, set())
         reads[op] = found
-    users = [[c for c in values_of(g).consumers() if c in inside] for g in grads]
+    users = [[c for c in values_of(g).consumers() if c.name in names] for g in grads]
     if any(reads[user] != {k} for k, mine in enumerate(users) for user in mine):
         return update
     # Only large gradients wait: a small one is cheaper run at once.

@@ -15,13 +15,11 @@ import typing
 import numpy as np
 from tf1_accum._compat import control_flow_context, tf
 
+from tf1_accum._options import Pairs
 from tf1_accum._wrapping import counts_its_own_steps
 
 _T = typing.TypeVar("_T")
 _Make = typing.Callable[..., tf.Variable]  # a variable creator, or a getter
-# What the first build created (each with the name asked for) and got by name.
-_Created = typing.List[typing.Tuple[typing.Optional[str], tf.Variable]]
-_Got = typing.Dict[str, tf.Variable]
 
 _CANNOT_LIFT = (
     "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
@@ -44,12 +42,11 @@ class SharedApply:
 
     def __init__(self, optimizer: tf.compat.v1.train.Optimizer) -> None:
         self.optimizer = optimizer
-        self._recorded: tuple[_Created, _Got] | None = None
+        # What the first build created ((name asked for, variable) pairs) and got by name.
+        self._recorded: tuple[list, dict[str, tf.Variable]] | None = None
 
     def apply_gradients(
-        self,
-        grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
-        global_step: tf.Variable | None = None,
+        self, grads_and_vars: Pairs, global_step: tf.Variable | None = None
     ) -> tf.Operation:
         """Builds one update op: the optimizer's apply, and ``global_step`` + 1."""
         with _outer_train_ops_only():
@@ -103,11 +100,7 @@ class SharedApply:
         self._recorded = (created, got)
         return result
 
-    def _apply(
-        self,
-        grads_and_vars: typing.Sequence[tuple[tf.Tensor | tf.IndexedSlices, tf.Variable]],
-        global_step: tf.Variable | None,
-    ) -> tf.Operation:
+    def _apply(self, grads_and_vars: Pairs, global_step: tf.Variable | None) -> tf.Operation:
         if global_step is None or counts_its_own_steps(self.optimizer):
             return self.optimizer.apply_gradients(grads_and_vars, global_step=global_step)
         # Ours only if its apply built none; an add, for workers sharing the step.
@@ -199,8 +192,7 @@ def _check_liftable(optimizer: object, kwargs: typing.Mapping[str, typing.Any]) 
         return
     with tf.init_scope():
         outer = tf.compat.v1.get_default_graph()
-    inside = value.graph is not outer or control_flow_context(value.op) is not None
-    if inside:
+    if value.graph is not outer or control_flow_context(value.op) is not None:
         raise ValueError(
             _CANNOT_LIFT.format(
                 optimizer=type(optimizer).__name__, name=kwargs.get("name"), tensor=value.name
@@ -215,9 +207,7 @@ def _requested_shape(kwargs: typing.Mapping[str, typing.Any]) -> tf.TensorShape 
     value = kwargs.get("initial_value")
     if value is None or callable(value):
         return None
-    if hasattr(value, "shape"):
-        return tf.TensorShape(value.shape)
-    return tf.TensorShape(np.shape(value))
+    return tf.TensorShape(np.shape(value))  # a tensor's own shape, or a Python value's
 
 
 def _describe(name: str | None, var: tf.Variable) -> str:

@@ -77,8 +77,8 @@ class Weight(typing.NamedTuple):
 class Part:
     """Optional state of a window beside its counter and accumulators, owning its sums.
 
-    The window calls `checked` then `add` per micro-batch, reads the sums in
-    its mean (`read`, or what `add` returned), and zeroes them in its `reset`.
+    The window calls `add` per micro-batch, reads the sums in its mean (the
+    variables, or what `add` returned), and zeroes them in its `reset`.
     """
 
     #: Whether a cross-replica sum keeps these float64 sums exact (in integer chunks).
@@ -90,10 +90,6 @@ class Part:
     def state(self) -> list[tf.Variable]:
         """Every variable of the part."""
         return list(self.sums)
-
-    def checked(self, weight: typing.Any) -> typing.Any:
-        """A micro-batch's weight, as the window's adds take it."""
-        return weight
 
     def increments(self, gradients: typing.Sequence[typing.Any], weight: typing.Any) -> list:
         """What one micro-batch adds to each of `sums`."""
@@ -112,20 +108,11 @@ class Part:
             for total, increment in zip(self.sums, self.increments(gradients, weight))
         )
 
-    def read(self) -> tuple:
-        """The sums as the variables hold them."""
-        return self.sums
-
     def reset(self) -> list[tf.Operation]:
         return [
             s.assign(tf.constant(0, s.dtype.base_dtype), use_locking=True, read_value=False)
             for s in self.sums
         ]
-
-    def total(self, sums: tuple, total: tf.Tensor) -> tf.Tensor:
-        """The quantity the mean divides by, given ``total`` (the micro-batches) before."""
-        del sums
-        return total
 
 
 def rescaled(variable: tf.Variable, scale: tf.Tensor) -> tf.Tensor:

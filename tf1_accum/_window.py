@@ -6,18 +6,12 @@ Every way in composes these, each inside `exclusive` (the window's mutex).
 from __future__ import annotations
 
 import contextlib
-import functools
 import typing
 import weakref
 
 import numpy as np
-from tf1_accum._compat import (
-    add_control_inputs,
-    control_flow_context,
-    set_control_inputs,
-    tf,
-    without_control_inputs,
-)
+from tf1_accum._compat import add_control_inputs, control_flow_context, set_control_inputs
+from tf1_accum._compat import tf, without_control_inputs
 
 from tf1_accum import _validate
 from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
@@ -35,7 +29,7 @@ __all__ = ["exclusive", "reference_control_flow"]  # also the ways in's
 #: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
 APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 
-Sums = typing.Sequence[tuple]  # each part's sums, aligned with `Window.parts`
+Totals = typing.Tuple[tf.Tensor, ...]  # what a slot's add returns: its sum (and touched rows)
 
 
 if typing.TYPE_CHECKING:  # typing.Protocol is Python 3.8's
@@ -58,9 +52,9 @@ class Added(typing.NamedTuple):
 
     op: tf.Operation | None
     # Each slot's values after the add (see _VariableAccumulator); None: read the variable.
-    per_slot: typing.Sequence[typing.Optional[tuple]]
+    per_slot: typing.Sequence[typing.Optional[Totals]]
     count: tf.Tensor  # the counter's increment; it waits for every other add
-    parts: Sums  # each part's sums after the add
+    parts: typing.Sequence[tuple]  # each part's sums after the add, aligned with Window.parts
 
 
 class Applied(typing.NamedTuple):
@@ -71,17 +65,6 @@ class Applied(typing.NamedTuple):
     norm: tf.Tensor  # float64 global norm before clipping (0 where nothing applied)
     applied: tf.Tensor  # bool: whether the optimizer was given the window
     statistics: typing.Optional[GradientStatistics] = None
-
-
-class Mean(typing.NamedTuple):
-    """The window's mean (or sum), as `Window.mean` builds it for one apply."""
-
-    gradients: typing.Callable[[], list]  # builds them, aligned with var_list
-    norm: tf.Tensor  # float64 global norm before clipping
-    statistics: typing.Optional[GradientStatistics]
-    observed: typing.List[tf.Operation]  # the statistics' updates; the reset waits for them
-    rows: typing.List[typing.Optional[tf.Tensor]]  # sparse rows the reset clears
-    after: typing.List[tf.Tensor]  # what the update waits for: the add's count
 
 
 _NOTHING_ACCUMULATED = (
@@ -122,18 +105,22 @@ class _Weighting(Part):
         """
         weight = tf.cast(weight, tf.float64)
         dtype = self.narrowest
-        flags = [tf.math.is_nan(weight), tf.math.is_inf(weight), weight < 0]
-        reasons = ["NaN", "infinite", "negative"]
-        rules: list = ["a weight must be finite and non-negative."] * 3
+        tiny, high = float(np.finfo(dtype.as_numpy_dtype).tiny), float(dtype.max)
+        finite = "a weight must be finite and non-negative."
+        # Each check: (whether it refuses the weight, why, the rule it breaks).
+        checks: list = [
+            (tf.math.is_nan(weight), "NaN", finite),
+            (tf.math.is_inf(weight), "infinite", finite),
+            (weight < 0, "negative", finite),
+        ]
         if self.absolute:
-            low, high = float(np.finfo(dtype.as_numpy_dtype).tiny), float(dtype.max)
-            flags.append(tf.logical_and(weight > 0, tf.logical_or(weight < low, weight > high)))
-            reasons.append(f"outside the range of {dtype.name}")
+            outside = tf.logical_and(weight > 0, tf.logical_or(weight < tiny, weight > high))
             held = "the sum average=False applies holds" if self.sums[1:] else "accumulators hold"
-            rules.append(
-                f"a positive weight must be a normal {dtype.name} number, in [{low:g}, {high:g}], "
+            rule = (
+                f"a positive weight must be a normal {dtype.name} number, in [{tiny:g}, {high:g}], "
                 f"as the {held} the weights themselves."
             )
+            checks.append((outside, f"outside the range of {dtype.name}", rule))
         ratio, scale = weight, None
         bounds: tuple = ()
         if self.sums[1:]:
@@ -146,9 +133,7 @@ class _Weighting(Part):
             ratio = tf.math.divide_no_nan(weight, reference)
             # Each ratio must be a normal number of the accumulators (TensorFlow
             # flushes subnormal ones to 0): the least weight's over the largest decides.
-            tiny = float(np.finfo(dtype.as_numpy_dtype).tiny)
-            flags.append(tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny))
-            reasons.append("too far from the other weights of its window")
+            too_far = tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny)
 
             def ratio_rule() -> tf.Tensor:
                 least_text, largest_text = (
@@ -161,8 +146,9 @@ class _Weighting(Part):
                     + ["of one window within that ratio."]
                 )
 
-            rules.append(ratio_rule)
+            checks.append((too_far, "too far from the other weights of its window", ratio_rule))
             bounds = (largest, least)
+        flags, reasons, rules = zip(*checks)
         # The first flag that holds, else len(flags): the weight passes.
         case = tf.reduce_min(tf.where(tf.stack(flags), tf.range(len(flags)), len(flags)))
 
@@ -184,20 +170,16 @@ class _Weighting(Part):
         with tf.control_dependencies([ratio] + ([] if scale is None else [scale])):
             return Weight(ratio, scale, tuple(tf.identity(b) for b in bounds))
 
+    def increments(self, gradients: typing.Sequence[Gradient], weight: Weight) -> list:
+        return [weight.ratio]  # to the total: `add` assigns the bounds
+
     def add(self, gradients: typing.Sequence[Gradient], weight: Weight) -> tuple:
-        total = self.sums[0]
-        if weight.scale is None:
-            return (total.assign_add(weight.ratio, use_locking=True),)
-        added = total.assign(rescaled(total, weight.scale) + weight.ratio, use_locking=True)
         bounds = (s.assign(b, use_locking=True) for s, b in zip(self.sums[1:], weight.bounds))
-        return (added, *bounds)
+        return (*super().add(gradients, weight), *bounds)
 
     def reference(self, sums: tuple) -> tf.Tensor | None:
         """The float64 weight the sums are relative to; None: they hold the weights themselves."""
         return _power_of_two(sums[1]) if len(sums) > 1 else None
-
-    def total(self, sums: tuple, total: tf.Tensor) -> tf.Tensor:
-        return sums[0]
 
 
 def _power_of_two(weight: tf.Tensor) -> tf.Tensor:
@@ -224,34 +206,34 @@ class Window:
         cross_replica: Reducer | None = None,
         mutex: tf.Tensor | None = None,
     ) -> None:
-        self.options = options
-        self.scope = scope
-        self.cross_replica = cross_replica
+        self.options, self.scope, self.cross_replica = options, scope, cross_replica
         # Every apply built through one optimizer (or transform) shares its state.
         self._shared_applies: dict[int, SharedApply] = {}
         self._transform_state = SharedApply(options.transform)
         # Parameter servers: the window's state stays local to the worker.
         worker = _worker_device(pairs)
         with tf.device(worker) if worker else contextlib.nullcontext():
+            zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
             # Another name, so a checkpoint of one kind fails to restore into the other.
-            self.counter = state_variable(
-                lambda: tf.constant(0, tf.int64),
-                "weighted_counter" if options.weighted else "counter",
-            )
-            self.skipped = state_variable(lambda: tf.constant(0, tf.int64), "skipped_windows")
-            parts: list[Part] = []
+            counter = "weighted_counter" if options.weighted else "counter"
+            self.counter = state_variable(zero, counter)
+            self.skipped = state_variable(zero, "skipped_windows")
+            self.weighting: _Weighting | None = None
             if options.weighted:
                 dtypes = {_accumulator_dtype(v.dtype) for _, v in pairs}
-                parts.append(_Weighting(dtypes, options.average, cross_replica is None))
-            self.slots = [_VariableAccumulator.create(g, v) for g, v in pairs]
+                self.weighting = _Weighting(dtypes, options.average, cross_replica is None)
+            self.slots = [
+                (_SparseAccumulator if isinstance(g, tf.IndexedSlices) else _VariableAccumulator)(v)
+                for g, v in pairs
+            ]
             self.var_list = [slot.var for slot in self.slots]
             self.accumulators = [slot.accumulator for slot in self.slots]
             self.mutex = new_mutex() if mutex is None else mutex
             self.statistics: WindowStatistics | None = None
             if options.statistics:
                 self.statistics = WindowStatistics([v for _, v in pairs], options)
-                parts.append(self.statistics)
-            self.parts = tuple(parts)
+            parts = (self.weighting, self.statistics)
+            self.parts: tuple[Part, ...] = tuple(part for part in parts if part is not None)
         if worker:
             _make_local(self._state())
 
@@ -275,33 +257,32 @@ class Window:
         gradients: typing.Sequence[Gradient],
         weight: tf.Tensor | None = None,
         run_with: typing.Sequence[tf.Operation | tf.Tensor] = (),
-        name: str | None = None,
     ) -> Added:
         """Adds one micro-batch's gradients (aligned with ``var_list``), times ``weight``.
 
         Weight 0 adds nothing, even a NaN, but is counted; ``run_with`` runs
         before every stateful op, after the weight's check. Returns an `Added`.
         """
-        with tf.compat.v1.name_scope(self.scope):
+        if self.weighting is not None:
             # Checked first, free of the caller's dependencies (a lock): the
             # update ops wait for it, so a refused micro-batch moves nothing.
-            with without_control_inputs():
-                for part in self.parts:
-                    weight = part.checked(weight)
-            if weight is not None:
-                _run_after(run_with, weight.ratio)
+            with tf.compat.v1.name_scope(self.scope), without_control_inputs():
+                weight = self.weighting.checked(weight)
+            _run_after(run_with, weight.ratio)
         with tf.compat.v1.name_scope(self.scope), tf.control_dependencies(run_with):
             sums = tuple(part.add(gradients, weight) for part in self.parts)
             # The window's first add assigns: no reset pass, no zeros (see _VariableAccumulator).
             first = tf.equal(self.counter.read_value(), 0, name="first")
             totals = [slot.add(g, weight, first) for slot, g in zip(self.slots, gradients)]
             stateful = [s for part in sums for s in part]
-            stateful += [_write_of(t) for total in totals for t in total]
+            # What the count waits on: each write, not a read of what it wrote (a
+            # read of a scattered-into resource variable copies an embedding table).
+            stateful += [getattr(t, "_parent_op", t) for total in totals for t in total]
             with tf.control_dependencies(stateful):
                 count = self.counter.assign_add(1, use_locking=True)
-            return Added(op=tf.group(count, name=name), per_slot=totals, count=count, parts=sums)
+            return Added(op=tf.group(count), per_slot=totals, count=count, parts=sums)
 
-    def reset(self, name: str | None = None, rows: list | None = None) -> tf.Operation:
+    def reset(self, rows: list | None = None) -> tf.Operation:
         """Empties the window (a dense accumulator keeps its values: the next add assigns).
 
         ``rows``: each slot's rows to clear, as `mean` gives them (None: read them).
@@ -312,18 +293,22 @@ class Window:
                 *[slot.reset(r) for slot, r in zip(self.slots, rows or [None] * len(self.slots))],
                 zero,
                 *[op for part in self.parts for op in part.reset()],
-                name=name,
             )
 
-    def mean(self, after: Added | None = None, nonempty: bool = False) -> Mean:
-        """The window's mean (sum with ``average=False``), norm and statistics: a `Mean`.
+    def mean(self, after: Added | None = None, nonempty: bool = False) -> tuple:
+        """The window's mean (sum with ``average=False``), norm and statistics, for one apply.
 
         ``after``: an `Added` of the same run, read instead of the variables.
         ``nonempty``: the caller's predicate implies a micro-batch (no check).
+        Returns ``(gradients, norm, statistics, observed, rows)``: ``gradients()``
+        builds the gradients (aligned with ``var_list``), ``norm`` is the float64
+        global norm before clipping, ``statistics`` a `GradientStatistics` or
+        None, ``observed`` the statistics' updates (the reset waits for them),
+        ``rows`` each slot's rows the reset clears (None: a dense slot).
         """
         with tf.compat.v1.name_scope(self.scope):
             totals = after or Added(
-                None, [None] * len(self.slots), self.counter, [p.read() for p in self.parts]
+                None, [None] * len(self.slots), self.counter, [p.sums for p in self.parts]
             )
             # Values, not references.
             sums = [tuple(tf.identity(s) for s in part) for part in totals.parts]
@@ -334,19 +319,15 @@ class Window:
                 # After an add, the mean waits for its count (which waits for every add).
                 checks = [totals.count]
             else:
-                checks = [
-                    tf.debugging.Assert(
-                        totals.count > 0, [_NOTHING_ACCUMULATED], name="nothing_accumulated"
-                    )
-                ]
-            total = count = totals.count
-            for part, part_sums in zip(self.parts, totals.parts):
-                total = part.total(part_sums, total)
-            # Weighted, the sums are relative to this weight (None: to 1).
-            weighting = self.parts[0] if self.options.weighted else None
-            reference = None
-            if isinstance(weighting, _Weighting):
-                reference = weighting.reference(totals.parts[0])
+                nonempty_check = tf.debugging.Assert(
+                    totals.count > 0, [_NOTHING_ACCUMULATED], name="nothing_accumulated"
+                )
+                checks = [nonempty_check]
+            # Weighted, the mean divides by the weight total, and the sums are
+            # relative to a reference weight (None: to 1).
+            total, reference, count = totals.count, None, totals.count
+            if self.weighting is not None:
+                total, reference = totals.parts[0][0], self.weighting.reference(totals.parts[0])
             # Weights summing to 0 give a NaN mean: skipped as non-finite.
             with tf.control_dependencies(checks):
                 total = tf.cast(total, tf.float64)
@@ -363,13 +344,10 @@ class Window:
                 norm = tf.identity(norm, name="global_norm")
                 statistics: GradientStatistics | None = None
                 observed: list[tf.Operation] = []
-                if self.statistics is not None:
+                if self.statistics is not None:  # the last part
+                    unit = 1.0 if reference is None else reference
                     statistics, observed = self.statistics.observe(
-                        totals.parts[self.parts.index(self.statistics)],
-                        squares,
-                        count,
-                        total,
-                        1.0 if reference is None else reference,
+                        totals.parts[-1], squares, count, total, unit
                     )
                 window = WindowMean(norm, count)
         transforms = transforms_of(self.options)  # one clip_by_global_norm for every variable
@@ -381,14 +359,7 @@ class Window:
                     for slot, (s, _) in zip(self.slots, window_sums)
                 ]
 
-        return Mean(
-            gradients=grads,
-            norm=norm,
-            statistics=statistics,
-            observed=observed,
-            rows=[rows for _, rows in window_sums],
-            after=[] if after is None else [after.count],
-        )
+        return grads, norm, statistics, observed, [rows for _, rows in window_sums]
 
     def apply(
         self,
@@ -398,7 +369,6 @@ class Window:
         after: Added | None = None,
         when: tf.Tensor | None = None,
         otherwise: typing.Callable[[], list] | None = None,
-        name: str | None = None,
     ) -> Applied:
         """Applies the window's `mean` through ``optimizer``, then resets the window.
 
@@ -408,7 +378,7 @@ class Window:
         skipped or not applied).
         """
         if when is None:
-            return self._apply(optimizer, global_step, after, name=name)
+            return self._apply(optimizer, global_step, after)
 
         def apply() -> tuple[tf.Tensor, ...]:
             result = self._apply(optimizer, global_step, after, nonempty=True)
@@ -425,7 +395,7 @@ class Window:
         applied, norm, *rest = _cond(self.scope, when, apply, idle, "apply_when")
         statistics = None if self.statistics is None else self.statistics.pack(rest)
         with tf.compat.v1.name_scope(self.scope):
-            return Applied(None, tf.group(applied, name=name), norm, applied, statistics)
+            return Applied(None, tf.group(applied), norm, applied, statistics)
 
     def _apply(
         self,
@@ -433,31 +403,29 @@ class Window:
         global_step: tf.Variable | None,
         after: Added | None,
         nonempty: bool = False,
-        name: str | None = None,
     ) -> Applied:
         """`apply` without a condition: the mean, the optimizer's update, the reset."""
-        mean = self.mean(after, nonempty)
-        finite = tf.math.is_finite(mean.norm)
+        make_grads, norm, statistics, observed, rows = self.mean(after, nonempty)
+        finite = tf.math.is_finite(norm)
         if self.options.transform is None:
             # Made where the optimizer takes each; these, for a user to fetch, are equal.
-            grads = mean.gradients()
-            make_grads = mean.gradients
+            grads = make_grads()
         else:
             # Made once, before the apply, for the non-finite check (a parameter copy).
             with tf.compat.v1.name_scope(self.scope):
-                grads = self._transform_state.build(mean.gradients)
+                grads = self._transform_state.build(make_grads)
                 squares = square_norms([values_of(g) for g in grads])
                 finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squares)))
             make_grads = lambda: grads  # noqa: E731
         grads_and_vars = list(zip(grads, self.var_list))
         # In the caller's name scope: Adam's beta powers get minimize()'s names.
-        with tf.control_dependencies(mean.after):
+        with tf.control_dependencies([] if after is None else [after.count]):
             update, applied = self._apply_if_finite(optimizer, make_grads, global_step, finite)
-        with tf.control_dependencies([update] + mean.observed):
-            reset = self.reset(rows=mean.rows)
+        with tf.control_dependencies([update] + observed):
+            reset = self.reset(rows=rows)
         with tf.compat.v1.name_scope(self.scope):
-            op = tf.group(update, reset, name=name)
-        return Applied(grads_and_vars, op, mean.norm, applied, mean.statistics)
+            op = tf.group(update, reset)
+        return Applied(grads_and_vars, op, norm, applied, statistics)
 
     def _apply_if_finite(
         self,
@@ -474,9 +442,10 @@ class Window:
         ``make_grads()`` builds the gradients inside the conditional.
         """
         shared = self._shared_applies.setdefault(id(optimizer), SharedApply(optimizer))
-        update = functools.partial(
-            apply_one_at_a_time, shared, make_grads, self.var_list, global_step
-        )
+
+        def update() -> tf.Operation:
+            return apply_one_at_a_time(shared, make_grads, self.var_list, global_step)
+
         count_skip = lambda: self.skipped.assign_add(  # noqa: E731
             tf.cast(tf.logical_not(finite), tf.int64), use_locking=True, read_value=False
         )
@@ -503,13 +472,10 @@ class Window:
         return applied.op, applied
 
 
-def _cond(
-    scope: str,
-    pred: tf.Tensor,
-    apply: typing.Callable[[], typing.Any],
-    otherwise: typing.Callable[[], typing.Any],
-    name: str,
-) -> typing.Any:
+_Branch = typing.Callable[[], typing.Any]  # builds a branch of a conditional
+
+
+def _cond(scope: str, pred: tf.Tensor, apply: _Branch, otherwise: _Branch, name: str) -> typing.Any:
     """``tf.cond`` in the name scope ``scope``, ``apply`` in the caller's (for Adam's names)."""
     caller = tf.compat.v1.get_default_graph().get_name_scope()
 
@@ -559,8 +525,7 @@ def _make_local(variables: typing.Sequence[tf.Variable]) -> None:
     ids = {id(v) for v in variables}
     global_vars = graph.get_collection_ref(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     global_vars[:] = [v for v in global_vars if id(v) not in ids]
-    for v in variables:
-        graph.add_to_collection(tf.compat.v1.GraphKeys.LOCAL_VARIABLES, v)
+    graph.get_collection_ref(tf.compat.v1.GraphKeys.LOCAL_VARIABLES).extend(variables)
 
 
 # The name of a window's checked weight, and per graph the names of the update
@@ -593,14 +558,6 @@ def _run_after(ops: typing.Sequence[tf.Operation | tf.Tensor], checked: tf.Tenso
             add_control_inputs(op, [checked.op])
 
 
-def _write_of(total: tf.Tensor) -> tf.Tensor | tf.Operation:
-    """What an add's ``total`` waits on: the write itself, not a read of what it wrote.
-
-    A read of a scattered-into resource variable copies it (an embedding table).
-    """
-    return getattr(total, "_parent_op", total)
-
-
 def _map_values(function: typing.Callable[[tf.Tensor], tf.Tensor], gradient: Gradient) -> Gradient:
     """``function`` of a dense gradient, or of an ``IndexedSlices``' values."""
     if isinstance(gradient, tf.IndexedSlices):
@@ -617,12 +574,6 @@ def _accumulator_dtype(dtype: tf.DType) -> tf.DType:
 class _VariableAccumulator:
     """The accumulator of one variable with a dense gradient."""
 
-    @staticmethod
-    def create(gradient: Gradient, var: tf.Variable) -> _VariableAccumulator:
-        if isinstance(gradient, tf.IndexedSlices):
-            return _SparseAccumulator(var)
-        return _VariableAccumulator(var)
-
     def __init__(self, var: tf.Variable) -> None:
         self.var = var
         self.shape = var.shape.as_list()
@@ -633,9 +584,7 @@ class _VariableAccumulator:
                 lambda: unfolded_zeros(self.shape, self.dtype), "accumulator"
             )
 
-    def add(
-        self, gradient: Gradient, weight: Weight | None, first: tf.Tensor
-    ) -> tuple[tf.Tensor, ...]:
+    def add(self, gradient: Gradient, weight: Weight | None, first: tf.Tensor) -> Totals:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
 
         Where ``first`` holds (an empty window) it assigns, so no reset zeroes;
@@ -645,31 +594,26 @@ class _VariableAccumulator:
         values = self._scaled(gradient, weight)
         accumulator = self.accumulator
         scale = None if weight is None else weight.scale
+
+        def assign() -> tf.Tensor:
+            start = values if scale is None else rescaled(accumulator, scale) + values
+            return tf.identity(accumulator.assign(start, use_locking=True))
+
+        def add() -> tf.Tensor:
+            return tf.identity(accumulator.assign_add(values, use_locking=True))
+
         restart = first if scale is None else tf.not_equal(scale, 1.0)
         with reference_control_flow([accumulator]):
-            total = tf.cond(
-                restart,
-                lambda: tf.identity(
-                    accumulator.assign(
-                        values if scale is None else rescaled(accumulator, scale) + values,
-                        use_locking=True,
-                    )
-                ),
-                lambda: tf.identity(accumulator.assign_add(values, use_locking=True)),
-                name="assign_or_add",
-            )
-        return (total,)
+            return (tf.cond(restart, assign, add, name="assign_or_add"),)
 
     def state(self) -> list[tf.Variable]:
         return [self.accumulator]
 
-    def totals(self) -> tuple[tf.Tensor, ...]:
-        """Reads what `add` returns: the accumulator's value, in a tuple."""
-        return (self.accumulator.read_value(),)
+    def totals(self) -> Totals:
+        """Reads what `add` returns: the value of each of `state`, in a tuple."""
+        return tuple(v.read_value() for v in self.state())
 
-    def window_sum(
-        self, totals: tuple[tf.Tensor, ...] | None = None
-    ) -> tuple[Gradient, tf.Tensor | None]:
+    def window_sum(self, totals: Totals | None = None) -> tuple[Gradient, tf.Tensor | None]:
         """``(sum, None)`` from `add`'s ``totals``, or read from the accumulator."""
         return (self.accumulator.read_value() if totals is None else totals[0]), None
 
@@ -689,7 +633,7 @@ class _VariableAccumulator:
         dtype = self.var.dtype.base_dtype
         return _map_values(lambda values: tf.cast(values, dtype), total)
 
-    def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def masked(self, totals: Totals, holds: tf.Tensor) -> Totals:
         """``totals`` where the window ``holds`` a micro-batch, else zeros (even for NaN)."""
         keep = tf.cast(holds, self.dtype)
         return tuple(tf.math.multiply_no_nan(t, keep) for t in totals)
@@ -721,9 +665,7 @@ class _SparseAccumulator(_VariableAccumulator):
                 lambda: unfolded_zeros(self.shape[:1], self.dtype), "accumulator_touched"
             )
 
-    def add(
-        self, gradient: Gradient, weight: Weight | None, first: tf.Tensor
-    ) -> tuple[tf.Tensor, ...]:
+    def add(self, gradient: Gradient, weight: Weight | None, first: tf.Tensor) -> Totals:
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
 
         Needs no ``first``: untouched rows are zero. Weight 0 marks no row. A
@@ -736,17 +678,14 @@ class _SparseAccumulator(_VariableAccumulator):
         rescale: list = []
         if scale is not None:
             accumulator = self.accumulator
+
+            def rescale_sums() -> tf.Operation:
+                sums = rescaled(accumulator, scale)
+                return accumulator.assign(sums, use_locking=True, read_value=False)
+
+            downscaled = tf.logical_and(scale > 0, scale < 1)
             with reference_control_flow([accumulator]):
-                rescale.append(
-                    tf.cond(
-                        tf.logical_and(scale > 0, scale < 1),
-                        lambda: accumulator.assign(
-                            rescaled(accumulator, scale), use_locking=True, read_value=False
-                        ),
-                        tf.no_op,
-                        name="rescale",
-                    )
-                )
+                rescale.append(tf.cond(downscaled, rescale_sums, tf.no_op, name="rescale"))
         if weight is None:
             touched = self.touched.scatter_update(
                 tf.IndexedSlices(marks, indices), use_locking=True
@@ -763,23 +702,18 @@ class _SparseAccumulator(_VariableAccumulator):
     def state(self) -> list[tf.Variable]:
         return [self.accumulator, self.touched]
 
-    def totals(self) -> tuple[tf.Tensor, ...]:
-        return (self.accumulator.read_value(), self.touched.read_value())
-
     def _rows(self, touched: tf.Tensor | None = None) -> tf.Tensor:
         touched = self.touched.read_value() if touched is None else touched
         return tf.reshape(tf.where(touched > 0), [-1])
 
-    def window_sum(
-        self, totals: tuple[tf.Tensor, ...] | None = None
-    ) -> tuple[Gradient, tf.Tensor | None]:
+    def window_sum(self, totals: Totals | None = None) -> tuple[Gradient, tf.Tensor | None]:
         """``(IndexedSlices of the touched rows' sums, those rows)``."""
         accumulator, touched = (self.accumulator, None) if totals is None else totals
         rows = self._rows(touched)
         dense_shape = tf.constant(self.shape, tf.int64)
         return tf.IndexedSlices(tf.gather(accumulator, rows), rows, dense_shape), rows
 
-    def masked(self, totals: tuple[tf.Tensor, ...], holds: tf.Tensor) -> tuple[tf.Tensor, ...]:
+    def masked(self, totals: Totals, holds: tf.Tensor) -> Totals:
         del holds  # untouched rows are zero, and an empty window touches none
         return totals
 
@@ -790,7 +724,6 @@ class _SparseAccumulator(_VariableAccumulator):
         return tf.group(
             self.accumulator.scatter_update(tf.IndexedSlices(zeros, rows), use_locking=True),
             self.touched.scatter_update(
-                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows),
-                use_locking=True,
+                tf.IndexedSlices(tf.zeros_like(rows, dtype=self.dtype), rows), use_locking=True
             ),
         )
