@@ -97,6 +97,15 @@ def test_an_ops_version_1_control_flow_context_is_read():
         assert _compat.control_flow_context(inside[0].op) is not None
 
 
+def test_a_resource_variables_update_gives_the_write_that_made_it():
+    with tf.Graph().as_default():
+        var = v1.get_variable("table", [3], use_resource=True)
+        added = var.scatter_add(tf.IndexedSlices(tf.ones([1]), tf.constant([1])))
+        write = _compat.write_of(added)
+        assert isinstance(write, tf.Operation) and write.type == "ResourceScatterAdd"
+        assert _compat.write_of(write) is write  # anything else is itself
+
+
 def test_the_bodies_of_a_version_2_cond_are_its_function_graphs():
     with tf.Graph().as_default():
         pred = v1.placeholder(tf.bool, [])
@@ -216,6 +225,7 @@ _PRIVATE = (
     "_body_graph",
     "_global_step_tensor",
     "_timer",
+    "_parent_op",
 )
 
 

@@ -130,6 +130,15 @@ def variable_store(graph: _tensorflow.Graph) -> dict:
     return stores[0]._vars if stores else {}
 
 
+def write_of(total: typing.Any) -> typing.Any:
+    """The write that made ``total`` (an assign's or a scatter's result), else ``total``.
+
+    A resource variable's update returns an unread variable: waiting on it
+    would read it, and a read of a scattered-into table copies the table.
+    """
+    return getattr(total, "_parent_op", total)
+
+
 def set_input(op: _tensorflow.Operation, index: int, tensor: _tensorflow.Tensor) -> None:
     """Makes ``op`` read ``tensor`` as its input ``index``, after it was built."""
     op._update_input(index, tensor)

@@ -159,12 +159,8 @@ class WindowStart:
                 f"schedule runs ahead. {_DELETE_IT} This micro-batch was not accumulated. Values: "
                 "global_step at the window's start, global_step now, micro-batches in the window:"
             )
-            # The op itself: tf.debugging.Assert would wrap it in a conditional.
-            checked = tf.raw_ops.Assert(
-                condition=unmoved,
-                data=[tf.constant(message), start, step, count],
-                summarize=3,
-                name="global_step_unmoved",
+            checked = _guard.refuse_unless(
+                unmoved, message, start, step, count, name="global_step_unmoved"
             )
             with tf.control_dependencies([checked]):
                 record = self.variable.assign(

@@ -298,7 +298,7 @@ def _apply_reads(
         known = _APPLY_READS.setdefault(apply_op.graph, {})
     names = known.get(apply_op.name)
     if names is None:  # found once per accumulation: a walk of the apply's graph
-        reached = ancestors([apply_op], {op.name for op in apply_op.graph.get_operations()})
+        reached = ancestors([apply_op])
         placeholders = ("Placeholder", "PlaceholderWithDefault")
         found = {op.outputs[0].name for op in reached.values() if op.type in placeholders}
         names = known[apply_op.name] = frozenset(found)

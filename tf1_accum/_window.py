@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 from tf1_accum._compat import add_control_inputs, control_flow_context, set_control_inputs
-from tf1_accum._compat import tf, without_control_inputs
+from tf1_accum._compat import tf, without_control_inputs, write_of
 
 from tf1_accum import _validate
 from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
@@ -277,7 +277,7 @@ class Window:
             stateful = [s for part in sums for s in part]
             # What the count waits on: each write, not a read of what it wrote (a
             # read of a scattered-into resource variable copies an embedding table).
-            stateful += [getattr(t, "_parent_op", t) for total in totals for t in total]
+            stateful += [write_of(t) for total in totals for t in total]
             with tf.control_dependencies(stateful):
                 count = self.counter.assign_add(1, use_locking=True)
             return Added(op=tf.group(count), per_slot=totals, count=count, parts=sums)
