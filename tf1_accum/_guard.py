@@ -50,14 +50,16 @@ def mark(windows: str | typing.Sequence[str], field: str, *built: typing.Any) ->
     guard_runs(_check)
 
 
-def refuse_unless(holds: tf.Tensor, message: str, *values: tf.Tensor, name: str) -> tf.Operation:
+def refuse_unless(
+    holds: tf.Tensor, message: str, *values: tf.Tensor, name: str, summarize: int = 8
+) -> tf.Operation:
     """An op failing its run unless ``holds`` (a bool): with ``message``, then ``values``.
 
-    Each value shows 8 entries at most. The ``Assert`` op itself:
+    Each value shows ``summarize`` entries at most. The ``Assert`` op itself:
     ``tf.debugging.Assert`` would wrap it in a conditional, at a cost per run.
     """
     data = [tf.constant(message), *values]
-    return tf.raw_ops.Assert(condition=holds, data=data, summarize=8, name=name)
+    return tf.raw_ops.Assert(condition=holds, data=data, summarize=summarize, name=name)
 
 
 def marks(op: tf.Operation) -> list[Mark]:

@@ -160,7 +160,7 @@ class WindowStart:
                 "global_step at the window's start, global_step now, micro-batches in the window:"
             )
             checked = _guard.refuse_unless(
-                unmoved, message, start, step, count, name="global_step_unmoved"
+                unmoved, message, start, step, count, name="global_step_unmoved", summarize=3
             )
             with tf.control_dependencies([checked]):
                 record = self.variable.assign(
@@ -235,12 +235,13 @@ def counted_twice(graph: tf.Graph) -> list[tuple[str, str, str]]:
     Read from `APPLIED_WITH_STEP`, so a graph imported again keeps it.
     """
     found = []
-    for entry in graph.get_collection(APPLIED_WITH_STEP):
+    entries = graph.get_collection(APPLIED_WITH_STEP)
+    ops = {op.name: op for op in graph.get_operations()} if entries else {}
+    for entry in entries:
         applied, step = tf.compat.as_str(entry).split(" ")
         # import_meta_graph(import_scope=...) prefixes an entry's first name only.
         parts = applied.split("/")
         scoped = ["/".join(parts[:i] + [step]) for i in range(len(parts))]
-        ops = {op.name: op for op in graph.get_operations()}
         step_op = next((ops[name] for name in scoped if name in ops), None)
         if step_op is not None:
             for name in hung_on_applied(step_op, graph.get_tensor_by_name(applied)):

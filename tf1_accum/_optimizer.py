@@ -100,10 +100,8 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
         with tf.compat.v1.name_scope(this.window.scope):
             count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
             checks.append(
-                tf.raw_ops.Assert(
-                    condition=tf.equal(count, 0),
-                    data=[tf.constant(message), count],
-                    name="coupled_window_empty",
+                _guard.refuse_unless(
+                    tf.equal(count, 0), message, count, name="coupled_window_empty", summarize=3
                 )
             )
     return checks
@@ -141,11 +139,14 @@ class TrainOpWindow(typing.NamedTuple):
 
 #: The wrappers' properties that became `TrainOpWindow` fields: name -> field
 #: (each of the same name but ``micro_step``).
-_MOVED_TO_WINDOW = {"micro_step": "counter"}
-_MOVED_TO_WINDOW.update(
-    (name, name)
-    for name in ("applied", "global_norm", "skipped_windows", "statistics", "flush_statistics")
-)
+_MOVED_TO_WINDOW = {
+    "micro_step": "counter",
+    "applied": "applied",
+    "global_norm": "global_norm",
+    "skipped_windows": "skipped_windows",
+    "statistics": "statistics",
+    "flush_statistics": "flush_statistics",
+}
 
 
 def missing_attribute(wrapper: object, name: str) -> typing.NoReturn:
