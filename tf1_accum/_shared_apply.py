@@ -21,21 +21,6 @@ from tf1_accum._wrapping import counts_its_own_steps
 _T = typing.TypeVar("_T")
 _Make = typing.Callable[..., tf.Variable]  # a variable creator, or a getter
 
-_CANNOT_LIFT = (
-    "tf1_accum: the optimizer {optimizer} creates variable {name!r} inside "
-    "apply_gradients from a tensor computed there ({tensor}), but tf1_accum builds the "
-    "apply inside a conditional, where no initial value can come from. Pass a callable "
-    "instead (tf.Variable(lambda: tf.zeros(shape))), an initializer to get_variable, or "
-    "create the state in the optimizer's _create_slots."
-)
-_MISMATCH = (
-    "tf1_accum: the optimizer {optimizer} creates different state each time its "
-    "apply_gradients is built: the first build created {first}, this one asks for "
-    "{now}. Every build of the apply (flush_op, fused=True) gets the first one's state: "
-    "create the same variables (names, shapes, dtypes) in every call, or use "
-    "build_accumulation's apply_op (fused=False), built once."
-)
-
 
 class SharedApply:
     """Builds ``optimizer.apply_gradients`` any number of times over one state."""
@@ -82,13 +67,10 @@ class SharedApply:
 
         def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
             if first:
-                var = got[name] = getter(name, *args, **kwargs)
-                return var
+                got[name] = getter(name, *args, **kwargs)
             var = got.get(name)
             if var is None:
-                self._mismatch(
-                    f"no variable {name!r}", f"get_variable({name!r}) to create a new one"
-                )
+                self._mismatch(f"no variable {name!r}", f"get_variable({name!r}) of a new one")
             # get_variable fills in a default dtype: only the shape is compared.
             shape = kwargs.get("shape")
             if shape is not None and not var.shape.is_compatible_with(shape):
@@ -115,7 +97,10 @@ class SharedApply:
 
     def _mismatch(self, first: str, now: str) -> typing.NoReturn:
         raise ValueError(
-            _MISMATCH.format(optimizer=type(self.optimizer).__name__, first=first, now=now)
+            f"tf1_accum: the optimizer {type(self.optimizer).__name__} creates different state "
+            f"each time its apply_gradients is built: the first build created {first}, this one "
+            f"asks for {now}. Create the same variables in every call, or use apply_op with "
+            "fused=False."
         )
 
 
@@ -154,11 +139,9 @@ def _writes(op: tf.Operation, variable: tf.Variable) -> bool:
     """Whether ``op`` assigns ``variable`` (through a conditional's branch, or captured)."""
     if op.type not in _WRITES or not op.inputs:
         return False
-    handle = getattr(variable, "handle", None)
-    target = variable.op if handle is None else handle.op
     tensor = op.inputs[0]
     for _ in range(8):
-        if tensor.op is target:
+        if tensor.op is variable.op:  # a resource variable's op is its handle's
             return True
         if tensor.op.type in _INTO_BRANCH:
             tensor = tensor.op.inputs[0]
@@ -194,9 +177,10 @@ def _check_liftable(optimizer: object, kwargs: typing.Mapping[str, typing.Any]) 
         outer = tf.compat.v1.get_default_graph()
     if value.graph is not outer or control_flow_context(value.op) is not None:
         raise ValueError(
-            _CANNOT_LIFT.format(
-                optimizer=type(optimizer).__name__, name=kwargs.get("name"), tensor=value.name
-            )
+            f"tf1_accum: the optimizer {type(optimizer).__name__} creates variable "
+            f"{kwargs.get('name')!r} inside apply_gradients from a tensor computed there "
+            f"({value.name}), in a conditional. Pass a callable instead (tf.Variable(lambda: "
+            "tf.zeros(shape))), an initializer, or create the state in _create_slots."
         )
 
 
