@@ -684,9 +684,9 @@ def test_a_learning_rate_fed_differently_within_a_window_is_refused(dtype, shape
             with pytest.raises(
                 tf.errors.InvalidArgumentError,
                 match=r"this micro-batch feeds rate:0 another value than micro-batch 0 of the "
-                r"window fed it: the update reads it(.|\n)*Neither the window \(its "
-                r"accumulators, its counter\) nor the variables changed; update ops run with a "
-                rf"micro-batch \(UPDATE_OPS\) may have run\.(.|\n)*{now} {first} \[2\]",
+                r"window fed it: the update reads it once per window(.|\n)*Neither the window "
+                r"nor the variables changed \(UPDATE_OPS may have run\)\."
+                rf"(.|\n)*{now} {first} \[2\]",
             ):
                 sess.run(train_op, {**model.feed(batches[2]), rate: 0.5})
             # Nothing was added: the window holds its two micro-batches, as they were.

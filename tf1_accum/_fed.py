@@ -42,8 +42,10 @@ class Held(typing.NamedTuple):
         summary = _SUMMARY if any(not t.shape.is_fully_defined() for t in self.fed) else ""
         message = (
             f"tf1_accum: {who} feeds {', '.join(t.name for t in self.fed)} another value than "
-            f"micro-batch 0 of the window fed it{_RULE} Values{summary}: fed now, fed with "
-            "micro-batch 0, micro-batches in the window:"
+            "micro-batch 0 of the window fed it: the update reads it once per window. Feed one "
+            "value per window (change it once window.applied is True). Neither the window nor "
+            f"the variables changed (UPDATE_OPS may have run). Values{summary}: fed now, fed "
+            "with micro-batch 0, micro-batches in the window:"
         )
         checked = refuse_unless(holds, message, value, first, count, name="one_value_per_window")
         with tf.control_dependencies([checked]):
@@ -110,10 +112,4 @@ def _values(fed: tf.Tensor) -> tf.Tensor:
     return tf.stack([size, tf.reduce_sum(flat), tf.reduce_sum(tf.square(flat))] + ends)
 
 
-_RULE = (
-    ": the update reads it, and runs once for the window, with one value. Feed the same "
-    "value to every micro-batch of a window (change it once window.applied is True). "
-    "Neither the window (its accumulators, its counter) nor the variables changed; update "
-    "ops run with a micro-batch (UPDATE_OPS) may have run."
-)
 _SUMMARY = " (of a placeholder without a full shape: size, sum, sum of squares, first, last)"

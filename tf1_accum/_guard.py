@@ -157,12 +157,10 @@ def _check(graph: tf.Graph, ops: list[tf.Operation], tensors: list[tf.Tensor]) -
 
 #: What each op does to its window, for the pairs whose fix is not fused=True.
 _DOES = {
-    "zero_op": "zero_op discards the window's micro-batches: run it before a window or in "
-    "place of its apply",
-    "flush_op": "flush_op applies what the window holds: run it once the loop's last train op "
-    "has run",
-    "accum_apply_op": "accum_apply_op adds the window's last micro-batch and applies: run it "
-    "alone, with that micro-batch's feed",
+    "zero_op": "zero_op discards the window: run it before a window or instead of its apply",
+    "flush_op": "flush_op applies what the window holds: run it after the loop's last train op",
+    "accum_apply_op": "accum_apply_op adds the last micro-batch and applies: run it alone, with "
+    "that micro-batch's feed",
     "apply_op": "apply_op applies the window, fed nothing, after its micro-batches",
 }
 
