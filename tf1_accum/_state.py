@@ -13,6 +13,9 @@ STATE_COLLECTION = "tf1_accum_state"
 #: Graph collection holding the mutex of every window (see `new_mutex`).
 MUTEX_COLLECTION = "tf1_accum_mutexes"
 
+# The collections of each variable tf1_accum creates.
+_OWNED = (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION)
+
 
 def plain_variables(graph: tf.Graph | None = None) -> list[tf.Variable]:
     """Returns the global variables that tf1_accum did not create.
@@ -54,10 +57,7 @@ def state_variable(make_initial_value: typing.Callable[..., tf.Tensor], name: st
     """
     with tf.init_scope():
         return tf.compat.v1.Variable(
-            make_initial_value(),
-            trainable=False,
-            name=name,
-            collections=[tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, STATE_COLLECTION],
+            make_initial_value(), trainable=False, name=name, collections=_OWNED
         )
 
 
