@@ -23,8 +23,6 @@ from tf1_accum._state import Part, Weight, new_mutex, rescaled, state_variable
 from tf1_accum._sync_replicas import SyncPush
 from tf1_accum._wrapping import scales_loss as _scales_loss
 
-__all__ = ["exclusive", "reference_control_flow"]  # also the ways in's
-
 #: Graph collection of the ``counter >= steps`` predicate of each window that
 #: applies every ``steps`` micro-batches (where `check_graph` reads ``steps``).
 APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
@@ -68,9 +66,8 @@ class Applied(typing.NamedTuple):
 
 
 _NOTHING_ACCUMULATED = (
-    "tf1_accum: apply_op ran with nothing accumulated (counter is 0). Run "
-    "accum_op on at least one micro-batch before apply_op; no variable was "
-    "changed."
+    "tf1_accum: apply_op ran with nothing accumulated (counter is 0): run accum_op on a "
+    "micro-batch first. No variable changed."
 )
 
 
@@ -115,10 +112,8 @@ class _Weighting(Part):
         ]
         if self.absolute:
             outside = tf.logical_and(weight > 0, tf.logical_or(weight < tiny, weight > high))
-            held = "the sum average=False applies holds" if self.sums[1:] else "accumulators hold"
             rule = (
-                f"a positive weight must be a normal {dtype.name} number, in [{tiny:g}, {high:g}], "
-                f"as the {held} the weights themselves."
+                f"a positive weight must be a normal {dtype.name} number, in [{tiny:g}, {high:g}]."
             )
             checks.append((outside, f"outside the range of {dtype.name}", rule))
         ratio, scale = weight, None
@@ -136,14 +131,11 @@ class _Weighting(Part):
             too_far = tf.logical_and(least > 0, tf.math.divide_no_nan(least, largest) < tiny)
 
             def ratio_rule() -> tf.Tensor:
-                least_text, largest_text = (
-                    tf.strings.as_string(w, shortest=True) for w in (least, largest)
-                )
+                shown = [tf.strings.as_string(w, shortest=True) for w in (least, largest)]
                 return tf.strings.join(
-                    ["the least positive weight of a window (", least_text, ") over its largest ("]
-                    + [largest_text, f") must be a normal {dtype.name} number, at least {tiny:g}, "]
-                    + ["as the accumulators hold each weight over the largest: keep the weights "]
-                    + ["of one window within that ratio."]
+                    ["the least positive weight of a window (", shown[0], ") over its largest ("]
+                    + [shown[1], f") must be a normal {dtype.name} number, at least {tiny:g}: "]
+                    + ["keep the weights of one window within that ratio."]
                 )
 
             checks.append((too_far, "too far from the other weights of its window", ratio_rule))
@@ -505,8 +497,7 @@ def gradients(
 
     Check the variables first (``_validate.check_trainable``): this builds ops.
     """
-    pairs = optimizer.compute_gradients(loss, var_list=var_list)
-    return _validate.usable_gradients(pairs, loss)
+    return _validate.usable_gradients(optimizer.compute_gradients(loss, var_list=var_list), loss)
 
 
 def _worker_device(pairs: Pairs) -> str | None:
@@ -592,18 +583,17 @@ class _VariableAccumulator:
         the values (scale 0: the window's first positive weight).
         """
         values = self._scaled(gradient, weight)
-        accumulator = self.accumulator
         scale = None if weight is None else weight.scale
 
         def assign() -> tf.Tensor:
-            start = values if scale is None else rescaled(accumulator, scale) + values
-            return tf.identity(accumulator.assign(start, use_locking=True))
+            start = values if scale is None else rescaled(self.accumulator, scale) + values
+            return tf.identity(self.accumulator.assign(start, use_locking=True))
 
         def add() -> tf.Tensor:
-            return tf.identity(accumulator.assign_add(values, use_locking=True))
+            return tf.identity(self.accumulator.assign_add(values, use_locking=True))
 
         restart = first if scale is None else tf.not_equal(scale, 1.0)
-        with reference_control_flow([accumulator]):
+        with reference_control_flow([self.accumulator]):
             return (tf.cond(restart, assign, add, name="assign_or_add"),)
 
     def state(self) -> list[tf.Variable]:
@@ -677,22 +667,19 @@ class _SparseAccumulator(_VariableAccumulator):
         scale = None if weight is None else weight.scale
         rescale: list = []
         if scale is not None:
-            accumulator = self.accumulator
 
             def rescale_sums() -> tf.Operation:
-                sums = rescaled(accumulator, scale)
-                return accumulator.assign(sums, use_locking=True, read_value=False)
+                sums = rescaled(self.accumulator, scale)
+                return self.accumulator.assign(sums, use_locking=True, read_value=False)
 
             downscaled = tf.logical_and(scale > 0, scale < 1)
-            with reference_control_flow([accumulator]):
+            with reference_control_flow([self.accumulator]):
                 rescale.append(tf.cond(downscaled, rescale_sums, tf.no_op, name="rescale"))
-        if weight is None:
-            touched = self.touched.scatter_update(
-                tf.IndexedSlices(marks, indices), use_locking=True
-            )
-        else:
+        mark = self.touched.scatter_update
+        if weight is not None:  # weight 0 marks no row, nor unmarks one
             marks = marks * tf.cast(weight.ratio > 0, self.dtype)
-            touched = self.touched.scatter_max(tf.IndexedSlices(marks, indices), use_locking=True)
+            mark = self.touched.scatter_max
+        touched = mark(tf.IndexedSlices(marks, indices), use_locking=True)
         with tf.control_dependencies(rescale):
             added = self.accumulator.scatter_add(
                 tf.IndexedSlices(values, indices), use_locking=True
