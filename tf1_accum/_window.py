@@ -86,11 +86,8 @@ class _Weighting(Part):
     exact = True
 
     def __init__(self, dtypes: typing.Iterable[tf.DType], average: bool, relative: bool) -> None:
-        zero = lambda: tf.constant(0.0, tf.float64)  # noqa: E731
-        sums = [state_variable(zero, "weight_total")]
-        if relative:
-            sums += [state_variable(zero, "weight_largest"), state_variable(zero, "weight_least")]
-        super().__init__(*sums)
+        names = ["weight_total"] + (["weight_largest", "weight_least"] if relative else [])
+        super().__init__(*[state_variable(lambda: tf.constant(0.0, tf.float64), n) for n in names])
         self.narrowest = min(dtypes, key=lambda d: d.size)
         # With average=False the sum applied holds the weights themselves.
         self.absolute = not (relative and average)
@@ -230,9 +227,8 @@ class Window:
             _make_local(self._state())
 
     def _state(self) -> list[tf.Variable]:
-        state = [self.counter, self.skipped]
-        state += [v for part in self.parts for v in part.state()]
-        return state + [v for slot in self.slots for v in slot.state()]
+        holders: list[Part | _VariableAccumulator] = [*self.parts, *self.slots]
+        return [self.counter, self.skipped] + [v for holder in holders for v in holder.state()]
 
     def exclusive(
         self, build: typing.Callable[[], tuple[typing.Any, typing.Any]], name: str | None = None
@@ -266,10 +262,9 @@ class Window:
             # The window's first add assigns: no reset pass, no zeros (see _VariableAccumulator).
             first = tf.equal(self.counter.read_value(), 0, name="first")
             totals = [slot.add(g, weight, first) for slot, g in zip(self.slots, gradients)]
-            stateful = [s for part in sums for s in part]
             # What the count waits on: each write, not a read of what it wrote (a
             # read of a scattered-into resource variable copies an embedding table).
-            stateful += [write_of(t) for total in totals for t in total]
+            stateful = [write_of(t) for each in (*sums, *totals) for t in each]
             with tf.control_dependencies(stateful):
                 count = self.counter.assign_add(1, use_locking=True)
             return Added(op=tf.group(count), per_slot=totals, count=count, parts=sums)
@@ -480,14 +475,6 @@ def _cond(scope: str, pred: tf.Tensor, apply: _Branch, otherwise: _Branch, name:
         return tf.cond(pred, in_caller_scope, otherwise, name=name)
 
 
-def unfolded_zeros(shape: typing.Sequence[int], dtype: tf.DType) -> tf.Tensor:
-    """Zeros of a static ``shape`` that Grappler does not fold into a constant.
-
-    A folded constant keeps a parameter-sized copy for the session's life.
-    """
-    return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=dtype, init=True)
-
-
 def gradients(
     loss: tf.Tensor,
     optimizer: tf.compat.v1.train.Optimizer,
@@ -569,11 +556,21 @@ class _VariableAccumulator:
         self.var = var
         self.shape = var.shape.as_list()
         self.dtype = _accumulator_dtype(var.dtype)
-        # Never from the variable's value: no initialization order.
-        with tf.compat.v1.name_scope(var.op.name + "/"):
-            self.accumulator = state_variable(
-                lambda: unfolded_zeros(self.shape, self.dtype), "accumulator"
-            )
+        self.accumulator = self._zeros(self.shape, "accumulator")
+
+    def _zeros(self, shape: typing.Sequence[int], name: str) -> tf.Variable:
+        """A state variable of zeros of a static ``shape``, beside the variable ``var``.
+
+        Never from the variable's value: no initialization order. Zeros that
+        Grappler does not fold into a constant, which would keep a
+        parameter-sized copy for the session's life.
+        """
+
+        def zeros() -> tf.Tensor:
+            return tf.raw_ops.Empty(shape=tf.constant(shape, tf.int32), dtype=self.dtype, init=True)
+
+        with tf.compat.v1.name_scope(self.var.op.name + "/"):
+            return state_variable(zeros, name)
 
     def add(self, gradient: Gradient, weight: Weight | None, first: tf.Tensor) -> Totals:
         """Adds ``gradient`` (times ``weight``); returns the value after the add, in a tuple.
@@ -650,10 +647,7 @@ class _SparseAccumulator(_VariableAccumulator):
 
     def __init__(self, var: tf.Variable) -> None:
         super().__init__(var)
-        with tf.compat.v1.name_scope(var.op.name + "/"):
-            self.touched = state_variable(
-                lambda: unfolded_zeros(self.shape[:1], self.dtype), "accumulator_touched"
-            )
+        self.touched = self._zeros(self.shape[:1], "accumulator_touched")
 
     def add(self, gradient: Gradient, weight: Weight | None, first: tf.Tensor) -> Totals:
         """Scatter-adds ``gradient`` (times ``weight``); returns (accumulator, touched) after.
