@@ -33,9 +33,19 @@ class SharedApply:
     def apply_gradients(
         self, grads_and_vars: Pairs, global_step: tf.Variable | None = None
     ) -> tf.Operation:
-        """Builds one update op: the optimizer's apply, and ``global_step`` + 1."""
-        with _outer_train_ops_only():
+        """Builds one update op: the optimizer's apply, and ``global_step`` + 1.
+
+        Keeps the ops of a conditional's branch out of the graph's ``TRAIN_OP``
+        collection: a branch op there makes an exported ``SavedModel`` or
+        ``.meta`` fail to load.
+        """
+        with tf.init_scope():
+            graph = tf.compat.v1.get_default_graph()
+        try:
             return self.build(lambda: self._apply(grads_and_vars, global_step))
+        finally:
+            train_ops = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+            train_ops[:] = [op for op in train_ops if getattr(op, "graph", graph) is graph]
 
     def build(self, make: typing.Callable[[], _T]) -> _T:
         """Returns ``make()``, built over the variables its first build created."""
@@ -153,21 +163,6 @@ def _writes(op: tf.Operation, variable: tf.Variable) -> bool:
     return False
 
 
-@contextlib.contextmanager
-def _outer_train_ops_only() -> typing.Iterator[None]:
-    """Keeps ops of a conditional's branch out of the graph's ``TRAIN_OP`` collection.
-
-    A branch op there makes an exported ``SavedModel`` or ``.meta`` fail to load.
-    """
-    with tf.init_scope():
-        graph = tf.compat.v1.get_default_graph()
-    try:
-        yield
-    finally:
-        train_ops = graph.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
-        train_ops[:] = [op for op in train_ops if getattr(op, "graph", graph) is graph]
-
-
 def _check_liftable(optimizer: object, kwargs: typing.Mapping[str, typing.Any]) -> None:
     """Refuses an initial value computed inside the conditional the apply is built in."""
     value = kwargs.get("initial_value")
@@ -195,6 +190,4 @@ def _requested_shape(kwargs: typing.Mapping[str, typing.Any]) -> tf.TensorShape 
 
 
 def _describe(name: str | None, var: tf.Variable) -> str:
-    return (
-        f"variable {name!r} ({var.op.name}, shape {var.shape}, dtype {var.dtype.base_dtype.name})"
-    )
+    return f"variable {name!r} ({var.op.name}, shape {var.shape}, {var.dtype.base_dtype.name})"
