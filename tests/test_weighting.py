@@ -438,7 +438,7 @@ def test_a_window_of_padding_only_is_skipped_and_counted_then_training_goes_on(w
 
 
 _FINITE_AND_NON_NEGATIVE = "a weight must be finite and non-negative"
-_NORMAL = r"a positive weight must be a normal {} number, in \[{}, {}\]"
+_NORMAL = r"a positive weight must be a normal number, in \[{}, {}\]"
 _RATIO = (
     r"the least positive weight of a window \({}\) over its largest \({}\) must be a "
     r"normal {} number, at least {}"

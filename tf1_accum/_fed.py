@@ -85,8 +85,7 @@ def hold(
             name="fed_at_first_micro_batch",
         )
     held = Held(fed, table)
-    count = tf.identity(counter.read_value())
-    value = held.check(count, "this micro-batch")
+    value = held.check(tf.identity(counter.read_value()), "this micro-batch")
     keep = tf.raw_ops.LookupTableInsertV2(
         table_handle=table, keys=tf.constant([0], tf.int64), values=tf.expand_dims(value, 0)
     )

@@ -109,9 +109,7 @@ class _Weighting(Part):
         ]
         if self.absolute:
             outside = tf.logical_and(weight > 0, tf.logical_or(weight < tiny, weight > high))
-            rule = (
-                f"a positive weight must be a normal {dtype.name} number, in [{tiny:g}, {high:g}]."
-            )
+            rule = f"a positive weight must be a normal number, in [{tiny:g}, {high:g}]."
             checks.append((outside, f"outside the range of {dtype.name}", rule))
         ratio, scale = weight, None
         bounds: tuple = ()
@@ -617,8 +615,7 @@ class _VariableAccumulator:
             factor = tf.cast(factor, self.dtype)
             total = _map_values(lambda values: values * factor, total)
         total = transformed(total, variable=self.var, window=window, transforms=transforms)
-        dtype = self.var.dtype.base_dtype
-        return _map_values(lambda values: tf.cast(values, dtype), total)
+        return tf.cast(total, self.var.dtype.base_dtype)  # an IndexedSlices' values too
 
     def masked(self, totals: Totals, holds: tf.Tensor) -> Totals:
         """``totals`` where the window ``holds`` a micro-batch, else zeros (even for NaN)."""
