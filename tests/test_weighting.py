@@ -446,28 +446,37 @@ _RATIO = (
 
 
 @pytest.mark.parametrize(
-    "bad, dtype, what, rule",
+    "bad, dtype, what, rule, average",
     [
-        (np.inf, tf.float64, r"infinite \(inf\)", _FINITE_AND_NON_NEGATIVE),
-        (np.nan, tf.float64, r"NaN \(nan\)", _FINITE_AND_NON_NEGATIVE),
-        (-2.0, tf.float64, r"negative \(-2\)", _FINITE_AND_NON_NEGATIVE),
+        (np.inf, tf.float64, r"infinite \(inf\)", _FINITE_AND_NON_NEGATIVE, True),
+        (np.nan, tf.float64, r"NaN \(nan\)", _FINITE_AND_NON_NEGATIVE, True),
+        (-2.0, tf.float64, r"negative \(-2\)", _FINITE_AND_NON_NEGATIVE, True),
         (
             1e-300,
             tf.float32,
             r"too far from the other weights of its window \(1e-300\)",
             _RATIO.format("1e-300", "2", "float32", "1.17549e-38"),
+            True,
+        ),
+        (
+            1e-50,
+            tf.float32,
+            r"outside the range of float32 \(1e-50\)",
+            _NORMAL.format("1.17549e-38", r"3.40282e\+38"),
+            False,
         ),
     ],
-    ids=["inf", "nan", "negative", "1e-300_beside_2_on_float32"],
+    ids=["inf", "nan", "negative", "1e-300_beside_2_on_float32", "1e-50_summed_on_float32"],
 )
 @pytest.mark.parametrize("way", WAYS, ids=str)
 def test_a_weight_that_cannot_weight_a_gradient_fails_naming_it_and_changes_nothing(
-    bad, dtype, what, rule, way
+    bad, dtype, what, rule, average, way
 ):
     """An infinite weight used to skip the window silently, a NaN one was called
     negative, and a positive one whose ratio to the others the accumulators' dtype
-    rounds to 0 would change the mean: each fails the run that brings it, before
-    anything is added.
+    rounds to 0 would change the mean, as would one the dtype cannot hold where the
+    sum (average=False) holds the weights themselves: each fails the run that
+    brings it, before anything is added.
 
     The weight of each micro-batch arrives with it; the third one is bad.
     """
@@ -483,6 +492,7 @@ def test_a_weight_that_cannot_weight_a_gradient_fails_naming_it_and_changes_noth
             3,
             global_step=step,
             weight=lambda b: b[2],
+            average=average,
         )
         state = v1.get_collection(tf1_accum.STATE_COLLECTION)
         message = f"weight is {what}: {rule}"

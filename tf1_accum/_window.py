@@ -139,13 +139,12 @@ class _Weighting(Part):
         # The first flag that holds, else len(flags): the weight passes.
         case = tf.reduce_min(tf.where(tf.stack(flags), tf.range(len(flags)), len(flags)))
 
-        def fail() -> tf.Operation:  # the message is made only for a weight refused
-            first = tf.minimum(case, len(flags) - 1)
+        def fail() -> tf.Operation:  # the message is made only for a weight refused (case < len)
             value = tf.strings.as_string(weight, shortest=True)
             rule = tf.stack([r() if callable(r) else r for r in rules])
             message = tf.strings.join(
-                ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, first), " (", value]
-                + ["): ", tf.gather(rule, first)]
+                ["tf1_accum: a micro-batch weight is ", tf.gather(reasons, case), " (", value]
+                + ["): ", tf.gather(rule, case)]
             )
             return tf.debugging.Assert(False, [message], name="check_weight")
 
