@@ -401,7 +401,6 @@ class Window:
                 squares = square_norms([values_of(g) for g in grads])
                 finite = tf.logical_and(finite, tf.math.is_finite(tf.add_n(squares)))
             make_grads = lambda: grads  # noqa: E731
-        grads_and_vars = list(zip(grads, self.var_list))
         # In the caller's name scope: Adam's beta powers get minimize()'s names.
         with tf.control_dependencies([] if after is None else [after.count]):
             update, applied = self._apply_if_finite(optimizer, make_grads, global_step, finite)
@@ -409,7 +408,7 @@ class Window:
             reset = self.reset(rows=rows)
         with tf.compat.v1.name_scope(self.scope):
             op = tf.group(update, reset)
-        return Applied(grads_and_vars, op, norm, applied, statistics)
+        return Applied(list(zip(grads, self.var_list)), op, norm, applied, statistics)
 
     def _apply_if_finite(
         self,
@@ -464,8 +463,8 @@ def _cond(scope: str, pred: tf.Tensor, apply: _Branch, otherwise: _Branch, name:
     caller = tf.compat.v1.get_default_graph().get_name_scope()
 
     def in_caller_scope() -> typing.Any:
-        branch_graph = tf.compat.v1.get_default_graph()  # a function graph in cond_v2
-        with branch_graph.name_scope(caller + "/" if caller else ""):
+        # The branch's graph: a function graph in cond_v2.
+        with tf.compat.v1.get_default_graph().name_scope(caller + "/" if caller else ""):
             return apply()
 
     with tf.compat.v1.name_scope(scope):
