@@ -69,12 +69,11 @@ def check_source(
         tree, parsed = _source.parse(source, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         reason = getattr(error, "msg", None) or str(error) or type(error).__name__
-        message = f"cannot parse this file ({reason}); fix the syntax, then check it again"
+        fix = "fix the syntax, then check it again"
         if isinstance(error, (RecursionError, MemoryError)):  # CPython's parser, nested deep
-            message = (
-                "cannot parse this file (its expressions are nested too deeply for Python's "
-                f"parser: {type(error).__name__}); check it by hand"
-            )
+            reason = f"nested too deeply for Python's parser: {type(error).__name__}"
+            fix = "check it by hand"
+        message = f"cannot parse this file ({reason}); {fix}"
         line, col = getattr(error, "lineno", None) or 1, getattr(error, "offset", None) or 1
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
@@ -102,18 +101,13 @@ def python_files(paths: Iterable[str]) -> Iterator[str]:
     *.py file under it (a mistyped path, which would otherwise pass unchecked)."""
     for path in paths:
         if os.path.isdir(path):
-            unlisted: list[OSError] = []
-            found = 0
-            for root, dirs, files in os.walk(path, onerror=unlisted.append):
+            found: list[str | OSError] = []  # a directory the walk cannot list: where it is met
+            for root, dirs, files in os.walk(path, onerror=found.append):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-                named = [error.filename or root for error in unlisted]
-                named += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
-                unlisted.clear()
-                found += len(named)
-                yield from named
-            yield from (error.filename or path for error in unlisted)
-            if found + len(unlisted) == 0:
+                found += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+            if not found:
                 raise FileNotFoundError(f"no Python files under {path}")
+            yield from (f if isinstance(f, str) else f.filename or path for f in found)
         elif os.path.exists(path):
             yield path
         else:
