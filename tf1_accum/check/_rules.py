@@ -182,7 +182,7 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
 
 def _completes(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
-    fetched = [(run, _fetches(facts.module, run)) for run in facts.session_runs]
+    fetched = [(run, facts.module.tags(_fetched(run))) for run in facts.session_runs]
     applying = [run for run, tags in fetched if _applies(tags) and kinds_of(tags, RERUN) & vids]
     return bool(applying) and all(id(run) in facts.completing for run in applying)
 
@@ -503,7 +503,7 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
         if isinstance(node, (*FUNCTIONS, ast.ClassDef)):
             continue
         if isinstance(node, ast.Call) and _is_run(node):
-            found.append((node, _fetches(module, node)))
+            found.append((node, module.tags(_fetched(node))))
         stack.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
 
@@ -518,10 +518,6 @@ def _fetched(run: ast.Call) -> ast.expr:
     return typing.cast(ast.Attribute, run.func).value if fetched is None else fetched
 
 
-def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
-    return module.tags(_fetched(run))
-
-
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
     """What a run fetches adds to an accumulator."""
     kinds = (SUM, AFTER, RERUN) if _applies(tags) else (SUM, AFTER)  # an apply reruns its adds
@@ -534,7 +530,7 @@ def _applies(tags: AbstractSet[Tag]) -> bool:
 
 def _refetch_findings(module: Module, facts: _Facts) -> Found:
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``."""
-    if not any(tag[0] == RERUN for run in facts.session_runs for tag in _fetches(module, run)):
+    if not any(tag[0] == RERUN for run in facts.session_runs for tag in module.tags(_fetched(run))):
         return set()  # no run fetches anything computed from an add
     found: Found = set()
     for block in facts.blocks:
