@@ -44,8 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="tf1-accum-check",
         description="find forum-style accumulation bugs.",
-        epilog="Exit status: 0 nothing found, 1 findings, 2 a file that cannot be read or a "
-        "usage error.",
+        epilog="Exit status: 0 nothing found, 1 findings, 2 an unreadable file or a usage error.",
     )
     parser.add_argument("-V", "--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("paths", nargs="+", metavar="PATH", help="files or directories")

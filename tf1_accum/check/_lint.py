@@ -39,9 +39,7 @@ _IGNORE_FILE = re.compile(r"^#\s*tf1_accum\.check:\s*ignore-file\b", re.M)
 def _keep(finding: Finding, lines: list[str]) -> bool:
     """False when the finding's line says ``# tf1_accum.check: ignore`` (bare or its code)."""
     match = _IGNORE.search(lines[finding.line - 1] if 0 < finding.line <= len(lines) else "")
-    if not match:
-        return True
-    codes = match.group(1)  # None: a bare ignore, every rule
+    codes = match.group(1) if match else ""  # "": no ignore; None: a bare ignore, every rule
     return codes is not None and finding.rule not in re.findall(r"TFA\d{3}", codes)
 
 
