@@ -22,8 +22,7 @@ class Mistake(typing.NamedTuple):
 _BUILD = "use tf1_accum.build_accumulation"
 CATALOGUE = {m.code: m for m in (
     Mistake("TFA001", "sums applied, not means",
-        "the optimizer gets the sum of the micro-batch gradients, not their mean: with SGD or "
-        "momentum the update is N times the large-batch update",
+        "the optimizer gets the sum of the micro-batch gradients, not their mean: N times too big",
         f"{_BUILD}(loss, optimizer), whose apply_op applies the mean",
         "migration.html#a-sums-applied-instead-of-means", True, "sum_not_mean"),
     Mistake("TFA002", "divided by a counter variable",
@@ -58,8 +57,7 @@ CATALOGUE = {m.code: m for m in (
         f"{_BUILD}, which creates its accumulators for both kinds of variable",
         "migration.html#a-sums-applied-instead-of-means", True),
     Mistake("TFA008", "N - 1 micro-batches accumulated, then applied",
-        "this run applies after N - 1 adds without adding the last micro-batch: its gradient "
-        "is lost",
+        "this run applies after N - 1 adds, without the last micro-batch: its gradient is lost",
         "use tf1_accum.run_accumulation(session, accumulation, feed_dicts), which adds all N first",
         "migration.html#g-n-1-micro-batches-accumulated-then-applied", True),
     Mistake("TFA009", "a fetch after the loop runs the accumulation again",
