@@ -74,7 +74,7 @@ class _Facts:
         self.adds: dict[Vid, list[tuple[frozenset[Tag], frozenset[Tag]]]] = {}  # value, control
         self.divided: dict[Vid, list[frozenset[Tag]]] = {}  # values of in-place divisions
         self.calls = [call for call, _ in module.calls]
-        self.session_runs = [call for call in self.calls if _is_run(call)]
+        self.session_runs = [c for c in self.calls if getattr(c.func, "attr", None) == "run"]
         self.computes_gradients = any(called_name(c) in GRADIENTS for c in self.calls)
         for call in self.calls:
             accumulation = module.accumulation(call)
@@ -363,13 +363,10 @@ def _cond_splits(module: Module, facts: _Facts, call: ast.Call) -> bool:
     branches = cond_branches(call)
     if None in branches:
         return False
-    applies: list[list[ast.Call]] = []
-    adding: list[list[ast.Call]] = []
-    for branch in branches:
-        functions = facts.branch_functions.get(id(branch), [])
-        calls = [n for f in functions for n in ast.walk(f) if isinstance(n, ast.Call)]
-        applies.append([c for c in calls if called_name(c) in APPLIES | {"minimize"}])
-        adding.append([c for c in calls if _accumulates_in_branch(module, facts, c)])
+    functions = [facts.branch_functions.get(id(branch), []) for branch in branches]
+    calls = [[n for f in fs for n in ast.walk(f) if isinstance(n, ast.Call)] for fs in functions]
+    applies = [[c for c in cs if called_name(c) in APPLIES | {"minimize"}] for cs in calls]
+    adding = [[c for c in cs if _accumulates_in_branch(module, facts, c)] for cs in calls]
     added = [{k for c in adds for k in _names(module, operands(c)[1], depth=2)} for adds in adding]
     accumulates = [  # an apply that holds its own micro-batch accumulates it too
         bool(adding[i]) or any(_applies_current(module, c, added[1 - i]) for c in applies[i])
@@ -502,14 +499,10 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
         node = stack.pop()
         if isinstance(node, (*FUNCTIONS, ast.ClassDef)):
             continue
-        if isinstance(node, ast.Call) and _is_run(node):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run":
             found.append((node, module.tags(_fetched(node))))
         stack.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
-
-
-def _is_run(call: ast.Call) -> bool:
-    return getattr(call.func, "attr", None) == "run"
 
 
 def _fetched(run: ast.Call) -> ast.expr:
@@ -572,11 +565,10 @@ def _parts(module: Module, node: ast.expr, once: bool = False, depth: int = 0) -
         return [node]
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         # ops["mean"]: the value kept under that key (or set as an item)
-        key = node.slice.value
         items = [
             value for held in _held(module, node.value) if isinstance(held, ast.Dict)
             for name, value in zip(held.keys, held.values)
-            if isinstance(name, ast.Constant) and name.value == key
+            if isinstance(name, ast.Constant) and name.value == node.slice.value
         ]  # fmt: skip
         return [p for i in items for p in _parts(module, i, once, depth + 1)] or [node]
     held = _held(module, node)
