@@ -70,11 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     # An unparsed file was not checked for the selected rules: its TFA000 stays.
-    selected = None if args.select is None else args.select | {"TFA000"}
-    findings = [
-        f for result in results for f in result.findings
-        if (selected is None or f.rule in selected) and f.rule not in (args.ignore or ())
-    ]  # fmt: skip
+    shown = {"TFA000", *(_catalogue.RULES if args.select is None else args.select)}
+    shown -= args.ignore or set()
+    findings = [f for result in results for f in result.findings if f.rule in shown]
     try:
         if args.format == "json":
             print(_lint.as_json(findings))
