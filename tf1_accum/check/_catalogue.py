@@ -26,30 +26,24 @@ CATALOGUE = {m.code: m for m in (
         f"{_BUILD}(loss, optimizer), whose apply_op applies the mean",
         "migration.html#a-sums-applied-instead-of-means", True, "sum_not_mean"),
     Mistake("TFA002", "divided by a counter variable",
-        "accumulators divided by a counter variable weigh every micro-batch the same whatever "
-        "its size, and a counter at 0 turns the update into NaN",
+        "a counter variable as divisor weighs every micro-batch alike whatever its size (NaN at 0)",
         f"{_BUILD}(loss, optimizer, weight=<examples in the micro-batch>)",
         "migration.html#b-dividing-by-a-counter-variable", True),
     Mistake("TFA003", "the apply runs the accumulation again",
         "the apply runs the accumulate ops again with its feed: the last micro-batch counts twice",
-        f"{_BUILD}, whose apply_op needs no feed (or fused=True: the last add and the apply in "
-        "one run)",
+        f"{_BUILD}, whose apply_op needs no feed",
         "migration.html#c-the-apply-fed-the-last-micro-batch", True, "apply_accumulates"),
     Mistake("TFA004", "gradients through placeholders",
-        "the applied gradients come through placeholders: each micro-batch copies them to Python "
-        "and back, or the apply computes them again from what is fed",
+        "the applied gradients come through placeholders: a round trip to Python per micro-batch",
         f"{_BUILD} and tf1_accum.run_accumulation, which keep the gradients in the graph",
         "migration.html#d-gradients-through-numpy-and-placeholders", True, "apply_needs_feed"),
     Mistake("TFA005", "running average keyed on the global step",
-        "running average divided by the global step, which never resets: each update applies "
-        "the mean of every gradient since training began",
+        "a running average over the global step, which never resets, averages all of training",
         f"{_BUILD}(loss, optimizer, global_step=global_step), which averages each window alone",
         "migration.html#e-a-running-average-keyed-on-the-global-step", True),
     Mistake("TFA006", "tf.cond that accumulates or applies",
-        "the run that applies does not accumulate its micro-batch, and the optimizer's slots "
-        "are built inside the tf.cond",
-        "use tf1_accum.AccumulationOptimizer(optimizer, steps=N), which accumulates every "
-        "micro-batch and applies every N-th",
+        "the applying run skips its micro-batch, and optimizer slots are built inside the tf.cond",
+        "use tf1_accum.AccumulationOptimizer(optimizer, steps=N), which applies every N-th run",
         "migration.html#f-a-tf-cond-that-accumulates-or-applies", True),
     Mistake("TFA007", "initialized_value()",
         "Variable.initialized_value() raises NotImplementedError on resource variables "
@@ -61,38 +55,30 @@ CATALOGUE = {m.code: m for m in (
         "use tf1_accum.run_accumulation(session, accumulation, feed_dicts), which adds all N first",
         "migration.html#g-n-1-micro-batches-accumulated-then-applied", True),
     Mistake("TFA009", "a fetch after the loop runs the accumulation again",
-        "this fetch after the loop is computed from the assign_add ops, so it runs them again "
-        "with its feed: the last micro-batch counts twice",
+        "this fetch reruns the loop's adds with its feed: the last micro-batch counts twice",
         f"fetch the accumulator variables themselves, or {_BUILD}, whose apply_op needs no feed",
         "migration.html#c-the-apply-fed-the-last-micro-batch", True),
     Mistake("TFA010", "two ops of one window fetched in one run",
-        "ops that change one window, fetched in one session.run, run in no fixed order: the "
-        "update depends on which runs first",
+        "ops that change one window, fetched in one session.run, run in no fixed order",
         "run each in a session.run of its own, or build with fused=True and run accum_apply_op "
         "with the last micro-batch's feed (as tf1_accum.run_accumulation does)",
         "migration.html#which-tool-finds-which-bug", True, "ops_in_one_run"),
     Mistake("TFA011", "accumulator or counter never reset",
-        "nothing in the graph assigns it but its initializer, so after the first update it sums "
-        "(or counts) over all of training, not over one window",
+        "only its initializer assigns it: it sums (or counts) over all of training, not a window",
         f"{_BUILD}, whose apply_op resets its accumulators and counter after each update",
         "migration.html#which-tool-finds-which-bug", False, "never_reset"),
     Mistake("TFA012", "global step incremented per micro-batch",
-        "the global step then counts micro-batches, so schedules, StopAtStepHook and "
-        "checkpoints keyed on it run ahead",
-        "pass global_step to build_accumulation or AccumulationOptimizer and delete the "
-        "hand-written increment, or run global_step.assign_add(1) only in "
-        "tf.cond(opt.window.applied, ...)",
+        "it then counts micro-batches (or updates twice): schedules, hooks, checkpoints run ahead",
+        "pass global_step to the accumulation and delete the hand-written increment, or run it "
+        "only in tf.cond(opt.window.applied, ...)",
         "migration.html#after-migrating-schedules-and-checkpoints", False, "step_not_per_update"),
     Mistake("TFA013", "schedule step counts in micro-batches",
         "a schedule's step count worked out from the micro-batch size is N times too large",
-        "divide every step count by N (decay_steps, warm-up steps, boundaries, max_steps): "
-        "num_train_steps = int(examples / (batch_size * N) * epochs)",
+        "divide every step count by N: num_train_steps = int(examples / (batch_size * N) * epochs)",
         "real_programs.html#real-programs-schedules", True, "schedule_in_micro_batches"),
     Mistake("TFA014", "mean over a data-dependent count",
-        "the loss is a mean over a count the fed data decides (tokens, valid positions): a mean "
-        "of such means weighs a micro-batch of few tokens as much as one of many",
-        "pass that count of each micro-batch as weight=, as in tf1_accum.build_accumulation("
-        "loss, optimizer, weight=tf.reduce_sum(mask))",
+        "a mean over a count the data decides weighs a micro-batch of few tokens like one of many",
+        "pass that count of each micro-batch as weight=, e.g. weight=tf.reduce_sum(mask)",
         "real_programs.html#real-programs-token-mean", True, "mean_over_data_count"),
 )}  # fmt: skip
 
