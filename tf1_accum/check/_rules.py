@@ -35,10 +35,9 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     """The (line, column, rule) triples found in a parsed module."""
     module = Module(tree, source, path, tables)
     facts = _Facts(module)
-    found = _loop_findings(module, facts)  # TFA008
-    found |= _refetch_findings(module, facts)  # TFA009
-    found |= _one_run_findings(module, facts)  # TFA010
-    found |= _schedule_findings(module, facts)  # TFA013
+    # TFA008, TFA009, TFA010 and TFA013, from the whole module
+    whole = (_loop_findings, _refetch_findings, _one_run_findings, _schedule_findings)
+    found: Found = set().union(*(rule(module, facts) for rule in whole))
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
