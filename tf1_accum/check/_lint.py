@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import re
@@ -140,7 +139,7 @@ def check_files(files: Iterable[str], jobs: int = 1) -> Iterator[FileResult]:
     listed = list(files)
     modules = _parents.index(listed) if len(listed) > 1 else None
     if jobs <= 1 or len(listed) < 2 * jobs:
-        yield from map(functools.partial(check_file, modules=modules), listed)
+        yield from (check_file(path, modules) for path in listed)
         return
     import multiprocessing
 
