@@ -46,8 +46,7 @@ CATALOGUE = {m.code: m for m in (
         "use tf1_accum.AccumulationOptimizer(optimizer, steps=N), which applies every N-th run",
         "migration.html#f-a-tf-cond-that-accumulates-or-applies", True),
     Mistake("TFA007", "initialized_value()",
-        "Variable.initialized_value() raises NotImplementedError on resource variables "
-        "(TensorFlow 2 graph mode without disable_v2_behavior())",
+        "Variable.initialized_value() raises NotImplementedError on TF 2's resource variables",
         f"{_BUILD}, which creates its accumulators for both kinds of variable",
         "migration.html#a-sums-applied-instead-of-means", True),
     Mistake("TFA008", "N - 1 micro-batches accumulated, then applied",
