@@ -142,9 +142,7 @@ def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
         ),
         # computed from the adds, outside a tf.cond, run apart, not as a window's last add
         "TFA003": bool(reruns)
-        and not in_branch
-        and not _fused(facts, reruns)
-        and not _completes(facts, reruns),
+        and not (in_branch or _fused(facts, reruns) or _completes(facts, reruns)),
         # fed back through placeholders by code that computes gradients (tests aside)
         "TFA004": PLACEHOLDER in tags and facts.computes_gradients and not _in_test(module, call),
         # divided by the global step
