@@ -442,8 +442,7 @@ def _completing_runs(module: Module, facts: _Facts) -> dict[int, Run]:
             applying = [(run, tags) for run, tags in runs if _applies(tags)]
             if applying:
                 found[id(applying[0][0])] = applying[0]
-                break
-            if any(_accumulates(facts, tags) for _, tags in runs):
+            if applying or any(_accumulates(facts, tags) for _, tags in runs):
                 break
     return found
 
