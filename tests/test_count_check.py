@@ -197,7 +197,8 @@ def test_check_graph_reports_a_hand_written_accumulation_of_a_token_mean():
     assert (finding.code, finding.op_name) == ("TFA014", "tokens")
     assert finding.message.startswith(
         "The gradients accumulated are of a loss that divides by count:0 (Maximum), the Sum "
-        "of fed data, and nothing weighs them by it: weight=<the tensor count:0>: the loss is"
+        "of fed data, and nothing weighs them by it: weight=<the tensor count:0>: a mean over a "
+        "count the data decides"
     )
 
 
@@ -221,4 +222,4 @@ def test_the_warning_names_the_code_the_catalogue_gives():
         [text] = _warnings(
             lambda: tf1_accum.build_accumulation(loss, opt)  # tf1_accum.check: ignore TFA014
         )
-    assert re.search(r"\(TFA014, mean over a data-dependent count\): the loss is a mean", text)
+    assert re.search(r"\(TFA014, mean over a data-dependent count\): a mean over a count", text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import re
@@ -39,9 +38,7 @@ _IGNORE_FILE = re.compile(r"^#\s*tf1_accum\.check:\s*ignore-file\b", re.M)
 def _keep(finding: Finding, lines: list[str]) -> bool:
     """False when the finding's line says ``# tf1_accum.check: ignore`` (bare or its code)."""
     match = _IGNORE.search(lines[finding.line - 1] if 0 < finding.line <= len(lines) else "")
-    if not match:
-        return True
-    codes = match.group(1)  # None: a bare ignore, every rule
+    codes = match.group(1) if match else ""  # "": no ignore; None: a bare ignore, every rule
     return codes is not None and finding.rule not in re.findall(r"TFA\d{3}", codes)
 
 
@@ -69,12 +66,11 @@ def check_source(
         tree, parsed = _source.parse(source, path)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as error:
         reason = getattr(error, "msg", None) or str(error) or type(error).__name__
-        message = f"cannot parse this file ({reason}); fix the syntax, then check it again"
+        fix = "fix the syntax, then check it again"
         if isinstance(error, (RecursionError, MemoryError)):  # CPython's parser, nested deep
-            message = (
-                "cannot parse this file (its expressions are nested too deeply for Python's "
-                f"parser: {type(error).__name__}); check it by hand"
-            )
+            reason = f"nested too deeply for Python's parser: {type(error).__name__}"
+            fix = "check it by hand"
+        message = f"cannot parse this file ({reason}); {fix}"
         line, col = getattr(error, "lineno", None) or 1, getattr(error, "offset", None) or 1
         return [f for f in [Finding(path, line, "TFA000", message, col)] if _keep(f, lines)]
     if not _RELEVANT.search(parsed):
@@ -102,18 +98,13 @@ def python_files(paths: Iterable[str]) -> Iterator[str]:
     *.py file under it (a mistyped path, which would otherwise pass unchecked)."""
     for path in paths:
         if os.path.isdir(path):
-            unlisted: list[OSError] = []
-            found = 0
-            for root, dirs, files in os.walk(path, onerror=unlisted.append):
+            found: list[str | OSError] = []  # a directory the walk cannot list: where it is met
+            for root, dirs, files in os.walk(path, onerror=found.append):
                 dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
-                named = [error.filename or root for error in unlisted]
-                named += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
-                unlisted.clear()
-                found += len(named)
-                yield from named
-            yield from (error.filename or path for error in unlisted)
-            if found + len(unlisted) == 0:
+                found += [os.path.join(root, f) for f in sorted(files) if f.endswith(".py")]
+            if not found:
                 raise FileNotFoundError(f"no Python files under {path}")
+            yield from (f if isinstance(f, str) else f.filename or path for f in found)
         elif os.path.exists(path):
             yield path
         else:
@@ -148,7 +139,7 @@ def check_files(files: Iterable[str], jobs: int = 1) -> Iterator[FileResult]:
     listed = list(files)
     modules = _parents.index(listed) if len(listed) > 1 else None
     if jobs <= 1 or len(listed) < 2 * jobs:
-        yield from map(functools.partial(check_file, modules=modules), listed)
+        yield from (check_file(path, modules) for path in listed)
         return
     import multiprocessing
 

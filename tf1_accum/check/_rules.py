@@ -35,10 +35,9 @@ def findings(tree: ast.Module, source: str, path: str, tables: Iterable[Table] =
     """The (line, column, rule) triples found in a parsed module."""
     module = Module(tree, source, path, tables)
     facts = _Facts(module)
-    found = _loop_findings(module, facts)  # TFA008
-    found |= _refetch_findings(module, facts)  # TFA009
-    found |= _one_run_findings(module, facts)  # TFA010
-    found |= _schedule_findings(module, facts)  # TFA013
+    # TFA008, TFA009, TFA010 and TFA013, from the whole module
+    whole = (_loop_findings, _refetch_findings, _one_run_findings, _schedule_findings)
+    found: Found = set().union(*(rule(module, facts) for rule in whole))
     for call in facts.calls:
         name = called_name(call)
         if name == "initialized_value":  # TFA007: the call itself is the bug
@@ -74,7 +73,7 @@ class _Facts:
         self.adds: dict[Vid, list[tuple[frozenset[Tag], frozenset[Tag]]]] = {}  # value, control
         self.divided: dict[Vid, list[frozenset[Tag]]] = {}  # values of in-place divisions
         self.calls = [call for call, _ in module.calls]
-        self.session_runs = [call for call in self.calls if _is_run(call)]
+        self.session_runs = [c for c in self.calls if getattr(c.func, "attr", None) == "run"]
         self.computes_gradients = any(called_name(c) in GRADIENTS for c in self.calls)
         for call in self.calls:
             accumulation = module.accumulation(call)
@@ -143,9 +142,7 @@ def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
         ),
         # computed from the adds, outside a tf.cond, run apart, not as a window's last add
         "TFA003": bool(reruns)
-        and not in_branch
-        and not _fused(facts, reruns)
-        and not _completes(facts, reruns),
+        and not (in_branch or _fused(facts, reruns) or _completes(facts, reruns)),
         # fed back through placeholders by code that computes gradients (tests aside)
         "TFA004": PLACEHOLDER in tags and facts.computes_gradients and not _in_test(module, call),
         # divided by the global step
@@ -182,7 +179,7 @@ def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
 
 def _completes(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every run of an apply that adds to these again follows ``range(n - 1)`` adds."""
-    fetched = [(run, _fetches(facts.module, run)) for run in facts.session_runs]
+    fetched = [(run, facts.module.tags(_fetched(run))) for run in facts.session_runs]
     applying = [run for run, tags in fetched if _applies(tags) and kinds_of(tags, RERUN) & vids]
     return bool(applying) and all(id(run) in facts.completing for run in applying)
 
@@ -363,13 +360,10 @@ def _cond_splits(module: Module, facts: _Facts, call: ast.Call) -> bool:
     branches = cond_branches(call)
     if None in branches:
         return False
-    applies: list[list[ast.Call]] = []
-    adding: list[list[ast.Call]] = []
-    for branch in branches:
-        functions = facts.branch_functions.get(id(branch), [])
-        calls = [n for f in functions for n in ast.walk(f) if isinstance(n, ast.Call)]
-        applies.append([c for c in calls if called_name(c) in APPLIES | {"minimize"}])
-        adding.append([c for c in calls if _accumulates_in_branch(module, facts, c)])
+    functions = [facts.branch_functions.get(id(branch), []) for branch in branches]
+    calls = [[n for f in fs for n in ast.walk(f) if isinstance(n, ast.Call)] for fs in functions]
+    applies = [[c for c in cs if called_name(c) in APPLIES | {"minimize"}] for cs in calls]
+    adding = [[c for c in cs if _accumulates_in_branch(module, facts, c)] for cs in calls]
     added = [{k for c in adds for k in _names(module, operands(c)[1], depth=2)} for adds in adding]
     accumulates = [  # an apply that holds its own micro-batch accumulates it too
         bool(adding[i]) or any(_applies_current(module, c, added[1 - i]) for c in applies[i])
@@ -448,8 +442,7 @@ def _completing_runs(module: Module, facts: _Facts) -> dict[int, Run]:
             applying = [(run, tags) for run, tags in runs if _applies(tags)]
             if applying:
                 found[id(applying[0][0])] = applying[0]
-                break
-            if any(_accumulates(facts, tags) for _, tags in runs):
+            if applying or any(_accumulates(facts, tags) for _, tags in runs):
                 break
     return found
 
@@ -502,24 +495,16 @@ def _runs(module: Module, nodes: Iterable[ast.AST]) -> list[Run]:
         node = stack.pop()
         if isinstance(node, (*FUNCTIONS, ast.ClassDef)):
             continue
-        if isinstance(node, ast.Call) and _is_run(node):
-            found.append((node, _fetches(module, node)))
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "run":
+            found.append((node, module.tags(_fetched(node))))
         stack.extend(ast.iter_child_nodes(node))
     return sorted(found, key=lambda run: (run[0].lineno, run[0].col_offset))
-
-
-def _is_run(call: ast.Call) -> bool:
-    return getattr(call.func, "attr", None) == "run"
 
 
 def _fetched(run: ast.Call) -> ast.expr:
     """What ``session.run(fetches)`` (or ``op.run()``) fetches."""
     fetched = argument_of(run, 0, "fetches")
     return typing.cast(ast.Attribute, run.func).value if fetched is None else fetched
-
-
-def _fetches(module: Module, run: ast.Call) -> frozenset[Tag]:
-    return module.tags(_fetched(run))
 
 
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
@@ -534,7 +519,7 @@ def _applies(tags: AbstractSet[Tag]) -> bool:
 
 def _refetch_findings(module: Module, facts: _Facts) -> Found:
     """TFA009 at ``sess.run(acum / n)`` after ``for ...: sess.run(acum)``."""
-    if not any(tag[0] == RERUN for run in facts.session_runs for tag in _fetches(module, run)):
+    if not any(tag[0] == RERUN for run in facts.session_runs for tag in module.tags(_fetched(run))):
         return set()  # no run fetches anything computed from an add
     found: Found = set()
     for block in facts.blocks:
@@ -576,11 +561,10 @@ def _parts(module: Module, node: ast.expr, once: bool = False, depth: int = 0) -
         return [node]
     if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
         # ops["mean"]: the value kept under that key (or set as an item)
-        key = node.slice.value
         items = [
             value for held in _held(module, node.value) if isinstance(held, ast.Dict)
             for name, value in zip(held.keys, held.values)
-            if isinstance(name, ast.Constant) and name.value == key
+            if isinstance(name, ast.Constant) and name.value == node.slice.value
         ]  # fmt: skip
         return [p for i in items for p in _parts(module, i, once, depth + 1)] or [node]
     held = _held(module, node)
