@@ -88,12 +88,9 @@ def _class_in(
 ) -> tuple[ast.ClassDef, ast.Module, str, str] | None:
     """(ClassDef, its module's tree, source, path) of class ``name`` of ``module``, or None."""
     for where in modules.get(module, ()):
-        if os.path.abspath(where) == os.path.abspath(importer):
-            continue
-        parsed = _parsed(where)
-        if parsed is None:
-            continue
-        tree, source = parsed
+        # Nothing to find in the importer itself, nor in a file that does not parse.
+        parsed = _parsed(where) if os.path.abspath(where) != os.path.abspath(importer) else None
+        tree, source = parsed or (ast.Module(body=[], type_ignores=[]), "")
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return node, tree, source, where
