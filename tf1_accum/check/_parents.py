@@ -30,10 +30,10 @@ def index(paths: Iterable[str]) -> Modules:
     modules: Modules = {}
     for path in paths:
         name = os.path.basename(path)
-        for suffix in (".py.txt", ".py"):  # the test corpus keeps modules as *.py.txt
-            if name.endswith(suffix):
-                modules.setdefault(name[: -len(suffix)], []).append(path)
-                break
+        # The test corpus keeps modules as *.py.txt.
+        suffix = next((s for s in (".py.txt", ".py") if name.endswith(s)), None)
+        if suffix is not None:
+            modules.setdefault(name[: -len(suffix)], []).append(path)
     return modules
 
 

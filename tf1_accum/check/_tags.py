@@ -157,15 +157,13 @@ class Module(Stores):
 
     def tags(self, node: ast.expr | None) -> frozenset[Tag]:
         """What an expression is made from (None, a missing one: nothing)."""
-        if isinstance(node, ast.Name):
-            extra = {STEP} if "global_step" in node.id else set()
-            return frozenset(self._union_keys(self.keys(node))) | extra
-        if isinstance(node, ast.Attribute):
-            keys = self.keys(node)
-            extra = {STEP} if "global_step" in node.attr else set()
-            extra |= {ADD_FUNCTION} if node.attr in ADDS else set()
-            extra |= {ZEROS} if node.attr in _ZEROS else set()  # tf.zeros_initializer, uncalled
-            held = self._union_keys(keys) if keys else self.tags(node.value)
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            keys, name = self.keys(node), _receiver_name(node) or ""
+            held = self._union_keys(keys) if keys else self.tags(getattr(node, "value", None))
+            extra = {STEP} if "global_step" in name else set()
+            if isinstance(node, ast.Attribute):  # tf.assign_add, tf.zeros_initializer, uncalled
+                extra |= {ADD_FUNCTION} if name in ADDS else set()
+                extra |= {ZEROS} if name in _ZEROS else set()
             return frozenset(held) | extra
         if isinstance(node, ast.Call):
             return frozenset(self._call_tags(node))
@@ -192,32 +190,28 @@ class Module(Stores):
 
         In a cycle (``x = f(x)``), a result computed while an outer lookup was
         unfinished is provisional: reused until that lookup ends, then dropped.
+        (An exception leaves the lookups under way behind: the module is then dropped.)
         """
         if key in self._cache:
             return self._cache[key]
-        if key in self._stack:
-            self._low = min(self._low, self._stack[key])
-            return frozenset()
-        if key in self._provisional:
-            result, low = self._provisional[key]
+        if key in self._stack or key in self._provisional:  # a cycle, or a result it left
+            result, low = self._provisional.get(key) or (frozenset(), self._stack[key])
             self._low = min(self._low, low)
             return result
         depth = self._stack[key] = len(self._stack)
         outer_low, self._low = self._low, depth
-        try:
-            found: set[Tag] = set()
-            for value, control in self.values.get(key, ()):
-                found |= self.tags(value)
-                for dependency in control:  # runs the add, but does not hold the sum
-                    found |= {
-                        (AFTER,) + t[1:] if t[0] == SUM else t
-                        for t in self.tags(dependency)
-                        if t[0] in (SUM, AFTER, APPLY, ZERO_OP)
-                    }
-            result = frozenset(found)
-        finally:
-            del self._stack[key]
-            low, self._low = self._low, outer_low
+        found: set[Tag] = set()
+        for value, control in self.values.get(key, ()):
+            found |= self.tags(value)
+            for dependency in control:  # runs the add, but does not hold the sum
+                found |= {
+                    (AFTER,) + t[1:] if t[0] == SUM else t
+                    for t in self.tags(dependency)
+                    if t[0] in (SUM, AFTER, APPLY, ZERO_OP)
+                }
+        result = frozenset(found)
+        del self._stack[key]
+        low, self._low = self._low, outer_low
         if low >= depth:
             self._cache[key] = result
             self._provisional = {k: v for k, v in self._provisional.items() if v[1] < depth}
@@ -364,13 +358,12 @@ def _arithmetic(
 def operands(call: ast.Call) -> tuple[ast.expr | None, ast.expr | None]:
     """(variable, value) of ``v.assign(x)``, ``tf.assign(v, x)``, ``v.assign_add(x)``,
     ``K.update_add(v, x)``, ``add_fn(v, x)``: None where one is missing."""
-    func = call.func
     modules = {"tf", "K", "backend", "state_ops", "v1"}  # tf.assign(v, x) is not a method
+    func = call.func
     receiver = func.value if isinstance(func, ast.Attribute) and len(call.args) < 2 else None
     method = receiver is not None and _receiver_name(receiver) not in modules
     target = receiver if method else argument_of(call, 0, "ref", "x", "variable")
-    value = argument_of(call, 0 if method else 1, "value", "new_value", "increment", "delta")
-    return target, value
+    return target, argument_of(call, 0 if method else 1, "value", "new_value", "increment", "delta")
 
 
 def added_to(call: ast.Call, vids: AbstractSet[Vid]) -> AbstractSet[Vid]:
