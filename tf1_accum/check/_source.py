@@ -91,8 +91,7 @@ def _python2_to_3(source: str) -> str:
     done: tuple[int, int] | None = None
     for (row, col), (end_row, end_col), text in sorted(edits, reverse=True):
         if row == end_row and (done is None or (end_row, end_col) <= done):
-            line = lines[row - 1]
-            lines[row - 1] = line[:col] + text + line[end_col:]
+            lines[row - 1] = lines[row - 1][:col] + text + lines[row - 1][end_col:]
             done = (row, col)
     return "\n".join(lines)
 
