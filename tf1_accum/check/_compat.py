@@ -27,16 +27,14 @@ import typing
 
 #: Text that tells expressions apart (before 3.9, without ``ast.unparse``: the tree's dump).
 unparse = getattr(ast, "unparse", ast.dump)
-if sys.version_info >= (3, 8):
-    from functools import cached_property
-else:
 
-    class cached_property:  # functools.cached_property (3.8), as the rules use it
-        def __init__(self, function: typing.Callable[[typing.Any], typing.Any]) -> None:
-            self.function = function
 
-        def __get__(self, instance: object, owner: type | None = None) -> typing.Any:
-            return vars(instance).setdefault(self.function.__name__, self.function(instance))
+class cached_property:  # functools.cached_property (3.8) as the rules use it, on every Python
+    def __init__(self, function: typing.Callable[[typing.Any], typing.Any]) -> None:
+        self.function = function
+
+    def __get__(self, instance: object, owner: type | None = None) -> typing.Any:
+        return vars(instance).setdefault(self.function.__name__, self.function(instance))
 
 
 _LITERALS = {"Num": "n", "Str": "s", "Bytes": "s", "NameConstant": "value", "Ellipsis": ""}

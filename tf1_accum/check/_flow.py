@@ -7,6 +7,7 @@ attribute of ``self`` by class, a return value by its function.
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import symtable
 import typing
@@ -78,10 +79,8 @@ class Stores(ast.NodeVisitor):
         self.unpacked: list[tuple[ast.Tuple | ast.List, ast.Call, Scope, Control]] = []
         # (name, line) -> symbol tables, in the order the compiler made them
         self._tables: dict[tuple[str, int], list[symtable.SymbolTable]] = {}
-        try:
+        with contextlib.suppress(SyntaxError, ValueError):  # what the compiler refuses, ast not
             self._index_tables(symtable.symtable(source, path, "exec"))
-        except (SyntaxError, ValueError):  # what ast accepts and the compiler does not
-            pass
         for table, offset in tables:  # parent classes copied from other files, moved down
             self._index_tables(table, offset)
         self.root = self._scope = Scope(None, None, tree)
@@ -101,8 +100,10 @@ class Stores(ast.NodeVisitor):
         self.scope_of[id(node)] = scope
         return scope
 
-    def _store(self, key: Key, value: ast.expr, control: Control = ()) -> None:
-        self.values.setdefault(key, []).append((value, control))
+    def _store(self, key: Key | None, value: ast.expr, control: Control = ()) -> None:
+        """Stores ``value`` at ``key`` (None: a target kept nowhere, such as ``f().x``)."""
+        if key is not None:
+            self.values.setdefault(key, []).append((value, control))
 
     def _visit_in(self, nodes: Iterable[ast.AST], scope: Scope, control: Control) -> None:
         outer = self._scope, self._control
@@ -202,9 +203,8 @@ class Stores(ast.NodeVisitor):
         func = call.func
         if isinstance(func, ast.Attribute) and func.attr in _MUTATORS and call.args:
             key = self._target_key(func.value, self._scope)
-            if key is not None:
-                for argument in call.args:
-                    self._store(key, argument, self._control)
+            for argument in call.args:
+                self._store(key, argument, self._control)
         self.generic_visit(call)
 
     def _bind(self, target: ast.expr, value: ast.expr, scope: Scope, control: Control) -> None:
@@ -212,9 +212,7 @@ class Stores(ast.NodeVisitor):
         if isinstance(target, ast.Starred):
             target = target.value
         if not isinstance(target, (ast.Tuple, ast.List)):
-            key = self._target_key(target, scope)
-            if key is not None:
-                self._store(key, value, control)
+            self._store(self._target_key(target, scope), value, control)
         elif isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
             for element, part in zip(target.elts, value.elts):
                 self._bind(element, part, scope, control)

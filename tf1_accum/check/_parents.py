@@ -30,10 +30,10 @@ def index(paths: Iterable[str]) -> Modules:
     modules: Modules = {}
     for path in paths:
         name = os.path.basename(path)
-        for suffix in (".py.txt", ".py"):  # the test corpus keeps modules as *.py.txt
-            if name.endswith(suffix):
-                modules.setdefault(name[: -len(suffix)], []).append(path)
-                break
+        # The test corpus keeps modules as *.py.txt.
+        suffix = next((s for s in (".py.txt", ".py") if name.endswith(s)), None)
+        if suffix is not None:
+            modules.setdefault(name[: -len(suffix)], []).append(path)
     return modules
 
 
@@ -42,22 +42,21 @@ def graft(tree: ast.Module, path: str, modules: Modules) -> list[Table]:
     levels); returns the symbol table and line offset of each copy's file."""
     classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
     tables: list[Table] = []
-    copies = 0
     defined = {node.name for node in classes}
+    # Breadth first, the queue growing as it is read: the nth copy is its nth entry after tree's.
     pending: list[tuple[ast.Module, list[ast.ClassDef], str]] = [(tree, classes, path)]
-    while pending and copies < _DEPTH:
-        module_tree, children, home = pending.pop(0)
+    for module_tree, children, home in pending:
         for module, name in _imported_bases(module_tree, children, defined):
             found = _class_in(module, name, modules, home)
-            if found is None or copies >= _DEPTH:
+            if found is None or len(pending) > _DEPTH:
                 continue
             node, parent_tree, source, where = found
-            copies += 1
-            node = ast.increment_lineno(copy.deepcopy(node), OFFSET * copies)
+            offset = OFFSET * len(pending)
+            node = ast.increment_lineno(copy.deepcopy(node), offset)
             tree.body.append(node)
             defined.add(name)
             with contextlib.suppress(SyntaxError, ValueError):
-                tables.append((symtable.symtable(source, where, "exec"), OFFSET * copies))
+                tables.append((symtable.symtable(source, where, "exec"), offset))
             pending.append((parent_tree, [node], where))
     return tables
 
@@ -88,12 +87,9 @@ def _class_in(
 ) -> tuple[ast.ClassDef, ast.Module, str, str] | None:
     """(ClassDef, its module's tree, source, path) of class ``name`` of ``module``, or None."""
     for where in modules.get(module, ()):
-        if os.path.abspath(where) == os.path.abspath(importer):
-            continue
-        parsed = _parsed(where)
-        if parsed is None:
-            continue
-        tree, source = parsed
+        # Nothing to find in the importer itself, nor in a file that does not parse.
+        parsed = _parsed(where) if os.path.abspath(where) != os.path.abspath(importer) else None
+        tree, source = parsed or (ast.Module(body=[], type_ignores=[]), "")
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return node, tree, source, where

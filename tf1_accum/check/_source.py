@@ -24,11 +24,10 @@ class Unreadable(Exception):
     """A file that is not text: it cannot be read at all."""
 
 
-_NOT_REGULAR = (
-    (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)  # fmt: skip
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a directory", stat.S_IFIFO: "a named pipe (FIFO)", stat.S_IFSOCK: "a socket",
+    stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+}  # fmt: skip
 
 
 def read(path: str) -> bytes:
@@ -41,7 +40,7 @@ def read(path: str) -> bytes:
     with open(descriptor, "rb") as file:
         mode = os.fstat(descriptor).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((kind for test, kind in _NOT_REGULAR if test(mode)), "a special file")
+            kind = _NOT_REGULAR.get(stat.S_IFMT(mode), "a special file")
             raise Unreadable(f"it is {kind}, not a regular file: skipped unread")
         return file.read()
 
@@ -92,8 +91,7 @@ def _python2_to_3(source: str) -> str:
     done: tuple[int, int] | None = None
     for (row, col), (end_row, end_col), text in sorted(edits, reverse=True):
         if row == end_row and (done is None or (end_row, end_col) <= done):
-            line = lines[row - 1]
-            lines[row - 1] = line[:col] + text + line[end_col:]
+            lines[row - 1] = lines[row - 1][:col] + text + lines[row - 1][end_col:]
             done = (row, col)
     return "\n".join(lines)
 
@@ -247,11 +245,10 @@ def _async_names(tokens: list[TokenInfo], depths: list[int]) -> list[Edit]:
         before = tokens[index - 1].string if index else ""
         after = tokens[index + 1] if index + 1 < len(tokens) else None
         if before != "." and after is not None:
-            if token.string == "async" and after.string in _ASYNC_KEYWORD_BEFORE:
-                continue  # async def, async for, async with
             operand = after.type in _OPERAND_START or after.string in _OPERAND_SIGNS
-            if token.string == "await" and operand:
-                continue  # await x
+            keyword = operand if token.string == "await" else after.string in _ASYNC_KEYWORD_BEFORE
+            if keyword:
+                continue  # await x; async def, async for, async with
         edits.append((token.start, token.end, token.string.upper()))
     return edits
 

@@ -71,9 +71,9 @@ _PARTS = {
 }  # fmt: skip
 
 
-def kinds_of(tags: Iterable[Tag], kind: str) -> set[Any]:
-    """The second items of the tags of one kind: ``kinds_of(tags, VAR)``."""
-    return {t[1] for t in tags if t[0] == kind}
+def kinds_of(tags: Iterable[Tag], *kinds: str) -> set[Any]:
+    """The second items of the tags of the given kinds: ``kinds_of(tags, VAR, SUM)``."""
+    return {t[1] for t in tags if t[0] in kinds}
 
 
 class Module(Stores):
@@ -155,17 +155,15 @@ class Module(Stores):
                 if keyword.arg in named:
                     self._store(("name", id(inner), keyword.arg), keyword.value)
 
-    def tags(self, node: ast.expr) -> frozenset[Tag]:
-        """What an expression is made from."""
-        if isinstance(node, ast.Name):
-            extra = {STEP} if "global_step" in node.id else set()
-            return frozenset(self._union_keys(self.keys(node))) | extra
-        if isinstance(node, ast.Attribute):
-            keys = self.keys(node)
-            extra = {STEP} if "global_step" in node.attr else set()
-            extra |= {ADD_FUNCTION} if node.attr in ADDS else set()
-            extra |= {ZEROS} if node.attr in _ZEROS else set()  # tf.zeros_initializer, uncalled
-            held = self._union_keys(keys) if keys else self.tags(node.value)
+    def tags(self, node: ast.expr | None) -> frozenset[Tag]:
+        """What an expression is made from (None, a missing one: nothing)."""
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            keys, name = self.keys(node), _receiver_name(node) or ""
+            held = self._union_keys(keys) if keys else self.tags(getattr(node, "value", None))
+            extra = {STEP} if "global_step" in name else set()
+            if isinstance(node, ast.Attribute):  # tf.assign_add, tf.zeros_initializer, uncalled
+                extra |= {ADD_FUNCTION} if name in ADDS else set()
+                extra |= {ZEROS} if name in _ZEROS else set()
             return frozenset(held) | extra
         if isinstance(node, ast.Call):
             return frozenset(self._call_tags(node))
@@ -182,7 +180,7 @@ class Module(Stores):
         return frozenset()
 
     def _union(self, nodes: Iterable[ast.expr | None]) -> frozenset[Tag]:
-        return frozenset().union(*(self.tags(node) for node in nodes if node is not None))
+        return frozenset().union(*map(self.tags, nodes))
 
     def _union_keys(self, keys: Iterable[Key]) -> set[Tag]:
         return set().union(*map(self.lookup, keys))
@@ -192,32 +190,28 @@ class Module(Stores):
 
         In a cycle (``x = f(x)``), a result computed while an outer lookup was
         unfinished is provisional: reused until that lookup ends, then dropped.
+        (An exception leaves the lookups under way behind: the module is then dropped.)
         """
         if key in self._cache:
             return self._cache[key]
-        if key in self._stack:
-            self._low = min(self._low, self._stack[key])
-            return frozenset()
-        if key in self._provisional:
-            result, low = self._provisional[key]
+        if key in self._stack or key in self._provisional:  # a cycle, or a result it left
+            result, low = self._provisional.get(key) or (frozenset(), self._stack[key])
             self._low = min(self._low, low)
             return result
         depth = self._stack[key] = len(self._stack)
         outer_low, self._low = self._low, depth
-        try:
-            found: set[Tag] = set()
-            for value, control in self.values.get(key, ()):
-                found |= self.tags(value)
-                for dependency in control:  # runs the add, but does not hold the sum
-                    found |= {
-                        (AFTER,) + t[1:] if t[0] == SUM else t
-                        for t in self.tags(dependency)
-                        if t[0] in (SUM, AFTER, APPLY, ZERO_OP)
-                    }
-            result = frozenset(found)
-        finally:
-            del self._stack[key]
-            low, self._low = self._low, outer_low
+        found: set[Tag] = set()
+        for value, control in self.values.get(key, ()):
+            found |= self.tags(value)
+            for dependency in control:  # runs the add, but does not hold the sum
+                found |= {
+                    (AFTER,) + t[1:] if t[0] == SUM else t
+                    for t in self.tags(dependency)
+                    if t[0] in (SUM, AFTER, APPLY, ZERO_OP)
+                }
+        result = frozenset(found)
+        del self._stack[key]
+        low, self._low = self._low, outer_low
         if low >= depth:
             self._cache[key] = result
             self._provisional = {k: v for k, v in self._provisional.items() if v[1] < depth}
@@ -265,13 +259,10 @@ class Module(Stores):
             zero = ZEROS in assigned or _is_zero(operands(call)[1])
             return {(ZERO_OP if zero else VAR, v) for v in vids}
         if name in APPLIES:
-            gradients = argument_of(call, 0, "grads_and_vars")
-            tags = self.tags(gradients) if gradients is not None else frozenset()
-            applied = tuple(sorted(kinds_of(tags, VAR) | kinds_of(tags, SUM), key=repr))
+            tags = self.tags(argument_of(call, 0, "grads_and_vars"))
+            applied = tuple(sorted(kinds_of(tags, VAR, SUM), key=repr))
             return {(APPLY,) + applied} | {t for t in tags if t[0] in (SUM, RERUN, AFTER)}
-        result = self._union(list(call.args) + [k.value for k in call.keywords])
-        if receiver is not None:
-            result |= self.tags(receiver)
+        result = self._union([*call.args, *[k.value for k in call.keywords], receiver])
         if name not in _PASS_FEED:  # a tensor computed from fed inputs is not itself fed
             result -= {PLACEHOLDER}
         return result
@@ -306,12 +297,8 @@ class Module(Stores):
         initial = argument_of(call, 0, "initial_value", "value")
         if called_name(call) in ("get_variable", "get_local_variable", "add_weight"):
             initial = argument_of(call, 3, "initializer")
-        if initial is None:
-            return False, False
-        if isinstance(initial, ast.Constant):
-            if initial.value == "zeros":  # Keras add_weight(initializer="zeros")
-                return True, False
-            return initial.value == 0, True
+        if isinstance(initial, ast.Constant):  # a number, or Keras add_weight(initializer="zeros")
+            return initial.value in (0, "zeros"), initial.value != "zeros"
         zeros = isinstance(initial, ast.Call) and called_name(initial) == "zeros"
         shape = argument_of(initial, 0, "shape") if isinstance(initial, ast.Call) else None
         scalar = zeros and isinstance(shape, (ast.List, ast.Tuple)) and not shape.elts  # zeros([])
@@ -327,7 +314,7 @@ class Module(Stores):
         value = operands(call)[1]
         if name in ASSIGNS and value is not None and self.holds(value, _addition):
             vids, tags = self.assigned(call) or (set(), frozenset())
-            added = vids & (kinds_of(tags, VAR) | kinds_of(tags, SUM))
+            added = vids & kinds_of(tags, VAR, SUM)
             if added:
                 return added, tags
         return None
@@ -353,17 +340,14 @@ def _arithmetic(
 ) -> AbstractSet[Tag]:
     """The tags of ``left <op> right``: a quotient of a sum is a mean, not a sum."""
     if op in (ast.Mod, ast.Pow):  # a position in a window, a decay: not a count of steps
-        return (left - {STEP}) | (right - {STEP})
-    quotient = op is ast.Div or (op is ast.Mult and (SCALED in left or SCALED in right))
-    if not quotient:
-        if op is ast.Mult:  # avg * step: scaled, but not a mean
-            return {t for t in left | right if t[0] not in (VAR, SUM)}
+        return (left | right) - {STEP}
+    if op not in (ast.Div, ast.Mult):
         return left | right
-    numerators = kinds_of(left, VAR) | kinds_of(left, SUM)
-    if op is ast.Mult:
-        numerators |= kinds_of(right, VAR) | kinds_of(right, SUM)
-    result = {t for t in left | right if t[0] not in (VAR, SUM)} | {SCALED}
-    result |= {(DIVIDED, vid) for vid in numerators}
+    kept = {t for t in left | right if t[0] not in (VAR, SUM)}
+    if op is ast.Mult and SCALED not in left | right:  # avg * step: scaled, but not a mean
+        return kept
+    numerators = kinds_of(left | right if op is ast.Mult else left, VAR, SUM)
+    result = kept | {SCALED} | {(DIVIDED, vid) for vid in numerators}
     if op is ast.Div:
         result |= {(COUNTER_MEAN, vid) for vid in kinds_of(right, VAR) if numerators}
         if STEP in right and (numerators or GRADIENT in left):
@@ -374,13 +358,12 @@ def _arithmetic(
 def operands(call: ast.Call) -> tuple[ast.expr | None, ast.expr | None]:
     """(variable, value) of ``v.assign(x)``, ``tf.assign(v, x)``, ``v.assign_add(x)``,
     ``K.update_add(v, x)``, ``add_fn(v, x)``: None where one is missing."""
-    func = call.func
     modules = {"tf", "K", "backend", "state_ops", "v1"}  # tf.assign(v, x) is not a method
+    func = call.func
     receiver = func.value if isinstance(func, ast.Attribute) and len(call.args) < 2 else None
     method = receiver is not None and _receiver_name(receiver) not in modules
     target = receiver if method else argument_of(call, 0, "ref", "x", "variable")
-    value = argument_of(call, 0 if method else 1, "value", "new_value", "increment", "delta")
-    return target, value
+    return target, argument_of(call, 0 if method else 1, "value", "new_value", "increment", "delta")
 
 
 def added_to(call: ast.Call, vids: AbstractSet[Vid]) -> AbstractSet[Vid]:
