@@ -140,8 +140,7 @@ def build_accumulation(
     _validate.check_bool("fused", fused)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
-            "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
-            "allows one apply_gradients call: build with fused=False (the default)."
+            "fused=True builds two applies, and SyncReplicasOptimizer allows one: pass fused=False."
         )
     graph = loss.graph
     var_list, update_ops = check_in_graph(optimizer, options, loss, var_list, global_step, weight)
@@ -186,9 +185,7 @@ def build_accumulation(
     for field, op in {**ops, "accum_apply_op": accum_apply_op}.items():
         _guard.mark(window.scope, field, op)
     return Accumulation(
-        zero_op=zero_op,
-        accum_op=accum_op,
-        apply_op=apply_op,
+        **ops,
         counter=window.counter,
         accumulators=window.accumulators,
         var_list=window.var_list,
