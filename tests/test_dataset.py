@@ -205,7 +205,11 @@ def test_with_statistics_it_trains_like_large_batches(sparse):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"statistics": True}, ValueError, "statistics=True needs the number of examples"),
+        (
+            {"statistics": True},
+            ValueError,
+            r"statistics=True needs micro_batch_size= \(examples per micro-batch\) or weight=",
+        ),
         ({"statistics": "yes", "micro_batch_size": 4}, TypeError, "statistics must be True"),
         (
             {"statistics": True, "micro_batch_size": -2},

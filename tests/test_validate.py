@@ -213,7 +213,7 @@ BUILD_ACCUMULATION_ERRORS = {
     "statistics": (
         lambda x, w, loss: dict(statistics=True),
         ValueError,
-        "statistics=True needs the number of examples",
+        r"statistics=True needs micro_batch_size= \(examples per micro-batch\) or weight=",
     ),
     "update_ops": (
         lambda x, w, loss: dict(update_ops=[_other_graph_tensor()]),
@@ -322,7 +322,7 @@ def test_a_weight_callable_refused_after_it_built_says_what_remains():
         assert _snapshot(graph, every_collection=False)[1:] == before[1:]
     assert _notes(info) == [
         f"tf1_accum: AccumulationOptimizer.apply_gradients failed after building {built} ops, "
-        "which stay in the graph unused; the graph's collections are as they were."
+        "which stay unused; the graph's collections are as they were."
     ]
 
 
@@ -337,8 +337,8 @@ def test_a_gradient_none_where_the_loss_reads_the_variable_says_what_remains():
         built = len(graph.get_operations()) - before[0]
         assert _snapshot(graph, every_collection=False)[1:] == before[1:]
     assert _notes(info) == [
-        f"tf1_accum: build_accumulation failed after building {built} ops, which stay in "
-        "the graph unused; the graph's collections are as they were."
+        f"tf1_accum: build_accumulation failed after building {built} ops, which stay "
+        "unused; the graph's collections are as they were."
     ]
 
 
@@ -354,7 +354,7 @@ def test_a_gradient_none_where_the_loss_reads_the_variable_in_minimize_says_what
         assert _snapshot(graph, every_collection=False)[1:] == before[1:]
     assert _notes(info) == [
         f"tf1_accum: AccumulationOptimizer.minimize failed after building {built} ops, which "
-        "stay in the graph unused; the graph's collections are as they were."
+        "stay unused; the graph's collections are as they were."
     ]
 
 
@@ -554,9 +554,8 @@ def test_a_failing_loss_fn_leaves_no_variable_and_says_what_remains(case):
         return
     assert _notes(info) == [
         f"tf1_accum: build_dataset_accumulation failed after building {built} ops, which "
-        "stay in the graph unused; the graph's collections are as they were, without the "
-        f"variables made meanwhile ({variable}), whose tf.compat.v1.get_variable names are "
-        "free for a build again."
+        "stay unused; the graph's collections are as they were, without the variables it made "
+        f"({variable}), whose names are free."
     ]
 
 

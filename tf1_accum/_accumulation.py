@@ -142,12 +142,11 @@ def build_accumulation(
         raise ValueError(
             "fused=True builds two applies, and SyncReplicasOptimizer allows one: pass fused=False."
         )
-    graph = loss.graph
     var_list, update_ops = check_in_graph(optimizer, options, loss, var_list, global_step, weight)
     how = "build_accumulation(loss, optimizer, weight={})"
     _count_check.warn_if_unweighted([loss], weight, how)
     # Checked: from here on the graph grows, and a failure puts its collections back.
-    with graph.as_default(), _validate.restored_on_failure(graph, "build_accumulation"):
+    with loss.graph.as_default(), _validate.restored_on_failure(loss.graph, "build_accumulation"):
         if loss.shape.ndims is None:
             # Unknown statically: fails at run time unless it holds one value.
             loss = tf.reshape(loss, [], name="scalar_loss")

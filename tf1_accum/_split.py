@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import contextlib
+import itertools
 import typing
 
 import numpy as np
@@ -292,8 +293,7 @@ def run_window(
         if held:
             raise ValueError(
                 f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, which "
-                "memory_fit could not run again: run apply_op (or zero_op) first, or leave out "
-                "memory_fit. Nothing was run."
+                "memory_fit could not run again: run apply_op or zero_op first. Nothing was run."
             )
         largest = max(_largest(plan, b) for b in plan.batches)
         size = min(fit._start(largest), largest)
@@ -354,16 +354,11 @@ def _micro_batches(plan: Plan, size: int | None) -> list[dict]:
     """The feed dicts of the window's micro-batches, in order (slices: no copies)."""
     feeds = []
     for batch in plan.batches:
-        start = 0
-        for rows in _sizes(plan, batch, size if size is not None else _largest(plan, batch)):
-            stop = start + rows
-            feeds.append(
-                {
-                    key: value[start:stop] if key in batch.split else value
-                    for key, value in batch.feed.items()
-                }
-            )
-            start = stop
+        sizes = _sizes(plan, batch, size if size is not None else _largest(plan, batch))
+        stops = list(itertools.accumulate(sizes))
+        for start, stop in zip([0, *stops], stops):
+            cut = {key: batch.feed[key][start:stop] for key in batch.split}
+            feeds.append({**batch.feed, **cut})
     return feeds
 
 
@@ -384,7 +379,7 @@ def _unbatched(graph: tf.Graph, keys: object, feeds: list) -> set:
     """``unbatched_feeds``, checked: the tensors it names, each a key of a feed dict."""
     if keys is None:
         return set()
-    if isinstance(keys, (str, tf.Tensor)) or not isinstance(keys, collections.abc.Iterable):
+    if not _validate.is_list(keys, tf.Tensor):
         expected = "a list of feed dict keys (placeholders or their names) fed whole"
         raise _validate.type_error("unbatched_feeds", keys, expected + " to every micro-batch")
     fed = set()
@@ -460,9 +455,7 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
         )
     rows = counted[0][0]
     if rows == 0:
-        raise ValueError(
-            f"{label} holds a batch of 0 rows: nothing to accumulate. Nothing was run."
-        )
+        raise ValueError(f"{label} holds a batch of 0 rows: feed at least one row.")
     # A key of fixed leading size is never split: plan_window refuses a split that would cut
     # its value, whatever that size.
     split = frozenset(key for key, size in candidates.items() if size == rows and key not in sized)

@@ -101,9 +101,7 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
                 "Build the model first, or pass var_list."
             )
         return var_list
-    if isinstance(var_list, (tf.Variable, str)) or not isinstance(
-        var_list, collections.abc.Iterable
-    ):
+    if not is_list(var_list, tf.Variable):
         raise type_error("var_list", var_list, "a list of tf.Variable or None")
     var_list = list(var_list)
     if not var_list:
@@ -113,6 +111,11 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
             raise type_error(f"var_list[{i}]", v, "a tf.Variable")
         check_same_graph(f"var_list[{i}] {v.op.name}", v.graph, graph)
     return var_list
+
+
+def is_list(value: object, *items: type) -> typing.TypeGuard[typing.Iterable[typing.Any]]:
+    """Whether ``value`` is an iterable of items: not a string, nor one of ``items`` itself."""
+    return isinstance(value, collections.abc.Iterable) and not isinstance(value, (str, *items))
 
 
 def check_global_step(global_step: object, graph: tf.Graph | None = None) -> None:
@@ -155,8 +158,7 @@ def check_statistics_options(statistics: object, micro_batch_size: object, weigh
     if micro_batch_size is None:
         if statistics and not weighted:
             raise ValueError(
-                "statistics=True needs the number of examples per micro-batch: pass "
-                "micro_batch_size= or weight=."
+                "statistics=True needs micro_batch_size= (examples per micro-batch) or weight=."
             )
         return
     check_positive("micro_batch_size", micro_batch_size, "a positive number of examples")
@@ -190,9 +192,7 @@ def check_update_ops(
     """Returns ``update_ops`` as a list of ops (of ``graph``, if given), or None for the default."""
     if update_ops is None:
         return None
-    if isinstance(update_ops, (tf.Operation, tf.Tensor, tf.Variable, str)) or not isinstance(
-        update_ops, collections.abc.Iterable
-    ):
+    if not is_list(update_ops, tf.Operation, tf.Tensor, tf.Variable):
         expected = "None (the graph's UPDATE_OPS) or a list of tf.Operation or tf.Tensor"
         raise type_error("update_ops", update_ops, expected + " ([] for none)")
     ops = []
@@ -227,10 +227,9 @@ def check_not_under_sync_replicas(
         if op is not None and op.type.endswith("AccumulatorTakeGradient"):
             raise ValueError(
                 "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient of "
-                f"{var.op.name} comes from its {op.type} ({op.name}), and the second micro-batch "
-                "would wait forever. Nest them the other way round, "
-                "AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps) (docs: Across "
-                "several machines)."
+                f"{var.op.name} comes from its {op.type}, and micro-batch 2 would wait forever. "
+                "Nest them the other way round, AccumulationOptimizer(SyncReplicasOptimizer(opt, "
+                "...), steps) (docs: Across several machines)."
             )
 
 
@@ -339,8 +338,7 @@ def usable_gradients(
         warnings.warn(
             f"tf1_accum: these variables have no gradient{of_loss} and are left "
             f"untouched: {', '.join(missing)}.",
-            UserWarning,
-            stacklevel=_caller_stacklevel(),
+            stacklevel=_caller_stacklevel(),  # a UserWarning
         )
     return pairs
 
@@ -368,11 +366,9 @@ def warn_of_other_models(
             warnings.warn(
                 f"tf1_accum: the update op {op.name} of UPDATE_OPS, which {runner} runs with "
                 f"each micro-batch (update_ops=None), needs placeholder {', '.join(fed)} fed, "
-                "which the loss does not read: it belongs to another model, and each run would "
-                "fail. Pass update_ops= this model's ops (e.g. tf.compat.v1.get_collection("
-                'tf.compat.v1.GraphKeys.UPDATE_OPS, scope="generator")), or [] for none.',
-                UserWarning,
-                stacklevel=_caller_stacklevel(),
+                "which the loss does not read: it is another model's, and each run would fail. "
+                "Pass update_ops= this model's ops (get_collection(UPDATE_OPS, scope)), or [].",
+                stacklevel=_caller_stacklevel(),  # a UserWarning
             )
             return
 
@@ -418,15 +414,10 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
                 graph.clear_collection(key)
         built = len(graph.get_operations()) - ops_before
         if built or made:
-            note = (
-                f"tf1_accum: {what} failed after building {built} ops, which stay in the "
-                "graph unused; the graph's collections are as they were"
-            )
+            note = f"tf1_accum: {what} failed after building {built} ops, which stay unused"
+            note += "; the graph's collections are as they were"
             if made:
-                note += (
-                    f", without the variables made meanwhile ({', '.join(made)}), whose "
-                    "tf.compat.v1.get_variable names are free for a build again"
-                )
+                note += f", without the variables it made ({', '.join(made)}), whose names are free"
             _add_note(error, note + ".")
         if isinstance(error, AttributeError) and KERAS_3_SYMPTOM in str(error):
             _add_note(error, KERAS_3_HINT)
