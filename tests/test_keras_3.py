@@ -22,10 +22,9 @@ from _helpers import make_batches
 from tf1_accum import _validate
 
 HINT = (
-    "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: install "
-    "tf_keras (pip install tf_keras, the release of your TensorFlow) and set "
-    "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (export it in the shell, or "
-    'os.environ["TF_USE_LEGACY_KERAS"] = "1" at the top of the script).'
+    "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: pip install "
+    "tf_keras (the release of your TensorFlow) and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
+    'is imported (os.environ["TF_USE_LEGACY_KERAS"] = "1" at the top of the script).'
 )
 
 

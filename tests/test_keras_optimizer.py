@@ -500,7 +500,7 @@ def _loss_scale_optimizer(optimizer):
         (
             lambda: legacy.Adam,
             r"optimizer must be an optimizer instance, got the class .*\.Adam itself: pass "
-            r"an instance, Adam\(learning_rate=\.\.\.\)\.",
+            r"Adam\(learning_rate=\.\.\.\)\.",
         ),
     ],
     ids=["v1", "new_tf_keras", "loss_scale", "nested", "string", "class"],

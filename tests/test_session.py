@@ -438,7 +438,9 @@ def test_sync_replicas_optimizer_allows_no_fused_op():
         sync = v1.train.SyncReplicasOptimizer(
             v1.train.GradientDescentOptimizer(0.1), replicas_to_aggregate=1
         )
-        with pytest.raises(ValueError, match="SyncReplicasOptimizer allows one apply_gradients"):
+        with pytest.raises(
+            ValueError, match="fused=True builds two applies, and SyncReplicasOptimizer allows one"
+        ):
             tf1_accum.build_accumulation(
                 model.loss, sync, global_step=v1.train.get_or_create_global_step(), fused=True
             )

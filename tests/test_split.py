@@ -402,18 +402,18 @@ def test_a_sparse_tensor_feed_is_refused():
         (
             {"micro_batch_size": "4"},
             TypeError,
-            r"micro_batch_size must be a positive integer or None, got '4'",
+            r"micro_batch_size must be an int, got '4'",
         ),
         (
             {"micro_batch_size": 0},
             ValueError,
-            "micro_batch_size must be a positive integer or None, got 0",
+            "micro_batch_size must be at least 1, got 0",
         ),
-        ({"micro_batches": 2.0}, TypeError, "micro_batches must be a positive integer or None"),
+        ({"micro_batches": 2.0}, TypeError, "micro_batches must be an int, got 2.0"),
         (
             {"micro_batches": -1},
             ValueError,
-            "micro_batches must be a positive integer or None, got -1",
+            "micro_batches must be at least 1, got -1",
         ),
         ({"micro_batch_size": 4, "micro_batches": 3}, ValueError, "not both"),
         ({"memory_fit": 4}, TypeError, r"memory_fit must be a tf1_accum.MemoryFit or None, got 4"),
@@ -439,8 +439,8 @@ def test_a_single_dict_without_a_split_still_says_how_to_split_it():
 @pytest.mark.parametrize(
     "probe_every, error, message",
     [
-        (0, ValueError, "probe_every must be a positive integer .windows. or None, got 0"),
-        ("10", TypeError, "probe_every must be a positive integer .windows. or None, got '10'"),
+        (0, ValueError, r"probe_every must be at least 1 \(windows\), got 0"),
+        ("10", TypeError, r"probe_every must be an int \(windows\), got '10'"),
         (True, TypeError, "got True"),
     ],
 )

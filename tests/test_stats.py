@@ -326,7 +326,11 @@ def test_recommend_micro_batches_rejects(noise_scale, size, error, message):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        ({"statistics": True}, ValueError, "statistics=True needs the number of examples"),
+        (
+            {"statistics": True},
+            ValueError,
+            r"statistics=True needs micro_batch_size= \(examples per micro-batch\) or weight=",
+        ),
         ({"statistics": 1, "micro_batch_size": 4}, TypeError, "statistics must be True or False"),
         (
             {"statistics": True, "micro_batch_size": "4"},
@@ -560,7 +564,10 @@ def test_optimizer_statistics_in_accumulating_runs_are_empty(weighted):
 
 def test_optimizer_statistics_options():
     opt = OPTIMIZERS["sgd"](tf.float32)
-    with pytest.raises(ValueError, match="statistics=True needs the number of examples"):
+    with pytest.raises(
+        ValueError,
+        match=r"statistics=True needs micro_batch_size= \(examples per micro-batch\) or weight=",
+    ):
         tf1_accum.AccumulationOptimizer(opt, 2, statistics=True)
     with pytest.raises(TypeError, match="micro_batch_size must be a positive number of examples"):
         tf1_accum.AccumulationOptimizer(opt, 2, statistics=True, micro_batch_size=[4])

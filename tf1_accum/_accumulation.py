@@ -140,15 +140,13 @@ def build_accumulation(
     _validate.check_bool("fused", fused)
     if fused and isinstance(optimizer, tf.compat.v1.train.SyncReplicasOptimizer):
         raise ValueError(
-            "fused=True builds the optimizer's apply twice, and SyncReplicasOptimizer "
-            "allows one apply_gradients call: build with fused=False (the default)."
+            "fused=True builds two applies, and SyncReplicasOptimizer allows one: pass fused=False."
         )
-    graph = loss.graph
     var_list, update_ops = check_in_graph(optimizer, options, loss, var_list, global_step, weight)
     how = "build_accumulation(loss, optimizer, weight={})"
     _count_check.warn_if_unweighted([loss], weight, how)
     # Checked: from here on the graph grows, and a failure puts its collections back.
-    with graph.as_default(), _validate.restored_on_failure(graph, "build_accumulation"):
+    with loss.graph.as_default(), _validate.restored_on_failure(loss.graph, "build_accumulation"):
         if loss.shape.ndims is None:
             # Unknown statically: fails at run time unless it holds one value.
             loss = tf.reshape(loss, [], name="scalar_loss")
@@ -186,9 +184,7 @@ def build_accumulation(
     for field, op in {**ops, "accum_apply_op": accum_apply_op}.items():
         _guard.mark(window.scope, field, op)
     return Accumulation(
-        zero_op=zero_op,
-        accum_op=accum_op,
-        apply_op=apply_op,
+        **ops,
         counter=window.counter,
         accumulators=window.accumulators,
         var_list=window.var_list,

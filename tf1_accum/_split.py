@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import contextlib
+import itertools
 import typing
 
 import numpy as np
@@ -74,7 +75,7 @@ class MemoryFit:
 
     def __init__(self, *, probe_every: int | None = 100) -> None:
         if probe_every is not None:
-            _check_positive("probe_every", probe_every, " (windows)")
+            _validate.check_int("probe_every", probe_every, " (windows)")
         self._probe_every = probe_every
         self._size: int | None = None  # rows per micro-batch the next window starts with
         self._fits: int | None = None  # the size in use before a probe: known to fit
@@ -158,13 +159,6 @@ class MemoryFit:
             )
 
 
-def _check_positive(name: str, value: object, unit: str = "") -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise _validate.type_error(name, value, f"a positive integer{unit} or None")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer{unit} or None, got {value}.")
-
-
 def _first_line(error: BaseException) -> str:
     """The line of an error message that says what ran out (the allocator's "OOM when ...")."""
     text = error.message if isinstance(error, tf.errors.OpError) else str(error)
@@ -213,7 +207,7 @@ def plan_window(
     """Checks a large batch and the split asked for; nothing runs. Returns a `Plan`."""
     for name, value in (("micro_batch_size", micro_batch_size), ("micro_batches", micro_batches)):
         if value is not None:
-            _check_positive(name, value)
+            _validate.check_int(name, value)
     if micro_batch_size is not None and micro_batches is not None:
         raise ValueError(
             f"Pass micro_batch_size= or micro_batches=, not both (got {micro_batch_size} "
@@ -224,8 +218,7 @@ def plan_window(
     feeds = [feed_dicts] if isinstance(feed_dicts, collections.abc.Mapping) else list(feed_dicts)
     if not feeds:
         raise ValueError(
-            "feed_dicts holds no batch: pass the large batch as one feed dict (or a list "
-            "of them) to split it. Nothing was run."
+            "feed_dicts holds no batch: pass the large batch as one feed dict (or a list of them)."
         )
     graph = accumulation.counter.graph
     whole = _unbatched(graph, unbatched_feeds, feeds)
@@ -238,9 +231,8 @@ def plan_window(
     weighted = accumulation.options is not None and accumulation.options.weighted
     if memory_fit is not None and not weighted:
         raise ValueError(
-            "memory_fit needs an accumulation built with weight= (weight=tf.shape(x)[0]): "
-            "this one, built without, averages its micro-batches equally, and the sizes "
-            "memory_fit picks need not be equal (feed_the_batch.rst). Nothing was run."
+            "memory_fit needs an accumulation built with weight= (weight=tf.shape(x)[0]): the "
+            "sizes it picks need not be equal. Nothing was run."
         )
     plan = Plan(batches, micro_batch_size, micro_batches, memory_fit)
     sizes: list[int] = []  # the rows of each micro-batch (memory_fit: at first)
@@ -260,29 +252,25 @@ def plan_window(
             raise ValueError(
                 f"{_key_name(key)} is a placeholder of shape {shape}: its batch dimension is "
                 f"fixed at {shape[0]} rows, and {cut} (the batch fed to it has {batch.rows} "
-                "rows; only a placeholder whose batch dimension is None takes every micro-batch "
-                "the split makes). Build the graph for any batch size: "
-                f"None as its first dimension ({[None, *shape[1:]]}), and -1 where the batch "
-                "is reshaped (tf.reshape(x, [-1, 784])); or, if it is not batch data, name it "
-                f"in unbatched_feeds=[{_key_name(key)!r}] to feed it whole. Nothing was run."
+                f"rows). Build the graph with None as its first dimension ({[None, *shape[1:]]}) "
+                "and -1 in reshapes; or, if it is not batch data, name it in "
+                f"unbatched_feeds=[{_key_name(key)!r}] to feed it whole. Nothing was run."
             )
     if not weighted and len(set(sizes)) > 1:  # never with memory_fit (weighted)
         rows = [b.rows for b in batches]
         raise ValueError(
             f"The batch ({' and '.join(map(str, rows))} rows) does not split into equal "
-            f"micro-batches ({_split_asked(plan)} gives {_sizes_text(sizes)} rows), and "
-            "this accumulation, built without weight=, averages its micro-batches "
-            "equally. Build it with weight=tf.shape(x)[0], or split into equal "
-            'micro-batches (feed_the_batch.rst, "Why weight="). Nothing was run.'
+            f"micro-batches ({_split_asked(plan)} gives {_sizes_text(sizes)} rows), which an "
+            "accumulation built without weight= needs: build it with weight=tf.shape(x)[0], or "
+            "split into equal micro-batches. Nothing was run."
         )
     statistics = accumulation.statistics
     fixed = statistics and tf.get_static_value(statistics.micro_batch_size)
     if fixed is not None and any(s != fixed for s in sizes):
         raise ValueError(
-            "This accumulation's statistics were built with micro_batch_size="
-            f"{float(fixed):g}, but {_split_asked(plan)} gives micro-batches of "
-            f"{_sizes_text(sizes)} rows. Split into micro-batches of that size, or build "
-            "with weight= instead of micro_batch_size=. Nothing was run."
+            f"This accumulation's statistics were built with micro_batch_size={float(fixed):g}, "
+            f"but {_split_asked(plan)} gives micro-batches of {_sizes_text(sizes)} rows: split "
+            "into that size, or build with weight=. Nothing was run."
         )
     return plan
 
@@ -305,8 +293,7 @@ def run_window(
         if held:
             raise ValueError(
                 f"The window already holds {held} micro-batch{'es' if held > 1 else ''}, which "
-                "memory_fit could not run again after discarding the window: run apply_op (or "
-                "zero_op) first, or call run_accumulation without memory_fit. Nothing was run."
+                "memory_fit could not run again: run apply_op or zero_op first. Nothing was run."
             )
         largest = max(_largest(plan, b) for b in plan.batches)
         size = min(fit._start(largest), largest)
@@ -320,8 +307,7 @@ def run_window(
                 if smaller is None:
                     message = (
                         f"micro-batch {failed} of the window failed {DISCARDED}: a micro-batch of "
-                        "one row does not fit in memory, so memory_fit cannot split the batch "
-                        f"further: {error.message}"
+                        f"one row does not fit in memory: {error.message}"
                     )
                     raise type(error)(error.node_def, error.op, message) from error
                 size = smaller
@@ -337,8 +323,7 @@ def run_window(
         hint = (
             f"\nThe large batch has {rows} rows: a graph built for one batch size (a reshape "
             f"to a fixed batch, such as tf.reshape(x, [{rows}, -1])) cannot take smaller "
-            "micro-batches. Reshape with -1 as the batch dimension (tf.reshape(x, [-1, 784])), "
-            "or split into micro-batches of the size the graph was built for."
+            "micro-batches: reshape with -1 as the batch dimension (tf.reshape(x, [-1, 784]))."
         )
         raise type(error)(error.node_def, error.op, error.message + hint) from error
 
@@ -369,16 +354,11 @@ def _micro_batches(plan: Plan, size: int | None) -> list[dict]:
     """The feed dicts of the window's micro-batches, in order (slices: no copies)."""
     feeds = []
     for batch in plan.batches:
-        start = 0
-        for rows in _sizes(plan, batch, size if size is not None else _largest(plan, batch)):
-            stop = start + rows
-            feeds.append(
-                {
-                    key: value[start:stop] if key in batch.split else value
-                    for key, value in batch.feed.items()
-                }
-            )
-            start = stop
+        sizes = _sizes(plan, batch, size if size is not None else _largest(plan, batch))
+        stops = list(itertools.accumulate(sizes))
+        for start, stop in zip([0, *stops], stops):
+            cut = {key: batch.feed[key][start:stop] for key in batch.split}
+            feeds.append({**batch.feed, **cut})
     return feeds
 
 
@@ -399,11 +379,9 @@ def _unbatched(graph: tf.Graph, keys: object, feeds: list) -> set:
     """``unbatched_feeds``, checked: the tensors it names, each a key of a feed dict."""
     if keys is None:
         return set()
-    if isinstance(keys, (str, tf.Tensor)) or not isinstance(keys, collections.abc.Iterable):
-        raise TypeError(
-            "unbatched_feeds must be a list of feed dict keys (placeholders or their names) "
-            f"fed whole to every micro-batch, got {_validate.describe(keys)}."
-        )
+    if not _validate.is_list(keys, tf.Tensor):
+        expected = "a list of feed dict keys (placeholders or their names) fed whole"
+        raise _validate.type_error("unbatched_feeds", keys, expected + " to every micro-batch")
     fed = set()
     for key in (key for feed in feeds for key in feed):
         with contextlib.suppress(ValueError):  # a bad key: refused with its feed dict's label
@@ -413,8 +391,8 @@ def _unbatched(graph: tf.Graph, keys: object, feeds: list) -> set:
         tensor = _feed_tensor(graph, key, "unbatched_feeds")
         if tensor not in fed:
             raise ValueError(
-                f"unbatched_feeds names {_key_name(key)}, which no feed dict of the batch "
-                "feeds: name the keys of feed_dicts that are not batch data. Nothing was run."
+                f"unbatched_feeds names {_key_name(key)}, which no feed dict of the batch feeds: "
+                "name keys of feed_dicts. Nothing was run."
             )
         tensors.add(tensor)
     return tensors
@@ -448,8 +426,7 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
         if isinstance(tensor, tf.SparseTensor):
             raise TypeError(
                 f"{label} feeds a SparseTensor ({tensor.indices.name.rsplit('/', 1)[0]}), which "
-                "run_accumulation does not split: split the batch yourself and pass one feed dict "
-                "per micro-batch, without micro_batch_size, micro_batches or memory_fit."
+                "run_accumulation does not split: pass one feed dict per micro-batch, unsplit."
             )
         value = values[key] = np.asanyarray(value)
         shape: typing.Any = getattr(tensor, "shape", None)  # a TensorShape, or None
@@ -465,24 +442,20 @@ def _batch(graph: tf.Graph, feed: dict, label: str, whole: set) -> _Batch:
         candidates = {key: size for key, (size, _) in sized.items()}
     if not candidates:
         raise ValueError(
-            f"{label} holds nothing to split: no value has a leading batch dimension "
-            "(arrays fed to placeholders whose first dimension is None, such as "
-            "tf.compat.v1.placeholder(tf.float32, [None, 4])). Nothing was run."
+            f"{label} holds nothing to split: feed the batch to placeholders whose first "
+            "dimension is None ([None, 4]). Nothing was run."
         )
     counted = collections.Counter(candidates.values()).most_common()
     if len(counted) > 1 and counted[0][1] == counted[1][1]:
         keys = ", ".join(f"{_key_name(k)}: {n} rows" for k, n in candidates.items())
         raise ValueError(
             f"{label} has no one batch dimension: as many arrays have {counted[0][0]} rows as "
-            f"{counted[1][0]} ({keys}). Name the arrays that are not batch data in "
-            "unbatched_feeds=[...], or feed them through a placeholder of known leading size "
-            "(shape [100, 16], not [None, 16]), so that they are fed whole. Nothing was run."
+            f"{counted[1][0]} ({keys}). Name those that are not batch data in "
+            "unbatched_feeds=[...]. Nothing was run."
         )
     rows = counted[0][0]
     if rows == 0:
-        raise ValueError(
-            f"{label} holds a batch of 0 rows: nothing to accumulate. Nothing was run."
-        )
+        raise ValueError(f"{label} holds a batch of 0 rows: feed at least one row.")
     # A key of fixed leading size is never split: plan_window refuses a split that would cut
     # its value, whatever that size.
     split = frozenset(key for key, size in candidates.items() if size == rows and key not in sized)

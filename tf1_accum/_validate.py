@@ -35,37 +35,40 @@ def check_graph_mode(what: str) -> None:
     """Raises RuntimeError when eager execution is on."""
     if tf.executing_eagerly():
         raise RuntimeError(
-            f"{what} builds TF1 graph-mode ops (Session, feed_dict), but eager execution is "
-            "active. Call tf.compat.v1.disable_eager_execution() (or "
-            "tf.compat.v1.disable_v2_behavior()) at program start, before any graph is built."
+            f"{what} builds TF1 graph-mode ops, but eager execution is active: call "
+            "tf.compat.v1.disable_eager_execution() at program start, before any graph is built."
         )
 
 
 def check_loss(loss: object) -> None:
     """Checks that ``loss`` is a scalar floating-point graph tensor."""
-    if not isinstance(loss, tf.Tensor) or not hasattr(loss, "graph"):
-        raise type_error("loss", loss, "a scalar floating-point tf.Tensor of a graph")
-    dtype = loss.dtype.base_dtype
-    if not dtype.is_floating:
+    _check_scalar("loss", loss, "floating-point", "the micro-batch's mean: tf.reduce_mean(...)")
+
+
+def _check_scalar(
+    name: str, value: object, kind: str, what: str, graph: tf.Graph | None = None
+) -> None:
+    """Checks that ``value`` is a scalar tensor (of ``graph``, if given) of ``kind``:
+    ``"floating-point"`` or ``"real number"`` (integers too). ``what``: what it should hold."""
+    if not isinstance(value, tf.Tensor) or not hasattr(value, "graph"):
+        raise type_error(name, value, f"a scalar {kind} tf.Tensor of a graph ({what})")
+    dtype = value.dtype.base_dtype
+    if not (dtype.is_floating or (dtype.is_integer and kind == "real number")):
         raise TypeError(
-            f"loss must be a floating-point tensor, got {loss.name} of dtype "
-            f"{dtype.name}. Cast it, e.g. tf.cast(loss, tf.float32)."
+            f"{name} must be a {kind} tensor ({what}), got {value.name} of dtype {dtype.name}."
         )
-    if loss.shape.ndims not in (0, None):  # unknown: checked when run
-        raise ValueError(
-            f"loss must be a scalar (shape []), got {loss.name} of shape {loss.shape.as_list()}. "
-            "Reduce it first, e.g. tf.reduce_mean(per_example_loss): the mean over the "
-            "micro-batch is what accumulation averages into the mean over the window."
-        )
+    if value.shape.ndims not in (0, None):  # unknown: checked when run
+        shape = value.shape.as_list()
+        raise ValueError(f"{name} must be a scalar ({what}), got {value.name} of shape {shape}.")
+    check_same_graph(f"{name} {value.name}", value.graph, graph)
 
 
 def check_instance(optimizer: object) -> None:
     """Raises TypeError, saying to make one, if ``optimizer`` is an optimizer's class."""
     if isinstance(optimizer, type) and hasattr(optimizer, "apply_gradients"):
-        name = optimizer.__name__
         raise TypeError(
             f"optimizer must be an optimizer instance, got the class {optimizer.__module__}."
-            f"{optimizer.__qualname__} itself: pass an instance, {name}(learning_rate=...)."
+            f"{optimizer.__qualname__} itself: pass {optimizer.__name__}(learning_rate=...)."
         )
 
 
@@ -77,9 +80,8 @@ def check_optimizer(optimizer: object) -> tf.compat.v1.train.Optimizer:
         return adapted
     raise TypeError(
         _compat.keras_names(
-            "optimizer must be a tf.compat.v1.train.Optimizer (GradientDescent, Momentum, Adam, "
-            "RMSProp, Adagrad, Adadelta, Ftrl, ProximalAdagrad or a subclass) or a tf_keras "
-            f"legacy optimizer (tf_keras.optimizers.legacy.Adam, ...), got {describe(optimizer)}."
+            "optimizer must be a tf.compat.v1.train.Optimizer or a tf_keras legacy optimizer "
+            f"(tf_keras.optimizers.legacy.Adam, ...), got {describe(optimizer)}."
         )
         + _keras.refusal_hint(optimizer)
     )
@@ -95,13 +97,11 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
         var_list = list({id(v): v for v in found}.values())
         if not var_list:
             raise ValueError(
-                "No variables to train: var_list is None and the loss's graph has no trainable "
-                "variables. Build the model before calling, or pass var_list."
+                "No variables to train: the loss's graph has no trainable variables. "
+                "Build the model first, or pass var_list."
             )
         return var_list
-    if isinstance(var_list, (tf.Variable, str)) or not isinstance(
-        var_list, collections.abc.Iterable
-    ):
+    if not is_list(var_list, tf.Variable):
         raise type_error("var_list", var_list, "a list of tf.Variable or None")
     var_list = list(var_list)
     if not var_list:
@@ -109,9 +109,13 @@ def check_var_list(var_list: object, graph: tf.Graph) -> list[tf.Variable]:
     for i, v in enumerate(var_list):
         if not isinstance(v, tf.Variable):
             raise type_error(f"var_list[{i}]", v, "a tf.Variable")
-        if v.graph is not graph:
-            raise ValueError(f"var_list[{i}] {v.op.name} is not in the graph of the loss.")
+        check_same_graph(f"var_list[{i}] {v.op.name}", v.graph, graph)
     return var_list
+
+
+def is_list(value: object, *items: type) -> typing.TypeGuard[typing.Iterable[typing.Any]]:
+    """Whether ``value`` is an iterable of items: not a string, nor one of ``items`` itself."""
+    return isinstance(value, collections.abc.Iterable) and not isinstance(value, (str, *items))
 
 
 def check_global_step(global_step: object, graph: tf.Graph | None = None) -> None:
@@ -119,21 +123,19 @@ def check_global_step(global_step: object, graph: tf.Graph | None = None) -> Non
     if global_step is None:
         return
     if not isinstance(global_step, tf.Variable):
+        raise type_error("global_step", global_step, "an integer tf.Variable or None")
+    dtype = global_step.dtype.base_dtype
+    if not dtype.is_integer:
         raise TypeError(
-            "global_step must be an integer tf.Variable (e.g. from "
-            f"tf.compat.v1.train.get_or_create_global_step()) or None, got {describe(global_step)}."
+            f"global_step must be an integer variable, got {global_step.op.name} of {dtype.name}."
         )
-    if not global_step.dtype.base_dtype.is_integer:
-        raise TypeError(
-            "global_step must be an integer variable, got "
-            f"{global_step.op.name} of dtype {global_step.dtype.base_dtype.name}."
-        )
-    if graph is not None and global_step.graph is not graph:
-        raise ValueError(
-            f"global_step must be a variable of the loss's graph, got {global_step.op.name} of "
-            "another graph. Create it in the graph you build in (e.g. "
-            "tf.compat.v1.train.get_or_create_global_step() inside graph.as_default())."
-        )
+    check_same_graph(f"global_step {global_step.op.name}", global_step.graph, graph)
+
+
+def check_same_graph(label: str, graph_of: tf.Graph, graph: tf.Graph | None) -> None:
+    """Raises ValueError if ``graph_of``, the graph of ``label``, is not ``graph`` (if given)."""
+    if graph is not None and graph_of is not graph:
+        raise ValueError(f"{label} is not in the graph of the loss: build it in that graph.")
 
 
 def check_bool(name: str, value: object) -> None:
@@ -146,23 +148,8 @@ def check_weight(weight: object, graph: tf.Graph) -> None:
     """Checks that ``weight`` is None or a scalar real tensor of ``graph``."""
     if weight is None:
         return
-    if not isinstance(weight, tf.Tensor) or not hasattr(weight, "graph"):
-        raise TypeError(
-            "weight must be a scalar tensor computed from the micro-batch (its number "
-            f"of examples or of non-padding tokens), got {describe(weight)}."
-        )
-    dtype = weight.dtype.base_dtype
-    if not (dtype.is_floating or dtype.is_integer):
-        raise TypeError(
-            f"weight must be a real number tensor, got {weight.name} of dtype {dtype.name}."
-        )
-    if weight.shape.ndims not in (0, None):
-        raise ValueError(
-            f"weight must be a scalar (one weight per micro-batch), got {weight.name} of "
-            f"shape {weight.shape.as_list()}."
-        )
-    if weight.graph is not graph:
-        raise ValueError(f"weight {weight.name} is not in the graph of the loss.")
+    what = "computed from each micro-batch, e.g. its size"
+    _check_scalar("weight", weight, "real number", what, graph)
 
 
 def check_statistics_options(statistics: object, micro_batch_size: object, weighted: bool) -> None:
@@ -171,42 +158,32 @@ def check_statistics_options(statistics: object, micro_batch_size: object, weigh
     if micro_batch_size is None:
         if statistics and not weighted:
             raise ValueError(
-                "statistics=True needs the number of examples per micro-batch: pass "
-                "micro_batch_size= (a positive number), or weight= (a tensor computed "
-                "from each micro-batch)."
+                "statistics=True needs micro_batch_size= (examples per micro-batch) or weight=."
             )
         return
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, numbers.Real):
-        raise type_error("micro_batch_size", micro_batch_size, "a positive number of examples")
-    # A numbers.Real, which typeshed gives no comparison with an int.
-    size = typing.cast(float, micro_batch_size)
-    if not (size > 0 and math.isfinite(size)):
-        raise ValueError(
-            f"micro_batch_size must be a positive number of examples, got {micro_batch_size}."
-        )
+    check_positive("micro_batch_size", micro_batch_size, "a positive number of examples")
     if not statistics:
         raise ValueError(
-            "micro_batch_size is used only by the gradient statistics: build with "
-            "statistics=True, or leave it out."
+            "micro_batch_size is used only by the gradient statistics: add statistics=True."
         )
     if weighted:
-        raise ValueError(
-            "Pass weight= or micro_batch_size=, not both: with weight=, the micro-batch "
-            "size is the window's mean weight."
-        )
+        raise ValueError("Pass weight= or micro_batch_size=, not both (weight= sets the size).")
 
 
 def check_clip_norm(clip_norm: object) -> None:
     """Checks that ``clip_norm`` is None or a positive, finite number."""
-    if clip_norm is None:
-        return
-    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float, np.number)):
-        raise type_error("clip_norm", clip_norm, "a positive number or None")
-    if not (clip_norm > 0 and math.isfinite(clip_norm)):
-        raise ValueError(
-            f"clip_norm must be a positive, finite number, got {clip_norm}: pass "
-            "clip_norm=None for no clipping."
-        )
+    if clip_norm is not None:
+        check_positive("clip_norm", clip_norm, "a positive, finite number or None (no clipping)")
+
+
+def check_positive(name: str, value: object, expected: str) -> None:
+    """Checks that ``value`` is a positive, finite real number (not a bool): ``expected``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise type_error(name, value, expected)
+    # A numbers.Real, which typeshed gives no comparison with an int.
+    number = typing.cast(float, value)
+    if not (number > 0 and math.isfinite(number)):
+        raise ValueError(f"{name} must be {expected}, got {value}.")
 
 
 def check_update_ops(
@@ -215,20 +192,15 @@ def check_update_ops(
     """Returns ``update_ops`` as a list of ops (of ``graph``, if given), or None for the default."""
     if update_ops is None:
         return None
-    if isinstance(update_ops, (tf.Operation, tf.Tensor, tf.Variable, str)) or not isinstance(
-        update_ops, collections.abc.Iterable
-    ):
-        raise TypeError(
-            "update_ops must be None (the graph's tf.compat.v1.GraphKeys.UPDATE_OPS) or "
-            f"a list of tf.Operation or tf.Tensor ([] for none), got {describe(update_ops)}."
-        )
+    if not is_list(update_ops, tf.Operation, tf.Tensor, tf.Variable):
+        expected = "None (the graph's UPDATE_OPS) or a list of tf.Operation or tf.Tensor"
+        raise type_error("update_ops", update_ops, expected + " ([] for none)")
     ops = []
     for i, item in enumerate(update_ops):
         op = graph_op(item)
         if op is None:
             raise type_error(f"update_ops[{i}]", item, "a tf.Operation or tf.Tensor of a graph")
-        if graph is not None and op.graph is not graph:
-            raise ValueError(f"update_ops[{i}] {op.name} is not in the graph of the loss.")
+        check_same_graph(f"update_ops[{i}] {op.name}", op.graph, graph)
         ops.append(op)
     return ops
 
@@ -255,22 +227,26 @@ def check_not_under_sync_replicas(
         if op is not None and op.type.endswith("AccumulatorTakeGradient"):
             raise ValueError(
                 "SyncReplicasOptimizer cannot wrap an AccumulationOptimizer: the gradient of "
-                f"{var.op.name} comes from its {op.type} ({op.name}), which waits for "
-                "replicas_to_aggregate pushes per run, while the AccumulationOptimizer applies "
-                "once every steps runs: the second micro-batch would wait forever. Nest them the "
-                "other way round, AccumulationOptimizer(SyncReplicasOptimizer(opt, ...), steps), "
-                "which pushes one window per worker per update, or use "
-                "cross_replica=tf1_accum.CollectiveAllReduce (see the guide 'Across several "
-                "machines')."
+                f"{var.op.name} comes from its {op.type}, and micro-batch 2 would wait forever. "
+                "Nest them the other way round, AccumulationOptimizer(SyncReplicasOptimizer(opt, "
+                "...), steps) (docs: Across several machines)."
             )
 
 
 def check_steps(steps: object) -> None:
     """Checks that ``steps`` is an int of at least 1."""
-    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)):
-        raise type_error("steps", steps, "an int (micro-batches per update)")
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1 (micro-batches per update), got {steps}.")
+    check_int("steps", steps, " (micro-batches per update)")
+
+
+def check_int(name: str, value: object, unit: str = "", least: int | None = 1) -> None:
+    """Checks that ``value`` is an int (not a bool) of at least ``least`` (None: any int).
+
+    ``unit`` says what it counts, e.g. ``" (windows)"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise type_error(name, value, f"an int{unit}")
+    if least is not None and value < least:
+        raise ValueError(f"{name} must be at least {least}{unit}, got {value}.")
 
 
 def check_feed_dict(label: str, feed_dict: object) -> None:
@@ -291,10 +267,8 @@ def check_session_graph(sess: object, graph: tf.Graph, what: str) -> None:
     ops = len(session_graph.get_operations())
     raise ValueError(
         f"sess runs another graph than {what}: {what} was built in a graph of "
-        f"{len(graph.get_operations())} ops, the session runs a graph of {ops} ops (a "
-        "session made outside `with graph.as_default():` runs the default graph). Make "
-        "the session on the graph the model was built in: tf.compat.v1.Session(graph="
-        "graph), or create it inside `with graph.as_default():`."
+        f"{len(graph.get_operations())} ops, the session runs a graph of {ops} ops. Make "
+        "the session with tf.compat.v1.Session(graph=graph), or inside graph.as_default()."
     )
 
 
@@ -306,12 +280,16 @@ def check_trainable(loss: tf.Tensor, var_list: typing.Sequence[tf.Variable]) -> 
     read = _ancestors(loss.op)
     reached = [v for v in var_list if v.op in read]
     if not reached:
-        raise ValueError(
-            f"No gradients provided for any variable: {[v.op.name for v in var_list]}. The loss "
-            f"{loss.name} does not depend on any of them: check the graph for ops that do not "
-            "support gradients between these variables and the loss, or pass var_list."
-        )
+        raise _no_gradients([v.op.name for v in var_list], loss)
     check_shapes(reached)
+
+
+def _no_gradients(names: list[str], loss: tf.Tensor | None) -> ValueError:
+    of_loss = "" if loss is None else f" {loss.name}"
+    return ValueError(
+        f"No gradients provided for any variable: {names}. Check the graph for ops that do not "
+        f"support gradients between these variables and the loss{of_loss}, or pass var_list."
+    )
 
 
 def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
@@ -319,9 +297,8 @@ def check_shapes(variables: typing.Iterable[tf.Variable]) -> None:
     for var in variables:
         if not var.shape.is_fully_defined():
             raise ValueError(
-                f"Variable {var.op.name} has shape {var.shape}, which is not fully "
-                "defined; tf1_accum needs a static shape to build its accumulator. "
-                "Give the variable a static shape, or leave it out of var_list."
+                f"Variable {var.op.name} has shape {var.shape}, which is not fully defined: give "
+                "it a static shape (for its accumulator), or leave it out of var_list."
             )
 
 
@@ -356,17 +333,12 @@ def usable_gradients(
     pairs = [(g, v) for g, v in grads_and_vars if g is not None]
     of_loss = "" if loss is None else f" for loss {loss.name}"
     if not pairs:
-        raise ValueError(
-            f"No gradients provided for any variable: {missing}. Check the graph for ops "
-            "that do not support gradients between these variables and the "
-            f"loss{'' if loss is None else ' ' + loss.name}."
-        )
+        raise _no_gradients(missing, loss)
     if missing:
         warnings.warn(
             f"tf1_accum: these variables have no gradient{of_loss} and are left "
             f"untouched: {', '.join(missing)}.",
-            UserWarning,
-            stacklevel=_caller_stacklevel(),
+            stacklevel=_caller_stacklevel(),  # a UserWarning
         )
     return pairs
 
@@ -392,16 +364,11 @@ def warn_of_other_models(
         fed = sorted(o.name for o in _ancestors(op, known=reads) if o.type == "Placeholder")
         if fed:
             warnings.warn(
-                f"tf1_accum: the update op {op.name} is in "
-                f"tf.compat.v1.GraphKeys.UPDATE_OPS, which {runner} runs with each "
-                f"micro-batch (update_ops=None, the default), and it needs placeholder "
-                f"{', '.join(fed)} fed, which the loss does not read: it belongs to another "
-                "model (a GAN's other network). Each run would fail with \"You must feed a "
-                f"value for placeholder tensor '{fed[0]}'\". Pass update_ops= this model's "
-                "ops (e.g. tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.UPDATE_OPS, "
-                'scope="generator")), or [] for none.',
-                UserWarning,
-                stacklevel=_caller_stacklevel(),
+                f"tf1_accum: the update op {op.name} of UPDATE_OPS, which {runner} runs with "
+                f"each micro-batch (update_ops=None), needs placeholder {', '.join(fed)} fed, "
+                "which the loss does not read: it is another model's, and each run would fail. "
+                "Pass update_ops= this model's ops (get_collection(UPDATE_OPS, scope)), or [].",
+                stacklevel=_caller_stacklevel(),  # a UserWarning
             )
             return
 
@@ -447,15 +414,10 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
                 graph.clear_collection(key)
         built = len(graph.get_operations()) - ops_before
         if built or made:
-            note = (
-                f"tf1_accum: {what} failed after building {built} ops, which stay in the "
-                "graph unused; the graph's collections are as they were"
-            )
+            note = f"tf1_accum: {what} failed after building {built} ops, which stay unused"
+            note += "; the graph's collections are as they were"
             if made:
-                note += (
-                    f", without the variables made meanwhile ({', '.join(made)}), whose "
-                    "tf.compat.v1.get_variable names are free for a build again"
-                )
+                note += f", without the variables it made ({', '.join(made)}), whose names are free"
             _add_note(error, note + ".")
         if isinstance(error, AttributeError) and KERAS_3_SYMPTOM in str(error):
             _add_note(error, KERAS_3_HINT)
@@ -465,10 +427,9 @@ def restored_on_failure(graph: tf.Graph, what: str) -> typing.Iterator[None]:
 # With Keras 3 (TensorFlow 2.16+), tf.compat.v1.layers raise "`dense` is not available...".
 KERAS_3_SYMPTOM = "is not available with Keras 3"
 KERAS_3_HINT = (
-    "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: install "
-    "tf_keras (pip install tf_keras, the release of your TensorFlow) and set "
-    "TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (export it in the shell, or "
-    'os.environ["TF_USE_LEGACY_KERAS"] = "1" at the top of the script).'
+    "tf1_accum: tf.compat.v1.layers needs Keras 2 on TensorFlow 2.16 and newer: pip install "
+    "tf_keras (the release of your TensorFlow) and set TF_USE_LEGACY_KERAS=1 before TensorFlow "
+    'is imported (os.environ["TF_USE_LEGACY_KERAS"] = "1" at the top of the script).'
 )
 
 
