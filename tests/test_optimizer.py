@@ -465,8 +465,8 @@ def test_a_weight_callable_that_needs_arguments_is_refused_when_the_wrapper_is_m
     with tf.Graph().as_default():
         with pytest.raises(
             TypeError,
-            match=r"weight must be a scalar tensor, or a callable with no argument that "
-            r"returns one when the train op is built, got .*, which needs arguments\.",
+            match=r"weight must be a scalar tensor or a callable of no argument returning one, "
+            r"got .*, which needs arguments\.",
         ):
             tf1_accum.AccumulationOptimizer(
                 v1.train.GradientDescentOptimizer(0.1), steps=2, weight=lambda batch: batch

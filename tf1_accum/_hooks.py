@@ -48,10 +48,9 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         built = self._built_windows(graph)
         if not built:
             raise ValueError(
-                "The AccumulationOptimizer of this hook has no train op in the graph "
-                "of the session: call its minimize() (or apply_gradients()) before "
-                "the MonitoredTrainingSession is created (in an Estimator, in the "
-                "model_fn that returns the hook)."
+                "The AccumulationOptimizer of this hook has no train op in the graph of the "
+                "session: call its minimize() before the MonitoredTrainingSession is created "
+                "(in an Estimator, in the model_fn that returns the hook)."
             )
         self._counters = [counter for counter, _ in built]
         self._flushes = [flush for _, flush in built]
@@ -62,8 +61,7 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
     ) -> None:
         if self._counters is None:
             raise RuntimeError(
-                "AccumulationHook.after_create_session() ran before begin(): a "
-                "MonitoredTrainingSession calls begin() first."
+                "AccumulationHook.after_create_session() ran before begin(): call begin() first."
             )
         logger = tf.get_logger()
         for old in [f for f in logger.filters if isinstance(f, _UnmovedStepFilter)]:
@@ -86,9 +84,8 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
 
     def _save(self, session: tf.compat.v1.Session, pending: int) -> None:
         savers = session.graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-        saver = savers[0] if len(savers) == 1 else None
-        last = saver.last_checkpoints if saver is not None else []
-        if saver is None or not last or self._global_step is None:
+        last = savers[0].last_checkpoints if len(savers) == 1 else []
+        if not last or self._global_step is None:
             # Flushed, the window is applied: only a kept one is lost here.
             if not self._flush_at_end:
                 warnings.warn(
@@ -102,4 +99,4 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         # The path of the saver's checkpoints, without the step suffix it adds.
         prefix = re.sub(r"-\d+$", "", last[-1])
         step = int(session.run(self._global_step))
-        saver.save(session, prefix, global_step=step)
+        savers[0].save(session, prefix, global_step=step)

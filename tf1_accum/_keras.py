@@ -57,9 +57,8 @@ def refusal_hint(optimizer: object) -> str:
     what = "Keras optimizers other than the legacy ones"
     what = "Keras 3 optimizers" if _is_keras_3(optimizer) else what
     return keras_names(
-        f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} "
-        f"(from the tf_keras package; tf.keras.optimizers.legacy.{name} with "
-        f"TF_USE_LEGACY_KERAS=1) or {v1} instead."
+        f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} (tf_keras "
+        f"package, or TF_USE_LEGACY_KERAS=1) or {v1} instead."
     )
 
 
@@ -73,13 +72,10 @@ def adapt(optimizer: object) -> tf.compat.v1.train.Optimizer | None:
             inner = type(inner).__name__ if inner is not None else "the optimizer"
             raise TypeError(
                 keras_names(
-                    f"optimizer is a Keras {type(optimizer).__name__} (tf_keras."
-                    "mixed_precision), which tf1_accum does not support: it scales no loss "
-                    "in a TF1 graph (it has no compute_gradients) and would check each "
-                    "micro-batch instead of the window. Use the TF1 loss-scale optimizer "
-                    "instead, which tf1_accum hands the window's mean: tf.compat.v1.mixed_"
-                    "precision.MixedPrecisionLossScaleOptimizer(tf.compat.v1.train.<Optimizer>"
-                    f"(...), 'dynamic') (in place of {inner})."
+                    f"optimizer is a Keras {type(optimizer).__name__} (tf_keras.mixed_precision)"
+                    ", which tf1_accum does not support. Use tf.compat.v1.mixed_precision.Mixed"
+                    "PrecisionLossScaleOptimizer(tf.compat.v1.train.<Optimizer>(...), 'dynamic') "
+                    f"instead (in place of {inner})."
                 )
             )
         return KerasOptimizerAdapter(optimizer)
@@ -114,11 +110,9 @@ def check_variables(
         if var.dtype != var.dtype.base_dtype:
             raise TypeError(
                 f"{type(optimizer.keras_optimizer).__name__} (a Keras optimizer) updates "
-                f"resource variables only, but {var.op.name} is a reference variable "
-                "(tf.compat.v1.disable_v2_behavior() makes those). Create it with "
-                "use_resource=True (tf.compat.v1.get_variable(..., use_resource=True), "
-                "or call tf.compat.v1.enable_resource_variables() first), or use the "
-                "matching tf.compat.v1.train optimizer."
+                f"resource variables only, but {var.op.name} is a reference variable: create "
+                "it with use_resource=True (or after tf.compat.v1.enable_resource_variables()), "
+                "or use the matching tf.compat.v1.train optimizer."
             )
 
 

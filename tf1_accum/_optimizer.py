@@ -22,9 +22,8 @@ def check_weight(weight: object) -> None:
             inspect.signature(weight).bind()
         except TypeError:
             raise TypeError(
-                "weight must be a scalar tensor, or a callable with no argument that "
-                f"returns one when the train op is built, got {_validate.describe(weight)}, "
-                "which needs arguments."
+                "weight must be a scalar tensor or a callable of no argument returning one, "
+                f"got {_validate.describe(weight)}, which needs arguments."
             ) from None
         except ValueError:  # no signature to read (a builtin): called as it is
             pass
@@ -61,13 +60,13 @@ class _Reach:
     def coupling(self, other: _Reach) -> str | None:
         """Why an update of one window changes the gradients of the other's, or None."""
         for trains, reads, says in (
-            (self.trains, other.trains, "both train {}"),
-            (other.trains, self.reads, "{{other}} trains {}, which the loss of {{this}} reads"),
-            (self.trains, other.reads, "{{this}} trains {}, which the loss of {{other}} reads"),
+            (self.trains, other.trains, "both train {var}"),
+            (other.trains, self.reads, "{other} trains {var}, which the loss of {this} reads"),
+            (self.trains, other.reads, "{this} trains {var}, which the loss of {other} reads"),
         ):
             shared = sorted(trains & reads)
             if shared:
-                return says.format(shared[0])
+                return says.format(var=shared[0], this=self.name, other=other.name)
         return None
 
 
@@ -87,15 +86,10 @@ def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
             continue
         message = (
             f"tf1_accum: the train op {this.describe()} ran while the window of "
-            f"{other.describe()} is partly full, and the two are coupled: "
-            + why.format(this=this.name, other=other.name)
-            + ". An update of either in the middle of the other's window mixes "
-            "gradients from before and after it, which no large-batch step computes. "
-            "Run one train op a whole window in a row (steps runs) before the other: "
-            "a GAN runs the discriminator's train op on the batch's N micro-batches, "
-            "then the generator's on N micro-batches, once per generator step (see "
-            '"Several optimizers on shared variables" in the concepts page). This '
-            f"micro-batch was not accumulated. Micro-batches in {other.name}'s window:"
+            f"{other.describe()} is partly full, and the two are coupled: {why}. Run one "
+            "train op a whole window in a row (steps runs) before the other (docs: Several "
+            "optimizers on shared variables). This micro-batch was not accumulated. "
+            f"Micro-batches in {other.name}'s window:"
         )
         with tf.compat.v1.name_scope(this.window.scope):
             count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
@@ -159,9 +153,7 @@ def missing_attribute(wrapper: object, name: str) -> typing.NoReturn:
         raise AttributeError(f"'{kind}' object has no attribute '{name}'")
     raise AttributeError(
         f"tf1_accum: {kind}.{name} was removed: read opt.window.{_MOVED_TO_WINDOW[name]} "
-        "instead, a field of the TrainOpWindow record of the train op built in the default "
-        "graph (build the train op first; with several, each AccumulationOptimizer's "
-        "window is its own). This pointer to the new name is kept for one release only."
+        "instead (a TrainOpWindow field). This pointer is kept for one release only."
     )
 
 
@@ -171,12 +163,9 @@ def _unreachable(field: str) -> property:
     def refuse(self: TrainOpWindow) -> typing.NoReturn:
         raise ValueError(
             f"window.{field} of this AccumulationOptimizer is built inside another "
-            "optimizer's conditional (MixedPrecisionLossScaleOptimizer(AccumulationOptimizer"
-            "(...)) builds the wrapper's apply in its tf.cond), where it cannot be fetched "
-            "nor used in a tf.cond outside. Nest them the other way to read it: "
-            "AccumulationOptimizer(MixedPrecisionLossScaleOptimizer(opt, loss_scale), steps) "
-            "(the overflow check then acts on the window's mean). counter, skipped_windows "
-            "and flush_op can be used either way."
+            "optimizer's conditional (a MixedPrecisionLossScaleOptimizer wrapping it), where "
+            "it cannot be fetched. Nest them the other way to read it: AccumulationOptimizer("
+            "MixedPrecisionLossScaleOptimizer(opt, loss_scale), steps)."
         )
 
     return property(refuse)
@@ -216,19 +205,16 @@ class _Builds:
         if not builds and len({id(b.window.counter.graph) for b in self.all}) == 1:
             builds = self.all  # read outside the one graph it was built in
         if not builds:
-            elsewhere = ", in this graph (it was built in other graphs: enter the one you mean "
+            elsewhere = " in this graph (it was built in other graphs: enter the one you mean)"
             raise ValueError(
-                f"{what} exists once the train op is built: call minimize() or "
-                "apply_gradients() first"
-                + (elsewhere + "with graph.as_default())." if self.all else ".")
+                f"{what} exists once the train op is built: call minimize() or apply_gradients() "
+                f"first{elsewhere if self.all else ''}."
             )
         if len(builds) > 1:
             raise ValueError(
                 f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
-                "ops in this graph (minimize() or apply_gradients() called "
-                f"{len(builds)} times), each accumulating its own window. Build one "
-                "AccumulationOptimizer per train op (they may wrap one optimizer); "
-                "flush_op flushes every window of this one."
+                "ops in this graph. Build one AccumulationOptimizer per train op (they may "
+                "wrap one optimizer)."
             )
         return builds[0]
 

@@ -40,10 +40,8 @@ class _PlainOrFullSaver(Saver):
         if len(missing) < len(self._state):
             raise ValueError(
                 f"Checkpoint {save_path} holds part of tf1_accum's state but not "
-                f"{', '.join(missing)}: it was written by another accumulation than the "
-                "graph's (other variables trained, or other options). Restore it with "
-                "tf.compat.v1.train.Saver(tf1_accum.plain_variables()) and initialize "
-                "the rest, which starts every window empty."
+                f"{', '.join(missing)}: another accumulation wrote it. Restore it with "
+                "tf.compat.v1.train.Saver(tf1_accum.plain_variables()) and initialize the rest."
             )
         self._plain.restore(sess, save_path)
         sess.run(self._initialize_state)
@@ -71,9 +69,8 @@ def make_scaffold(
     savers = graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
     if savers:
         raise ValueError(
-            f"The graph already has {len(savers)} saver(s) in "
-            "tf.compat.v1.GraphKeys.SAVERS, which the session's CheckpointSaverHook "
-            "would use: make the scaffold before any saver is added there, and add none."
+            f"The graph already has {len(savers)} saver(s) in tf.compat.v1.GraphKeys.SAVERS: "
+            "make the scaffold before any saver is added there, and add none."
         )
     saver = _PlainOrFullSaver(max_to_keep)
     # The saver CheckpointSaverHook, Estimator and the accumulation hook find.
