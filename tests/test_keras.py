@@ -191,10 +191,9 @@ def _loss_scale_optimizer(optimizer):
 def test_tf_keras_loss_scale_optimizer_is_refused_with_the_tf1_one_named():
     """It crashed with AttributeError ('_name') in both ways in."""
     message = (
-        rf"optimizer is a Keras LossScaleOptimizer \({KERAS_NAME}.mixed_precision\), which "
-        r"tf1_accum does not support\. Use tf.compat.v1.mixed_precision.MixedPrecisionLoss"
-        r"ScaleOptimizer\(tf.compat.v1.train.<Optimizer>\(\.\.\.\), 'dynamic'\) instead "
-        r"\(in place of Adam\)\."
+        rf"tf1_accum does not support a Keras LossScaleOptimizer \({KERAS_NAME}.mixed_precision\): "
+        r"use tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer\(tf.compat.v1.train."
+        r"<Optimizer>\(\.\.\.\), 'dynamic'\) for Adam\."
     )
     with tf.Graph().as_default():
         model = _resource_model(tf.float32, False)

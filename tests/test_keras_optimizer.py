@@ -489,8 +489,8 @@ def _loss_scale_optimizer(optimizer):
         ),
         (
             lambda: _loss_scale_optimizer(legacy.Adam(0.1)),
-            rf"Keras LossScaleOptimizer \({KERAS_NAME}.mixed_precision\), which tf1_accum "
-            r"does not support",
+            rf"tf1_accum does not support a Keras LossScaleOptimizer \({KERAS_NAME}.mixed_"
+            r"precision\)",
         ),
         (
             lambda: tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.1), 2),

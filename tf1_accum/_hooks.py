@@ -49,8 +49,7 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         if not built:
             raise ValueError(
                 "The AccumulationOptimizer of this hook has no train op in the graph of the "
-                "session: call its minimize() before the MonitoredTrainingSession is created "
-                "(in an Estimator, in the model_fn that returns the hook)."
+                "session: call its minimize() before the MonitoredTrainingSession is created."
             )
         self._counters = [counter for counter, _ in built]
         self._flushes = [flush for _, flush in built]
@@ -80,20 +79,17 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
             return
         if self._flush_at_end:
             session.run(self._flushes)
-        self._save(session, pending)
-
-    def _save(self, session: tf.compat.v1.Session, pending: int) -> None:
+        # A kept window is saved with the graph's one saver, as its last checkpoint was.
         savers = session.graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
         last = savers[0].last_checkpoints if len(savers) == 1 else []
         if not last or self._global_step is None:
             # Flushed, the window is applied: only a kept one is lost here.
             if not self._flush_at_end:
                 warnings.warn(
-                    f"tf1_accum: {pending} micro-batches accumulated after the last update "
-                    "are in no checkpoint: no saver of the graph "
-                    "(tf.compat.v1.GraphKeys.SAVERS) wrote a checkpoint in this session, or "
-                    "there is no global step.",
-                    stacklevel=2,
+                    f"tf1_accum: {pending} micro-batches since the last update are in no "
+                    "checkpoint: no saver in tf.compat.v1.GraphKeys.SAVERS wrote one in this "
+                    "session, or there is no global step.",
+                    stacklevel=1,  # this hook's end(), as MonitoredSession's callers are many
                 )
             return
         # The path of the saver's checkpoints, without the step suffix it adds.

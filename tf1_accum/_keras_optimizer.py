@@ -15,8 +15,7 @@ from tf1_accum import _compat
 from tf1_accum._compat import keras_names, tf
 
 from tf1_accum import _validate, _keras
-from tf1_accum._accumulation import prepare
-from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow, check_weight
+from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow
 from tf1_accum._optimizer import missing_attribute
 
 try:
@@ -139,27 +138,20 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ) -> None:
         _check_wrapped(optimizer)
         _validate.check_steps(steps)
-        check_weight(weight)
-        # Keras runs the model's updates itself: update_ops=[].
-        _, self._options = prepare(
-            "KerasAccumulationOptimizer", optimizer, None, {**locals(), "update_ops": []}
+        super().__init__(name)
+        self._optimizer = optimizer
+        # What builds the train op (one per graph, in the name scope of this optimizer's name)
+        # checks the weight and the options. Keras runs the model's updates itself: update_ops=[].
+        options: dict = dict(average=average, clip_norm=clip_norm, skip_nonfinite=skip_nonfinite)
+        self._accumulation = AccumulationOptimizer(
+            optimizer, steps, weight=weight, update_ops=[], name=self._name, **options
         )
         if kwargs:
             raise TypeError(
                 f"KerasAccumulationOptimizer takes no Keras option, got {sorted(kwargs)}: "
                 "give clipnorm and the like to the wrapped optimizer."
             )
-        super().__init__(name)
-        self._optimizer = optimizer
-        # What builds the train op: one per graph, in the name scope of this optimizer's name.
-        self._accumulation = AccumulationOptimizer(
-            optimizer,
-            steps,
-            weight=weight,
-            update_ops=[],
-            name=self._name,
-            **{key: getattr(self._options, key) for key in _OPTIONS},
-        )
+        self._options = self._accumulation._options
         self._accumulation._with_weight = (
             "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
         )
@@ -176,8 +168,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         """The `AccumulationOptimizer`, once it built the train op in the default graph."""
         if not self._accumulation._builds.of():
             raise ValueError(
-                f"{what} exists once the train op is built in this graph: model.fit() "
-                "builds it (or call apply_gradients() first)."
+                f"{what} exists once the train op is built in this graph (model.fit() builds it)."
             )
         return self._accumulation
 
@@ -266,12 +257,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             return
         if len(weights) < len(wrapped):
             raise ValueError(
-                f"KerasAccumulationOptimizer {self._name}: {len(weights)} values were "
-                f"given, fewer than the {len(wrapped)} weights of "
-                f"{type(self._optimizer).__name__} alone."
+                f"KerasAccumulationOptimizer {self._name}: {len(weights)} values were given, "
+                f"fewer than the {len(wrapped)} weights of {type(self._optimizer).__name__} alone."
             )
-        if wrapped:
-            keras.backend.batch_set_value(list(zip(wrapped, weights)))
+        keras.backend.batch_set_value(list(zip(wrapped, weights)))
         self._pending = weights
 
     def get_config(self) -> dict[str, typing.Any]:
@@ -284,15 +273,13 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         if _compat.in_keras_saved_model_save():
             raise ValueError(
                 "model.save() in the SavedModel format would drop the state of "
-                "KerasAccumulationOptimizer (slots, iterations, window). Save the model in "
-                "the HDF5 format, model.save('model.h5'), or pass include_optimizer=False "
-                "(docs: Saving a Keras model that accumulates)."
+                "KerasAccumulationOptimizer (slots, iterations, window). Save the model in the "
+                "HDF5 format, model.save('model.h5'), or pass include_optimizer=False."
             )
         if self._pending is not None:
             raise ValueError(
-                "KerasAccumulationOptimizer holds the window load_model read until fit "
-                "builds the train op: saving now would drop it. Train (model.fit) before "
-                "saving, or save with include_optimizer=False."
+                "KerasAccumulationOptimizer holds the window load_model read until fit builds "
+                "the train op. Train (model.fit) before saving, or use include_optimizer=False."
             )
         return {
             "name": self._name,

@@ -188,8 +188,7 @@ def transformed(
         if got.dtype.base_dtype != dtype:
             raise TypeError(
                 f"transform {name} must return the gradient's dtype {dtype.name} for "
-                f"{variable.op.name}, got {got.dtype.base_dtype.name}: cast its result to "
-                f"{dtype.name}."
+                f"{variable.op.name}, got {got.dtype.base_dtype.name}: cast its result."
             )
         if not got.shape.is_compatible_with(values.shape):
             shape = got.shape.as_list() if got.shape.rank is not None else got.shape
@@ -212,8 +211,7 @@ def _created_outside(
         if value.graph is not outer or control_flow_context(value.op) is not None:
             raise ValueError(
                 "A gradient transform creates a variable from a tensor computed where the "
-                f"apply is built ({value.name}), inside a conditional. Pass a callable "
-                "instead, e.g. tf.Variable(lambda: tf.zeros(shape)), or an initializer."
+                f"apply is built ({value.name}), a conditional: initialize it from a callable."
             )
     with tf.init_scope():
         return next_creator(**kwargs)

@@ -14,15 +14,13 @@ class _PlainOrFullSaver(Saver):
     """Saves every global variable; restores a checkpoint with or without tf1_accum's state."""
 
     def __init__(self, max_to_keep: int) -> None:
-        super().__init__(
-            sharded=True, max_to_keep=max_to_keep, allow_empty=True, save_relative_paths=True
-        )
+        # Both savers write (and read) the same layout of checkpoint.
+        layout: dict = dict(sharded=True, allow_empty=True, save_relative_paths=True)
+        super().__init__(max_to_keep=max_to_keep, **layout)
         graph = tf.compat.v1.get_default_graph()
         saved = {id(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
         self._state = [v for v in graph.get_collection(STATE_COLLECTION) if id(v) in saved]
-        self._plain = tf.compat.v1.train.Saver(
-            plain_variables(graph), sharded=True, allow_empty=True, save_relative_paths=True
-        )
+        self._plain = tf.compat.v1.train.Saver(plain_variables(graph), **layout)
         self._initialize_state = tf.compat.v1.variables_initializer(
             self._state, name="initialize_accumulation_state"
         )
@@ -45,7 +43,6 @@ class _PlainOrFullSaver(Saver):
             )
         self._plain.restore(sess, save_path)
         sess.run(self._initialize_state)
-        return None
 
 
 def make_scaffold(
