@@ -83,9 +83,7 @@ def adapt(optimizer: object) -> tf.compat.v1.train.Optimizer | None:
 
 def given(optimizer: object) -> typing.Any:  # a tf.compat.v1 or a Keras optimizer
     """The optimizer the user passed: the Keras optimizer behind an adapter."""
-    if isinstance(optimizer, KerasOptimizerAdapter):
-        return optimizer.keras_optimizer
-    return optimizer
+    return getattr(optimizer, "keras_optimizer", optimizer)
 
 
 def check_variables(

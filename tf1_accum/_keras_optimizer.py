@@ -15,8 +15,7 @@ from tf1_accum import _compat
 from tf1_accum._compat import keras_names, tf
 
 from tf1_accum import _validate, _keras
-from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow
-from tf1_accum._optimizer import missing_attribute
+from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow, missing_attribute
 
 try:
     keras = _compat.keras()
@@ -44,10 +43,7 @@ def _check_wrapped(optimizer: typing.Any) -> None:
             f"KerasAccumulationOptimizer cannot wrap a KerasAccumulationOptimizer (steps="
             f"{optimizer.steps}): wrap the optimizer itself, with the product of the steps."
         )
-    refused = (
-        "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-        f"...), got {_validate.describe(optimizer)}"
-    )
+    refused = f"optimizer must be a tf_keras legacy optimizer, got {_validate.describe(optimizer)}"
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
             keras_names(
@@ -151,7 +147,6 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
                 f"KerasAccumulationOptimizer takes no Keras option, got {sorted(kwargs)}: "
                 "give clipnorm and the like to the wrapped optimizer."
             )
-        self._options = self._accumulation._options
         self._accumulation._with_weight = (
             "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
         )
@@ -285,7 +280,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             "name": self._name,
             "optimizer": keras.optimizers.serialize(self._optimizer),
             "steps": self.steps,
-            **{key: getattr(self._options, key) for key in _OPTIONS},
+            **{key: getattr(self._accumulation._options, key) for key in _OPTIONS},
         }
 
     @classmethod

@@ -8,10 +8,9 @@ import weakref
 
 from tf1_accum._compat import cached_property, control_flow_context, tf
 
-from tf1_accum import _accumulation, _validate, _count_check, _distributed, _fed, _guard
-from tf1_accum import _hooks, _keras, _migration, _scaffold, _schedule_check, _stats
+from tf1_accum import _accumulation, _validate, _count_check, _distributed, _fed, _guard, _hooks
+from tf1_accum import _keras, _migration, _options, _scaffold, _schedule_check, _stats
 from tf1_accum import _sync_replicas, _unhooked
-from tf1_accum import _options
 from tf1_accum._window import Applied, Window, APPLY_DUE_COLLECTION
 from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
