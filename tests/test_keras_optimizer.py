@@ -446,7 +446,9 @@ def test_one_train_op_per_graph():
 def test_window_properties_exist_once_fit_built_the_train_op():
     optimizer = tf1_accum.KerasAccumulationOptimizer(legacy.Adam(0.02), N)
     with tf.Graph().as_default():
-        with pytest.raises(ValueError, match=r"flush_op exists once .* model.fit\(\) builds it"):
+        with pytest.raises(
+            ValueError, match=r"flush_op exists once .* \(model.fit\(\) builds it\)"
+        ):
             _ = optimizer.flush_op
         with pytest.raises(ValueError, match=r"window exists once the train op is built"):
             _ = optimizer.window

@@ -729,8 +729,9 @@ def test_the_window_record_inside_a_loss_scale_optimizer_names_the_working_nesti
         with pytest.raises(
             ValueError,
             match=rf"window\.{field} of this AccumulationOptimizer is built inside another "
-            r"optimizer's conditional (.|\n)*AccumulationOptimizer\(MixedPrecisionLossScale"
-            r"Optimizer\(opt, loss_scale\), steps\)",
+            r"optimizer's conditional, where it cannot be fetched\. Nest them the other way to "
+            r"read it: AccumulationOptimizer\(MixedPrecisionLossScaleOptimizer\(opt, loss_scale\), "
+            r"steps\)",
         ):
             getattr(wrapper.window, field)
         # What lives outside the conditional still reads: the counter.

@@ -89,7 +89,7 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
                     f"tf1_accum: {pending} micro-batches since the last update are in no "
                     "checkpoint: no saver in tf.compat.v1.GraphKeys.SAVERS wrote one in this "
                     "session, or there is no global step.",
-                    stacklevel=1,  # this hook's end(), as MonitoredSession's callers are many
+                    stacklevel=1,  # the warning points at end(), as it did from the save
                 )
             return
         # The path of the saver's checkpoints, without the step suffix it adds.
