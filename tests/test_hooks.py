@@ -276,9 +276,9 @@ def test_a_session_without_checkpoints_warns_of_a_kept_window_only(flush_at_end)
         assert ours == []  # the window was applied: nothing is lost
     else:
         assert ours == [
-            "tf1_accum: 2 micro-batches accumulated after the last update are in no "
-            "checkpoint: no saver of the graph (tf.compat.v1.GraphKeys.SAVERS) wrote a "
-            "checkpoint in this session, or there is no global step."
+            "tf1_accum: 2 micro-batches since the last update are in no checkpoint: no saver "
+            "in tf.compat.v1.GraphKeys.SAVERS wrote one in this session, or there is no "
+            "global step."
         ]
 
 

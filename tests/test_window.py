@@ -353,7 +353,7 @@ def test_a_transform_sees_a_sparse_gradient_as_each_touched_row_once_meaned_over
 @pytest.mark.parametrize(
     "transform, error, message",
     [
-        ("clip", TypeError, r"transform must be a callable \(gradient, variable, window\)"),
+        ("clip", TypeError, r"transform \(or each item of a list\) must be a callable .*'clip'"),
         ([abs, 3], TypeError, r"transform\[1\] must be a callable .*, got 3"),
         (lambda g, v, w: g[:1], ValueError, r"must return the gradient's shape \[2\] for w, got"),
         (lambda g, v, w: 1.0, TypeError, r"must return a tensor for the gradient of w, got"),

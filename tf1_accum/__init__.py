@@ -62,10 +62,9 @@ if _typing.TYPE_CHECKING:
     from tf1_accum._stats import recommend_micro_batches as recommend_micro_batches
 
 _NO_TENSORFLOW = (
-    "tf1_accum needs TensorFlow (2.15 to 2.21, or 1.15 on Python 3.7), which is not "
-    "installed. Install it with: pip install 'tensorflow>=2.15,<2.22' "
-    "(or 'tensorflow-cpu>=2.15,<2.22', without GPU support; on Python 3.7: "
-    "pip install 'tensorflow>=1.15,<1.16' 'protobuf<3.21')."
+    "tf1_accum needs TensorFlow (2.15 to 2.21, or 1.15 on Python 3.7), not installed. Install "
+    "it with: pip install 'tensorflow>=2.15,<2.22' (or 'tensorflow-cpu>=2.15,<2.22', without "
+    "GPU support; on Python 3.7: pip install 'tensorflow>=1.15,<1.16' 'protobuf<3.21')."
 )
 
 

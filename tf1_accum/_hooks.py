@@ -48,10 +48,8 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
         built = self._built_windows(graph)
         if not built:
             raise ValueError(
-                "The AccumulationOptimizer of this hook has no train op in the graph "
-                "of the session: call its minimize() (or apply_gradients()) before "
-                "the MonitoredTrainingSession is created (in an Estimator, in the "
-                "model_fn that returns the hook)."
+                "The AccumulationOptimizer of this hook has no train op in the graph of the "
+                "session: call its minimize() before the MonitoredTrainingSession is created."
             )
         self._counters = [counter for counter, _ in built]
         self._flushes = [flush for _, flush in built]
@@ -62,8 +60,7 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
     ) -> None:
         if self._counters is None:
             raise RuntimeError(
-                "AccumulationHook.after_create_session() ran before begin(): a "
-                "MonitoredTrainingSession calls begin() first."
+                "AccumulationHook.after_create_session() ran before begin(): call begin() first."
             )
         logger = tf.get_logger()
         for old in [f for f in logger.filters if isinstance(f, _UnmovedStepFilter)]:
@@ -82,24 +79,20 @@ class AccumulationHook(tf.compat.v1.train.SessionRunHook):
             return
         if self._flush_at_end:
             session.run(self._flushes)
-        self._save(session, pending)
-
-    def _save(self, session: tf.compat.v1.Session, pending: int) -> None:
+        # A kept window is saved with the graph's one saver, as its last checkpoint was.
         savers = session.graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
-        saver = savers[0] if len(savers) == 1 else None
-        last = saver.last_checkpoints if saver is not None else []
-        if saver is None or not last or self._global_step is None:
+        last = savers[0].last_checkpoints if len(savers) == 1 else []
+        if not last or self._global_step is None:
             # Flushed, the window is applied: only a kept one is lost here.
             if not self._flush_at_end:
                 warnings.warn(
-                    f"tf1_accum: {pending} micro-batches accumulated after the last update "
-                    "are in no checkpoint: no saver of the graph "
-                    "(tf.compat.v1.GraphKeys.SAVERS) wrote a checkpoint in this session, or "
-                    "there is no global step.",
-                    stacklevel=2,
+                    f"tf1_accum: {pending} micro-batches since the last update are in no "
+                    "checkpoint: no saver in tf.compat.v1.GraphKeys.SAVERS wrote one in this "
+                    "session, or there is no global step.",
+                    stacklevel=1,  # the warning points at end(), as it did from the save
                 )
             return
         # The path of the saver's checkpoints, without the step suffix it adds.
         prefix = re.sub(r"-\d+$", "", last[-1])
         step = int(session.run(self._global_step))
-        saver.save(session, prefix, global_step=step)
+        savers[0].save(session, prefix, global_step=step)

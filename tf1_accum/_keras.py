@@ -7,7 +7,6 @@ along their MRO, so neither tf_keras nor Keras is imported here.
 
 from __future__ import annotations
 
-import re
 import sys
 import typing
 
@@ -24,6 +23,9 @@ _KERAS_TO_V1 = {
     "Ftrl": "tf.compat.v1.train.FtrlOptimizer",
 }
 
+#: tf_keras's loss-scale optimizers (and their subclasses): they scale no loss in a TF1 graph.
+_LOSS_SCALE_CLASSES = ("LossScaleOptimizer", "BaseLossScaleOptimizer")
+
 
 def _has_class(optimizer: object, names: tuple[str, ...], module: str) -> bool:
     """Whether a class along ``optimizer``'s MRO is one of ``names``, of a ``*module*`` module."""
@@ -38,12 +40,10 @@ def is_legacy_keras_optimizer(optimizer: object) -> bool:
 
 
 def _is_keras_3(optimizer: object) -> bool:
-    package = type(optimizer).__module__.split(".")[0]
-    if package != "keras":
+    if type(optimizer).__module__.split(".")[0] != "keras":
         return False
-    version = getattr(sys.modules.get("keras"), "__version__", "0")
-    leading = re.match(r"\d*", version)  # matches every string, if only with ""
-    return leading is not None and int(leading.group() or 0) >= 3
+    major = getattr(sys.modules.get("keras"), "__version__", "0").split(".")[0]
+    return major.isdigit() and int(major) >= 3
 
 
 def refusal_hint(optimizer: object) -> str:
@@ -57,9 +57,8 @@ def refusal_hint(optimizer: object) -> str:
     what = "Keras optimizers other than the legacy ones"
     what = "Keras 3 optimizers" if _is_keras_3(optimizer) else what
     return keras_names(
-        f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} "
-        f"(from the tf_keras package; tf.keras.optimizers.legacy.{name} with "
-        f"TF_USE_LEGACY_KERAS=1) or {v1} instead."
+        f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} (tf_keras "
+        f"package, or TF_USE_LEGACY_KERAS=1) or {v1} instead."
     )
 
 
@@ -68,36 +67,23 @@ def adapt(optimizer: object) -> tf.compat.v1.train.Optimizer | None:
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         return optimizer
     if is_legacy_keras_optimizer(optimizer):
-        if _scales_loss(optimizer):
+        if _has_class(optimizer, _LOSS_SCALE_CLASSES, "mixed_precision"):
             inner = keras_inner_optimizer(optimizer)
             inner = type(inner).__name__ if inner is not None else "the optimizer"
             raise TypeError(
                 keras_names(
-                    f"optimizer is a Keras {type(optimizer).__name__} (tf_keras."
-                    "mixed_precision), which tf1_accum does not support: it scales no loss "
-                    "in a TF1 graph (it has no compute_gradients) and would check each "
-                    "micro-batch instead of the window. Use the TF1 loss-scale optimizer "
-                    "instead, which tf1_accum hands the window's mean: tf.compat.v1.mixed_"
-                    "precision.MixedPrecisionLossScaleOptimizer(tf.compat.v1.train.<Optimizer>"
-                    f"(...), 'dynamic') (in place of {inner})."
+                    f"tf1_accum does not support a Keras {type(optimizer).__name__} (tf_keras."
+                    "mixed_precision): use tf.compat.v1.mixed_precision.MixedPrecisionLossScale"
+                    f"Optimizer(tf.compat.v1.train.<Optimizer>(...), 'dynamic') for {inner}."
                 )
             )
         return KerasOptimizerAdapter(optimizer)
     return None
 
 
-def _scales_loss(optimizer: object) -> bool:
-    """Whether ``optimizer`` is tf_keras's ``LossScaleOptimizer`` (or a subclass)."""
-    return _has_class(
-        optimizer, ("LossScaleOptimizer", "BaseLossScaleOptimizer"), "mixed_precision"
-    )
-
-
 def given(optimizer: object) -> typing.Any:  # a tf.compat.v1 or a Keras optimizer
     """The optimizer the user passed: the Keras optimizer behind an adapter."""
-    if isinstance(optimizer, KerasOptimizerAdapter):
-        return optimizer.keras_optimizer
-    return optimizer
+    return getattr(optimizer, "keras_optimizer", optimizer)
 
 
 def check_variables(
@@ -113,12 +99,9 @@ def check_variables(
     for var in var_list:
         if var.dtype != var.dtype.base_dtype:
             raise TypeError(
-                f"{type(optimizer.keras_optimizer).__name__} (a Keras optimizer) updates "
-                f"resource variables only, but {var.op.name} is a reference variable "
-                "(tf.compat.v1.disable_v2_behavior() makes those). Create it with "
-                "use_resource=True (tf.compat.v1.get_variable(..., use_resource=True), "
-                "or call tf.compat.v1.enable_resource_variables() first), or use the "
-                "matching tf.compat.v1.train optimizer."
+                f"Keras' {type(optimizer.keras_optimizer).__name__} updates resource variables "
+                f"only, but {var.op.name} is a reference variable: create it with "
+                "use_resource=True, or use the matching tf.compat.v1.train optimizer."
             )
 
 
@@ -135,12 +118,9 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
         self.keras_optimizer = keras_optimizer
 
     def compute_gradients(
-        self,
-        loss: tf.Tensor,
-        var_list: typing.Sequence[tf.Variable] | None = None,
-        **kwargs: typing.Any,
+        self, *args: typing.Any, **kwargs: typing.Any
     ) -> list[tuple[tf.Tensor | tf.IndexedSlices | None, tf.Variable]]:
-        pairs = super().compute_gradients(loss, var_list=var_list, **kwargs)
+        pairs = super().compute_gradients(*args, **kwargs)
         check_variables(self, [v for _, v in pairs])
         return pairs
 
@@ -151,7 +131,6 @@ class KerasOptimizerAdapter(tf.compat.v1.train.Optimizer):
         name: str | None = None,
     ) -> tf.Operation:
         grads_and_vars = [(g, v) for g, v in grads_and_vars if g is not None]
-        check_variables(self, [v for _, v in grads_and_vars])
         grads_and_vars = keras_clip(self.keras_optimizer, grads_and_vars)
         update = self.keras_optimizer.apply_gradients(grads_and_vars, name=name)
         if global_step is None or global_step is self.keras_optimizer.iterations:

@@ -15,16 +15,13 @@ from tf1_accum import _compat
 from tf1_accum._compat import keras_names, tf
 
 from tf1_accum import _validate, _keras
-from tf1_accum._accumulation import prepare
-from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow, check_weight
-from tf1_accum._optimizer import missing_attribute
+from tf1_accum._optimizer import AccumulationOptimizer, TrainOpWindow, missing_attribute
 
 try:
     keras = _compat.keras()
 except ImportError as error:
     raise ImportError(
-        "tf1_accum.KerasAccumulationOptimizer needs the tf_keras package (Keras 2), "
-        "which is not installed. Install it with: pip install tf_keras."
+        "tf1_accum.KerasAccumulationOptimizer needs the tf_keras package: pip install tf_keras."
     ) from error
 
 if typing.TYPE_CHECKING:
@@ -43,38 +40,28 @@ def _check_wrapped(optimizer: typing.Any) -> None:
     _validate.check_instance(optimizer)
     if getattr(type(optimizer), "_tf1_accum_accumulates", False):
         raise TypeError(
-            "KerasAccumulationOptimizer cannot wrap a KerasAccumulationOptimizer "
-            f"(steps={optimizer.steps}): the outer window would apply nothing until "
-            "the inner one is full. Wrap the optimizer itself once, with the product "
-            "of the steps."
+            f"KerasAccumulationOptimizer cannot wrap a KerasAccumulationOptimizer (steps="
+            f"{optimizer.steps}): wrap the optimizer itself, with the product of the steps."
         )
-    refused = (
-        "optimizer must be a tf_keras legacy optimizer (tf_keras.optimizers.legacy.Adam, "
-        f"...), got {_validate.describe(optimizer)}."
-    )
+    refused = f"optimizer must be a tf_keras legacy optimizer, got {_validate.describe(optimizer)}"
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         raise TypeError(
             keras_names(
-                f"{refused} A tf.compat.v1.train optimizer goes in tf1_accum."
-                "AccumulationOptimizer instead (model.save() keeps none of its state); to "
-                "save with model.save(), use its tf_keras.optimizers.legacy counterpart here."
+                f"{refused}. A tf.compat.v1.train optimizer goes in tf1_accum.Accumulation"
+                "Optimizer instead (or use its tf_keras.optimizers.legacy counterpart here)."
             )
         )
     _keras.adapt(optimizer)  # refuses tf_keras's LossScaleOptimizer, with what to use
     if isinstance(optimizer, _LegacyOptimizer):
         return
     if _keras.is_legacy_keras_optimizer(optimizer):
-        name = type(optimizer).__name__
         raise TypeError(
             keras_names(
-                f"optimizer must be a tf_keras legacy optimizer, got "
-                f"{_validate.describe(optimizer)}, a Keras 2 optimizer of another package. "
-                f"Use tf_keras.optimizers.legacy.{name} (from the tf_keras package, the "
-                "Keras of TF_USE_LEGACY_KERAS=1), or wrap this one in "
-                "tf1_accum.AccumulationOptimizer."
+                f"{refused}, a Keras 2 optimizer of another package. Use tf_keras.optimizers."
+                f"legacy.{type(optimizer).__name__}, or wrap it in tf1_accum.AccumulationOptimizer."
             )
         )
-    raise TypeError(keras_names(refused) + _keras.refusal_hint(optimizer))
+    raise TypeError(keras_names(refused + ".") + _keras.refusal_hint(optimizer))
 
 
 def _wrapped(name: str, doc: str) -> property:
@@ -147,28 +134,19 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
     ) -> None:
         _check_wrapped(optimizer)
         _validate.check_steps(steps)
-        check_weight(weight)
-        # Keras runs the model's updates itself: update_ops=[].
-        _, self._options = prepare(
-            "KerasAccumulationOptimizer", optimizer, None, {**locals(), "update_ops": []}
+        super().__init__(name)
+        self._optimizer = optimizer
+        # What builds the train op (one per graph, in the name scope of this optimizer's name)
+        # checks the weight and the options. Keras runs the model's updates itself: update_ops=[].
+        options: dict = dict(average=average, clip_norm=clip_norm, skip_nonfinite=skip_nonfinite)
+        self._accumulation = AccumulationOptimizer(
+            optimizer, steps, weight=weight, update_ops=[], name=self._name, **options
         )
         if kwargs:
             raise TypeError(
                 f"KerasAccumulationOptimizer takes no Keras option, got {sorted(kwargs)}: "
-                "give clipnorm, clipvalue, global_clipnorm and the like to the wrapped "
-                "optimizer (they then clip the window's mean)."
+                "give clipnorm and the like to the wrapped optimizer."
             )
-        super().__init__(name)
-        self._optimizer = optimizer
-        # What builds the train op: one per graph, in the name scope of this optimizer's name.
-        self._accumulation = AccumulationOptimizer(
-            optimizer,
-            steps,
-            weight=weight,
-            update_ops=[],
-            name=self._name,
-            **{key: getattr(self._options, key) for key in _OPTIONS},
-        )
         self._accumulation._with_weight = (
             "KerasAccumulationOptimizer(optimizer, steps, weight=lambda: {})"
         )
@@ -185,14 +163,12 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         """The `AccumulationOptimizer`, once it built the train op in the default graph."""
         if not self._accumulation._builds.of():
             raise ValueError(
-                f"{what} exists once the train op is built in this graph: model.fit() "
-                "builds it (or call apply_gradients() first)."
+                f"{what} exists once the train op is built in this graph (model.fit() builds it)."
             )
         return self._accumulation
 
-    def _built_windows(self, graph: tf.Graph) -> list[tuple[tf.Variable, tf.Operation]]:
-        """(counter, flush op) of the train op built in ``graph``, as `AccumulationOptimizer`'s."""
-        return self._accumulation._built_windows(graph)
+    #: (counter, flush op) of the train op built in a graph, as `AccumulationOptimizer`'s.
+    _built_windows = property(lambda self: self._accumulation._built_windows)
 
     def _state(self) -> list[tf.Variable]:
         """The window's variables in the default graph, in saved order."""
@@ -231,9 +207,8 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         _validate.check_graph_mode("KerasAccumulationOptimizer.apply_gradients")
         if self._accumulation._builds.of():
             raise ValueError(
-                "KerasAccumulationOptimizer builds one train op per graph, and it built "
-                "one already: a second would accumulate a window of its own. Compile "
-                "each model with its own KerasAccumulationOptimizer."
+                "KerasAccumulationOptimizer builds one train op per graph, and it built one "
+                "already: compile each model with its own KerasAccumulationOptimizer."
             )
         train_op = self._accumulation.apply_gradients(grads_and_vars, name=name)
         for variable in self._state():  # Keras initializes them in its session
@@ -277,12 +252,10 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
             return
         if len(weights) < len(wrapped):
             raise ValueError(
-                f"KerasAccumulationOptimizer {self._name}: {len(weights)} values were "
-                f"given, fewer than the {len(wrapped)} weights of "
-                f"{type(self._optimizer).__name__} alone."
+                f"KerasAccumulationOptimizer {self._name}: {len(weights)} values were given, "
+                f"fewer than the {len(wrapped)} weights of {type(self._optimizer).__name__} alone."
             )
-        if wrapped:
-            keras.backend.batch_set_value(list(zip(wrapped, weights)))
+        keras.backend.batch_set_value(list(zip(wrapped, weights)))
         self._pending = weights
 
     def get_config(self) -> dict[str, typing.Any]:
@@ -295,25 +268,19 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         if _compat.in_keras_saved_model_save():
             raise ValueError(
                 "model.save() in the SavedModel format would drop the state of "
-                "KerasAccumulationOptimizer (the wrapped optimizer's slots, iterations "
-                "and the window) in a TF1 graph. Save the model in the HDF5 format, "
-                "model.save('model.h5') (or save_format='h5'), which keeps this "
-                "optimizer's state; or save Keras' session with a "
-                "tf.compat.v1.train.Saver. Or pass include_optimizer=False to save the "
-                "model for inference only."
+                "KerasAccumulationOptimizer (slots, iterations, window). Save the model in the "
+                "HDF5 format, model.save('model.h5'), or pass include_optimizer=False."
             )
         if self._pending is not None:
             raise ValueError(
-                "KerasAccumulationOptimizer holds the window load_model read, which "
-                "exists again once fit builds the train op: saving the model before "
-                "that would drop it. Train (model.fit) before saving, or save with "
-                "include_optimizer=False."
+                "KerasAccumulationOptimizer holds the window load_model read until fit builds "
+                "the train op. Train (model.fit) before saving, or use include_optimizer=False."
             )
         return {
             "name": self._name,
             "optimizer": keras.optimizers.serialize(self._optimizer),
             "steps": self.steps,
-            **{key: getattr(self._options, key) for key in _OPTIONS},
+            **{key: getattr(self._accumulation._options, key) for key in _OPTIONS},
         }
 
     @classmethod

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import inspect
 import typing
+import weakref
 
 from tf1_accum._compat import cached_property, control_flow_context, tf
 
-from tf1_accum import _accumulation, _validate, _count_check, _distributed, _fed, _guard
-from tf1_accum import _hooks, _keras, _migration, _scaffold, _schedule_check, _stats
+from tf1_accum import _accumulation, _validate, _count_check, _distributed, _fed, _guard, _hooks
+from tf1_accum import _keras, _migration, _options, _scaffold, _schedule_check, _stats
 from tf1_accum import _sync_replicas, _unhooked
-from tf1_accum import _options
 from tf1_accum._window import Applied, Window, APPLY_DUE_COLLECTION
 from tf1_accum._options import GradientTransform, Pairs, WindowOptions
 
@@ -22,9 +22,8 @@ def check_weight(weight: object) -> None:
             inspect.signature(weight).bind()
         except TypeError:
             raise TypeError(
-                "weight must be a scalar tensor, or a callable with no argument that "
-                f"returns one when the train op is built, got {_validate.describe(weight)}, "
-                "which needs arguments."
+                "weight must be a scalar tensor or a callable of no argument returning one, "
+                f"got {_validate.describe(weight)}, which needs arguments."
             ) from None
         except ValueError:  # no signature to read (a builtin): called as it is
             pass
@@ -61,50 +60,37 @@ class _Reach:
     def coupling(self, other: _Reach) -> str | None:
         """Why an update of one window changes the gradients of the other's, or None."""
         for trains, reads, says in (
-            (self.trains, other.trains, "both train {}"),
-            (other.trains, self.reads, "{{other}} trains {}, which the loss of {{this}} reads"),
-            (self.trains, other.reads, "{{this}} trains {}, which the loss of {{other}} reads"),
+            (self.trains, other.trains, "both train {var}"),
+            (other.trains, self.reads, "{other} trains {var}, which the loss of {this} reads"),
+            (self.trains, other.reads, "{this} trains {var}, which the loss of {other} reads"),
         ):
             shared = sorted(trains & reads)
             if shared:
-                return says.format(shared[0])
+                return says.format(var=shared[0], this=self.name, other=other.name)
         return None
 
 
-def _reaches(graph: tf.Graph) -> list[_Reach]:
-    """The train ops built in ``graph`` by every AccumulationOptimizer, kept on the graph."""
-    if not hasattr(graph, "_tf1_accum_reaches"):
-        graph._tf1_accum_reaches = []  # type: ignore[attr-defined]
-    return typing.cast(list, graph._tf1_accum_reaches)  # type: ignore[attr-defined]
+#: The train ops built in each graph by every AccumulationOptimizer: graph -> [_Reach].
+_REACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _check_alone(this: _Reach, earlier: list[_Reach]) -> list[tf.Operation]:
+def _check_alone(this: _Reach, earlier: list[_Reach]) -> typing.Iterator[tf.Operation]:
     """Stops a run of ``this`` train op while a window coupled with it (a GAN's) is partly full."""
-    checks = []
     for other in earlier:
         why = this.coupling(other)
         if why is None:
             continue
         message = (
             f"tf1_accum: the train op {this.describe()} ran while the window of "
-            f"{other.describe()} is partly full, and the two are coupled: "
-            + why.format(this=this.name, other=other.name)
-            + ". An update of either in the middle of the other's window mixes "
-            "gradients from before and after it, which no large-batch step computes. "
-            "Run one train op a whole window in a row (steps runs) before the other: "
-            "a GAN runs the discriminator's train op on the batch's N micro-batches, "
-            "then the generator's on N micro-batches, once per generator step (see "
-            '"Several optimizers on shared variables" in the concepts page). This '
-            f"micro-batch was not accumulated. Micro-batches in {other.name}'s window:"
+            f"{other.describe()} is partly full, and the two are coupled: {why}. Run one train "
+            "op a whole window in a row before the other (docs: Several optimizers on shared "
+            f"variables). This micro-batch was not accumulated. {other.name}'s micro-batches:"
         )
         with tf.compat.v1.name_scope(this.window.scope):
             count = tf.identity(other.window.counter.read_value(), name="coupled_micro_batches")
-            checks.append(
-                _guard.refuse_unless(
-                    tf.equal(count, 0), message, count, name="coupled_window_empty", summarize=3
-                )
+            yield _guard.refuse_unless(
+                tf.equal(count, 0), message, count, name="coupled_window_empty", summarize=3
             )
-    return checks
 
 
 class TrainOpWindow(typing.NamedTuple):
@@ -159,9 +145,7 @@ def missing_attribute(wrapper: object, name: str) -> typing.NoReturn:
         raise AttributeError(f"'{kind}' object has no attribute '{name}'")
     raise AttributeError(
         f"tf1_accum: {kind}.{name} was removed: read opt.window.{_MOVED_TO_WINDOW[name]} "
-        "instead, a field of the TrainOpWindow record of the train op built in the default "
-        "graph (build the train op first; with several, each AccumulationOptimizer's "
-        "window is its own). This pointer to the new name is kept for one release only."
+        "instead (a TrainOpWindow field). This pointer is kept for one release only."
     )
 
 
@@ -170,13 +154,9 @@ def _unreachable(field: str) -> property:
 
     def refuse(self: TrainOpWindow) -> typing.NoReturn:
         raise ValueError(
-            f"window.{field} of this AccumulationOptimizer is built inside another "
-            "optimizer's conditional (MixedPrecisionLossScaleOptimizer(AccumulationOptimizer"
-            "(...)) builds the wrapper's apply in its tf.cond), where it cannot be fetched "
-            "nor used in a tf.cond outside. Nest them the other way to read it: "
-            "AccumulationOptimizer(MixedPrecisionLossScaleOptimizer(opt, loss_scale), steps) "
-            "(the overflow check then acts on the window's mean). counter, skipped_windows "
-            "and flush_op can be used either way."
+            f"window.{field} of this AccumulationOptimizer is built inside another optimizer's "
+            "conditional, where it cannot be fetched. Nest them the other way to read it: "
+            "AccumulationOptimizer(MixedPrecisionLossScaleOptimizer(opt, loss_scale), steps)."
         )
 
     return property(refuse)
@@ -199,36 +179,29 @@ class _Build(typing.NamedTuple):
     start: typing.Optional[_migration.WindowStart]  # with global_step: its check
 
 
-class _Builds:
+class _Builds(typing.List[_Build]):
     """The train ops one `AccumulationOptimizer` built, in order, in every graph."""
-
-    def __init__(self) -> None:
-        self.all: list[_Build] = []
 
     def of(self, graph: tf.Graph | None = None) -> list[_Build]:
         """The train ops built in ``graph`` (the default graph, if None)."""
         graph = graph or tf.compat.v1.get_default_graph()
-        return [b for b in self.all if b.window.counter.graph is graph]
+        return [b for b in self if b.window.counter.graph is graph]
 
     def one(self, what: str) -> _Build:
         """The one train op built in the default graph (or the only one); ValueError if not one."""
         builds = self.of()
-        if not builds and len({id(b.window.counter.graph) for b in self.all}) == 1:
-            builds = self.all  # read outside the one graph it was built in
+        if not builds and len({id(b.window.counter.graph) for b in self}) == 1:
+            builds = self  # read outside the one graph it was built in
         if not builds:
-            elsewhere = ", in this graph (it was built in other graphs: enter the one you mean "
+            elsewhere = " in this graph (it was built in other graphs: enter the one you mean)"
             raise ValueError(
-                f"{what} exists once the train op is built: call minimize() or "
-                "apply_gradients() first"
-                + (elsewhere + "with graph.as_default())." if self.all else ".")
+                f"{what} exists once the train op is built: call minimize() or apply_gradients() "
+                f"first{elsewhere if self else ''}."
             )
         if len(builds) > 1:
             raise ValueError(
-                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train "
-                "ops in this graph (minimize() or apply_gradients() called "
-                f"{len(builds)} times), each accumulating its own window. Build one "
-                "AccumulationOptimizer per train op (they may wrap one optimizer); "
-                "flush_op flushes every window of this one."
+                f"{what} is ambiguous: this AccumulationOptimizer built {len(builds)} train ops "
+                "in this graph. Build one AccumulationOptimizer per train op."
             )
         return builds[0]
 
@@ -346,7 +319,7 @@ class AccumulationOptimizer(tf.compat.v1.train.Optimizer):
             ValueError: If no train op was built yet.
         """
         # Each train op's flush runs the flushes built before it in its graph.
-        builds = self._builds.of() or self._builds.all[-1:]
+        builds = self._builds.of() or self._builds[-1:]
         if not builds:
             self._builds.one("flush_op")
         return builds[-1].record.flush_op
@@ -518,7 +491,7 @@ def _build(
         def accumulate_and_apply() -> tuple[Applied, None]:
             # With global_step: each run first checks that nothing else moved it.
             checked = [] if start is None else [start.check(steps)]
-            checked += _check_alone(reach, _reaches(outer))
+            checked += _check_alone(reach, _REACHES.setdefault(outer, []))
             # What the add waits for once the apply shows what it reads (a fed learning rate).
             with tf.compat.v1.name_scope(window.scope):
                 gate = tf.no_op(name="fed_values_held")
@@ -572,8 +545,8 @@ def _build(
         var_list=window.var_list,
         options=options,
     )
-    wrapper._builds.all.append(_Build(window, record, start))
-    _reaches(outer).append(reach)
+    wrapper._builds.append(_Build(window, record, start))
+    _REACHES.setdefault(outer, []).append(reach)
     # Without make_session_run_hook's hook, a window may miss every checkpoint: warn.
     outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
     _unhooked.watch_checkpoint_saver_hook()

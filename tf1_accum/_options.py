@@ -151,22 +151,18 @@ def update_ops_in(options: WindowOptions, graph: tf.Graph) -> list[tf.Operation]
     return typing.cast(list, _validate.check_update_ops(options.update_ops, graph))
 
 
-def _check_transform(transform: object) -> None:
+def _check_transform(transform: typing.Any) -> None:
     """Checks that ``transform`` is None, a callable or a sequence of callables."""
     if transform is None or callable(transform):
         return
-    if isinstance(transform, (list, tuple)):
-        for i, item in enumerate(transform):
-            if not callable(item):
-                raise TypeError(
-                    f"transform[{i}] must be a callable (gradient, variable, window) -> "
-                    f"gradient, got {_validate.describe(item)}."
-                )
-        return
-    raise TypeError(
-        "transform must be a callable (gradient, variable, window) -> gradient, or a "
-        f"list of them, got {_validate.describe(transform)}."
-    )
+    listed = isinstance(transform, (list, tuple))
+    for i, item in enumerate(transform if listed else [transform]):
+        if not callable(item):
+            name = f"transform[{i}]" if listed else "transform (or each item of a list)"
+            raise TypeError(
+                f"{name} must be a callable (gradient, variable, window) -> gradient, got "
+                f"{_validate.describe(item)}."
+            )
 
 
 def transformed(
@@ -192,8 +188,7 @@ def transformed(
         if got.dtype.base_dtype != dtype:
             raise TypeError(
                 f"transform {name} must return the gradient's dtype {dtype.name} for "
-                f"{variable.op.name}, got {got.dtype.base_dtype.name}: cast its result to "
-                f"{dtype.name}."
+                f"{variable.op.name}, got {got.dtype.base_dtype.name}: cast its result."
             )
         if not got.shape.is_compatible_with(values.shape):
             shape = got.shape.as_list() if got.shape.rank is not None else got.shape
@@ -216,10 +211,7 @@ def _created_outside(
         if value.graph is not outer or control_flow_context(value.op) is not None:
             raise ValueError(
                 "A gradient transform creates a variable from a tensor computed where the "
-                f"apply is built ({value.name}), inside a conditional (it "
-                "applies only when a window is complete): a variable's initial value cannot "
-                "come from there. Pass a callable, e.g. tf.Variable(lambda: tf.zeros(shape)), "
-                "or tf.compat.v1.get_variable(..., initializer=tf.zeros_initializer())."
+                f"apply is built ({value.name}), a conditional: initialize it from a callable."
             )
     with tf.init_scope():
         return next_creator(**kwargs)

@@ -14,15 +14,13 @@ class _PlainOrFullSaver(Saver):
     """Saves every global variable; restores a checkpoint with or without tf1_accum's state."""
 
     def __init__(self, max_to_keep: int) -> None:
-        super().__init__(
-            sharded=True, max_to_keep=max_to_keep, allow_empty=True, save_relative_paths=True
-        )
+        # Both savers write (and read) the same layout of checkpoint.
+        layout: dict = dict(sharded=True, allow_empty=True, save_relative_paths=True)
+        super().__init__(max_to_keep=max_to_keep, **layout)
         graph = tf.compat.v1.get_default_graph()
         saved = {id(v) for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)}
         self._state = [v for v in graph.get_collection(STATE_COLLECTION) if id(v) in saved]
-        self._plain = tf.compat.v1.train.Saver(
-            plain_variables(graph), sharded=True, allow_empty=True, save_relative_paths=True
-        )
+        self._plain = tf.compat.v1.train.Saver(plain_variables(graph), **layout)
         self._initialize_state = tf.compat.v1.variables_initializer(
             self._state, name="initialize_accumulation_state"
         )
@@ -40,14 +38,11 @@ class _PlainOrFullSaver(Saver):
         if len(missing) < len(self._state):
             raise ValueError(
                 f"Checkpoint {save_path} holds part of tf1_accum's state but not "
-                f"{', '.join(missing)}: it was written by another accumulation than the "
-                "graph's (other variables trained, or other options). Restore it with "
-                "tf.compat.v1.train.Saver(tf1_accum.plain_variables()) and initialize "
-                "the rest, which starts every window empty."
+                f"{', '.join(missing)}: another accumulation wrote it. Restore it with "
+                "tf.compat.v1.train.Saver(tf1_accum.plain_variables()) and initialize the rest."
             )
         self._plain.restore(sess, save_path)
         sess.run(self._initialize_state)
-        return None
 
 
 def make_scaffold(
@@ -71,9 +66,8 @@ def make_scaffold(
     savers = graph.get_collection(tf.compat.v1.GraphKeys.SAVERS)
     if savers:
         raise ValueError(
-            f"The graph already has {len(savers)} saver(s) in "
-            "tf.compat.v1.GraphKeys.SAVERS, which the session's CheckpointSaverHook "
-            "would use: make the scaffold before any saver is added there, and add none."
+            f"The graph already has {len(savers)} saver(s) in tf.compat.v1.GraphKeys.SAVERS: "
+            "make the scaffold before any saver is added there, and add none."
         )
     saver = _PlainOrFullSaver(max_to_keep)
     # The saver CheckpointSaverHook, Estimator and the accumulation hook find.
