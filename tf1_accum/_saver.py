@@ -58,13 +58,12 @@ class Saver(tf.compat.v1.train.Saver):
             if not missing:
                 raise
             message = (
-                f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its "
-                "accumulation window has another layout (another tf1_accum, or other options: "
-                "weight=, statistics=); nothing was restored (by a sharded Saver, perhaps another "
-                "device's variables: restore or initialize them again). Either restore it with the "
-                "tf1_accum and options that saved it, finish the window there (apply_op, or the "
-                "wrapper's flush_op) and save again at the window's boundary; or drop the partial "
-                "window: initialize every variable, then "
+                f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its window "
+                "has another layout (another tf1_accum, or other weight=, statistics=). Nothing "
+                "was restored (by a sharded Saver, perhaps another device's: restore or initialize "
+                "them again). Restore it with the tf1_accum and options that saved it, finish the "
+                "window (apply_op or flush_op) and save again; or drop the partial window: "
+                "initialize every variable, then "
                 "tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)."
             )
             raise type(error)(error.node_def, error.op, message) from error
@@ -89,13 +88,8 @@ class Saver(tf.compat.v1.train.Saver):
             _locked(restore, created, mutexes, "restore")
 
 
-def _locked(
-    last: tf.Operation,
-    created: dict[str, tf.Operation],
-    mutexes: typing.Sequence[tf.Tensor],
-    name: str,
-) -> None:
-    """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
+def _locked(last: tf.Operation, created: dict, mutexes: list[tf.Tensor], name: str) -> None:
+    """Makes the ops ``last`` runs among ``created`` (by name) run holding every mutex, in order."""
     section = [op for op in ancestors([last], created).values() if op is not last]
 
     with tf.control_dependencies(None):
