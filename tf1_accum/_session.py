@@ -286,9 +286,7 @@ def _apply_reads(
         reached = ancestors([apply_op]).values()
         found = {op.outputs[0].name for op in reached if op.type in _PLACEHOLDERS}
         names = known[apply_op.name] = frozenset(found)
-    if not apply_feed_dict:
-        return names
-    return names - {getattr(key, "name", key) for key in apply_feed_dict}
+    return names - {getattr(key, "name", key) for key in apply_feed_dict or ()}
 
 
 def _carry(
@@ -408,15 +406,13 @@ def _discard_window(sess: tf.compat.v1.Session, accumulation: _accumulation.Accu
 
 def _reraise(error: BaseException, context: str) -> typing.NoReturn:
     """Raises ``error`` again, of the same type where possible, with ``context``."""
-    message = f"{context}: {error.message if isinstance(error, tf.errors.OpError) else error}"
     if isinstance(error, tf.errors.OpError):
-        if type(error) is tf.errors.OpError:
-            named = tf.errors.OpError(error.node_def, error.op, message, error.error_code)
-        else:
-            named = type(error)(error.node_def, error.op, message)
+        # OpError itself takes the error code; its subclasses set their own.
+        code = (error.error_code,) if type(error) is tf.errors.OpError else ()
+        named = type(error)(error.node_def, error.op, f"{context}: {error.message}", *code)
     else:
         try:
-            named = type(error)(message)
+            named = type(error)(f"{context}: {error}")
         except Exception:
             raise error from None
     raise named from error
