@@ -369,7 +369,7 @@ def test_a_hook_failing_the_apply_run_after_the_update_says_it_was_applied():
         with pytest.raises(
             tf.errors.InvalidArgumentError,
             match=r"apply of the window failed after the update: the window was applied "
-            r"\(or skipped as non-finite\) and reset; do not apply it again: "
+            r"\(or skipped as non-finite\); do not apply again: "
             r"(.|\n)*the hook check failed",
         ):
             tf1_accum.run_accumulation(sess, acc, feeds)
@@ -411,7 +411,7 @@ def test_fused_failure_in_the_last_run_after_the_apply_says_it_ran():
         with pytest.raises(
             tf.errors.InvalidArgumentError,
             match=r"micro-batch 2 of the window failed after the update: the window was applied "
-            r"\(or skipped as non-finite\) and reset; do not apply it again: "
+            r"\(or skipped as non-finite\); do not apply again: "
             r"(.|\n)*labels are not finite",
         ):
             tf1_accum.run_accumulation(sess, acc, feeds, fused=True)

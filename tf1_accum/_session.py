@@ -160,7 +160,7 @@ def run_accumulation(
         )
         run = functools.partial(_run_window, sess, accumulation, fetches, fused, apply_feed_dict)
         with _one_window_at_a_time(accumulation):
-            return _split.run_window(split, run, lambda: _counter(sess, accumulation, None))
+            return _split.run_window(split, run, lambda: _counter(sess, accumulation.counter, None))
     if unbatched_feeds is not None:
         raise ValueError(
             "unbatched_feeds needs a split of the large batch, and none is asked for: pass "
@@ -241,7 +241,7 @@ def _run_window(
             last_feed = feed
             feed = following if fused else next(iterator, _END)
     except (Exception, KeyboardInterrupt) as error:  # one rule for Ctrl-C and errors
-        if last_run and failing > 0 and _counter(sess, accumulation, feed) == 0:
+        if last_run and failing > 0 and _counter(sess, accumulation.counter, feed) == 0:
             # The counter held the earlier micro-batches; only the apply resets it.
             what = _APPLIED
         else:
@@ -260,7 +260,7 @@ def _run_window(
             fetch = (accumulation.apply_op, noise) if noise else accumulation.apply_op
             got = sess.run(fetch, feed_dict=apply_feed)
         except (Exception, KeyboardInterrupt) as error:
-            count = _counter(sess, accumulation, apply_feed or last_feed)
+            count = _counter(sess, accumulation.counter, apply_feed or last_feed)
             if count == 0:
                 what = _APPLIED
             elif count is None:
@@ -357,10 +357,9 @@ _APPLY_READS: weakref.WeakKeyDictionary[tf.Graph, dict] = weakref.WeakKeyDiction
 @contextlib.contextmanager
 def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.Iterator[None]:
     """Holds the accumulation's window lock: a window's runs admit no other thread's."""
-    counter = accumulation.counter
     with _WINDOW_LOCKS_GUARD:
-        locks = _WINDOW_LOCKS.setdefault(counter.graph, {})
-        lock = locks.setdefault(counter.op.name, threading.Lock())
+        locks = _WINDOW_LOCKS.setdefault(accumulation.counter.graph, {})
+        lock = locks.setdefault(accumulation.counter.op.name, threading.Lock())
     held = _HELD.__dict__.setdefault("locks", set())
     if lock in held:
         raise RuntimeError(
@@ -377,20 +376,13 @@ def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.It
 
 _EMPTY_WINDOW = "feed_dicts holds no micro-batch: give at least one feed dict (None: no feed)."
 # What became of a window whose run failed after its apply.
-_APPLIED = (
-    "after the update: the window was applied (or skipped as non-finite) and reset; do not apply "
-    "it again"
-)
+_APPLIED = "after the update: the window was applied (or skipped as non-finite); do not apply again"
 
 
-def _counter(
-    sess: tf.compat.v1.Session,
-    accumulation: _accumulation.Accumulation,
-    feed: typing.Mapping | None,
-) -> int | None:
+def _counter(sess: tf.compat.v1.Session, counter: tf.Variable, feed: typing.Any) -> int | None:
     """Returns the window's counter, or None if it cannot be read (``feed``: for hooks' fetches)."""
     try:
-        return int(sess.run(accumulation.counter, feed_dict=feed))
+        return int(sess.run(counter, feed_dict=feed))
     except Exception:
         return None
 
