@@ -196,12 +196,12 @@ def build_dataset_accumulation(
             new_count, loss, w = build_window(element.get_value())
             if w is None:
                 # weight_sum stays 0: the mean loss divides by ``drawn``.
-                loss_sum = _plus(loss_sum, loss)
+                loss_sum += tf.cast(loss, tf.float64)
             else:
                 w = tf.cast(w, loss.dtype)
                 # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
-                loss_sum = _plus(loss_sum, tf.math.multiply_no_nan(loss, w))
-                weight_sum = _plus(weight_sum, w)
+                loss_sum += tf.cast(tf.math.multiply_no_nan(loss, w), tf.float64)
+                weight_sum += tf.cast(w, tf.float64)
             # The next micro-batch, drawn only if the window wants one: an element
             # drawn after the window's last would be lost to it and to the next.
             following = tf.cond(
@@ -340,8 +340,3 @@ def _copied_out_of_the_loop(tensor: tf.Tensor, graph: tf.Graph) -> tf.Tensor | N
                 op_def=op.op_def,
             )
     return copies[tensor.op].outputs[tensor.value_index]
-
-
-def _plus(total: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
-    """``total + value`` in float64, the dtype of the loop's sums (one op more per draw at most)."""
-    return total + tf.cast(value, tf.float64)
