@@ -14,6 +14,7 @@ from tf1_accum._options import GradientTransform
 from tf1_accum._state import new_mutex
 
 GraphKeys = tf.compat.v1.GraphKeys
+# What loss_fn and weight must be, as a refusal of either says.
 _CALLABLE = "a callable taking one dataset element and returning "
 
 # Op collections model code adds to: what the loop body adds cannot be fetched outside it.
