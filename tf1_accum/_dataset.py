@@ -151,7 +151,6 @@ def build_dataset_accumulation(
         var_list = _validate.check_var_list(var_list, graph)
     # A failure from here on (in loss_fn, say) puts the graph's collections back.
     with _validate.restored_on_failure(graph, "build_dataset_accumulation"):
-        run_updates = options.update_ops is None
         caller_scope = graph.get_name_scope()
         with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
             iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
@@ -173,7 +172,8 @@ def build_dataset_accumulation(
                     w = None if weight is None else weight(batch)
             before = {id(op) for op in kept[GraphKeys.UPDATE_OPS]}
             updates = branch_graph.get_collection(GraphKeys.UPDATE_OPS)
-            added = [op for op in updates if id(op) not in before and run_updates]
+            # Run with each micro-batch if update_ops=None (else it is []).
+            added = [op for op in updates if id(op) not in before and options.update_ops is None]
             for g in {graph, branch_graph}:
                 for key, items in kept.items():
                     g.get_collection_ref(key)[:] = items
