@@ -219,7 +219,10 @@ def test_the_dataset_loop_rejects_ops_built_outside_it():
             w = v1.get_variable("w", initializer=1.0, dtype=tf.float64)
             return tf.reduce_mean(w * batch)
 
-        message = r"update_ops=None .*got a list of 1 ops built outside"
+        message = (
+            r"update_ops=None .*got a list of 1 ops built outside the loop: add them to "
+            r"UPDATE_OPS inside loss_fn"
+        )
         with pytest.raises(ValueError, match=message):
             tf1_accum.build_dataset_accumulation(
                 loss_fn, v1.train.GradientDescentOptimizer(0.1), dataset, 2, update_ops=[outside]

@@ -172,12 +172,11 @@ def test_a_weighted_checkpoint_of_the_previous_window_layout_is_refused_saying_w
             with pytest.raises(
                 tf.errors.NotFoundError,
                 match=r"^tf1_accum: the checkpoint .*previous holds no "
-                r"accumulation/weighted_counter: its accumulation window has another layout "
-                r".*nothing was restored \(by a sharded Saver, perhaps another device's "
-                r"variables: restore or initialize them again\)\. Either restore it with the "
-                r"tf1_accum and options "
-                r"that saved it, finish the window there .* and save again at the window's "
-                r"boundary; or .*tf1_accum.plain_variables\(\)",
+                r"accumulation/weighted_counter: its window has another layout "
+                r".*Nothing was restored \(by a sharded Saver, perhaps another device's: "
+                r"restore or initialize them again\)\. Restore it with the tf1_accum and options "
+                r"that saved it, finish the window \(apply_op or flush_op\) and save again; or "
+                r"drop the partial window: .*tf1_accum.plain_variables\(\)",
             ):
                 saver.restore(sess, path)
             after = values_by_name(sess, v1.global_variables())

@@ -466,9 +466,9 @@ def test_a_variable_initialized_from_a_value_of_the_loop_is_refused(maker, reads
         data = _dataset(make_batches(tf.float64, False, 2, 2))
         with pytest.raises(
             ValueError,
-            match=r"loss_fn creates the variable w from the tensor .*, which reads a value of "
-            r"the loop \(the micro-batch, a variable, a value from outside loss_fn\)\. "
-            r"build_dataset_accumulation calls loss_fn once, inside its tf\.while_loop",
+            match=r"loss_fn creates the variable w from .*, which reads a value of the loop "
+            r"\(the micro-batch, a variable, a value from outside loss_fn\): give its initial "
+            r"value as a NumPy value or an initializer, or create it first\.",
         ):
             tf1_accum.build_dataset_accumulation(loss_fn, OPTIMIZERS["sgd"](tf.float64), data, 2)
         assert v1.global_variables() == []

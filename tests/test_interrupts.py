@@ -139,7 +139,7 @@ def test_window_ops_and_the_applys_statistics_in_fetches_are_refused_before_anyt
             for fetches in (structure, getattr(fetched, "name", None) or fetched[0].name):
                 with pytest.raises(
                     ValueError,
-                    match=rf"fetches holds {what} {field}[ ,].*Fetch losses and metrics only\. .*"
+                    match=rf"fetches holds {what} {field} \(.*\): fetch losses and metrics only; .*"
                     r"fetch statistics with apply_op, or accum_apply_statistics with "
                     r"accum_apply_op\. Nothing was run\.",
                 ):

@@ -369,7 +369,7 @@ def test_a_hook_failing_the_apply_run_after_the_update_says_it_was_applied():
         with pytest.raises(
             tf.errors.InvalidArgumentError,
             match=r"apply of the window failed after the update: the window was applied "
-            r"\(or skipped as non-finite\) and reset; do not apply it again: "
+            r"\(or skipped as non-finite\); do not apply again: "
             r"(.|\n)*the hook check failed",
         ):
             tf1_accum.run_accumulation(sess, acc, feeds)
@@ -410,7 +410,8 @@ def test_fused_failure_in_the_last_run_after_the_apply_says_it_ran():
         before = values_by_name(sess, acc.var_list)
         with pytest.raises(
             tf.errors.InvalidArgumentError,
-            match=r"micro-batch 2 of the window failed after the window's apply ran "
+            match=r"micro-batch 2 of the window failed after the update: the window was applied "
+            r"\(or skipped as non-finite\); do not apply again: "
             r"(.|\n)*labels are not finite",
         ):
             tf1_accum.run_accumulation(sess, acc, feeds, fused=True)
@@ -423,7 +424,10 @@ def test_fused_failure_in_the_last_run_after_the_apply_says_it_ran():
 
 def test_fused_needs_the_fused_op(sgd_window, fused_window):
     model, acc, sess, batches = sgd_window
-    with pytest.raises(ValueError, match="build_accumulation makes only when called with fused"):
+    with pytest.raises(
+        ValueError,
+        match=r"fused=True needs accum_apply_op: build_accumulation\(\.\.\., fused=True\)",
+    ):
         tf1_accum.run_accumulation(sess, acc, [model.feed(batches[0])], fused=True)
     assert acc.accum_apply_op is None
     model, acc, sess, batches = fused_window
@@ -558,7 +562,7 @@ def test_fused_and_split_windows_feeding_different_rates_are_refused(way):
             feeds = [{**model.feed(b), rate: r} for b, r in zip(batches, (0.05, 0.05, 0.5))]
             message = (
                 r"micro-batch 2 feeds rate:0 0.5, and micro-batch 1 fed it 0.05: the apply "
-                r"reads it, and runs once for the window, with one value\. .* with fused=False"
+                r"reads it, and runs once per window, with one value\. .* with fused=False"
             )
             with pytest.raises(ValueError, match=message):
                 if way == "fused":
@@ -624,7 +628,10 @@ def test_the_mean_of_the_fetched_losses_is_the_large_batch_loss(weighted):
             unfetched = tf1_accum.run_accumulation(sess, acc, feed, micro_batch_size=sizes[0])
     assert fetched.weights == ([5.0, 5.0, 2.0] if weighted else None)
     np.testing.assert_allclose(fetched.window_mean()["loss"], large_loss, rtol=1e-10)
-    with pytest.raises(ValueError, match=r"this window fetched none: pass fetches="):
+    with pytest.raises(
+        ValueError,
+        match=r"window_mean\(\) needs fetched values, and this window fetched none: pass fetches=",
+    ):
         unfetched.window_mean()
 
 

@@ -338,7 +338,7 @@ def _named(feed, name):
     [
         (lambda t, b: [], ValueError, "holds no batch"),
         (lambda t, b: [t.feed(b), 3], TypeError, r"feed_dicts\[1\] must be a feed dict"),
-        (lambda t, b: 3, TypeError, r"a feed dict \(or a list of them\), got 3"),
+        (lambda t, b: 3, TypeError, r"a batch to split: a feed dict or a list of them, got 3"),
         (
             lambda t, b: {t.model.labels: 1.0, "cost:0": 1},
             ValueError,
@@ -1147,8 +1147,8 @@ def test_a_feed_declared_unbatched_is_fed_whole_to_every_micro_batch(named):
             ["codebook:0"],
             {},
             ValueError,
-            r"unbatched_feeds names feeds that a split of the "
-            r"large batch feeds whole, and no split is asked for",
+            r"unbatched_feeds needs a split of the large batch, and none is asked for: pass "
+            r"micro_batch_size=, micro_batches= or memory_fit=, or leave it out",
         ),
     ],
     ids=["a-string", "not-fed", "no-tensor", "no-split"],

@@ -14,6 +14,8 @@ from tf1_accum._options import GradientTransform
 from tf1_accum._state import new_mutex
 
 GraphKeys = tf.compat.v1.GraphKeys
+# What loss_fn and weight must be, as a refusal of either says.
+_CALLABLE = "a callable taking one dataset element and returning "
 
 # Op collections model code adds to: what the loop body adds cannot be fetched outside it.
 _OP_COLLECTIONS = (GraphKeys.UPDATE_OPS, GraphKeys.SUMMARIES, GraphKeys.LOSSES)
@@ -130,36 +132,26 @@ def build_dataset_accumulation(
     """
     _validate.check_graph_mode("build_dataset_accumulation")
     if not callable(loss_fn):
-        raise TypeError(
-            "loss_fn must be a callable taking one dataset element and returning a "
-            f"scalar loss, got {_validate.describe(loss_fn)}."
-        )
+        raise _validate.type_error("loss_fn", loss_fn, _CALLABLE + "a scalar loss")
     if not isinstance(dataset, tf.data.Dataset):
         raise TypeError(f"dataset must be a tf.data.Dataset, got {_validate.describe(dataset)}.")
     optimizer, options = prepare("build_dataset_accumulation", optimizer, cross_replica, locals())
     _validate.check_steps(steps)
     _validate.check_global_step(global_step, tf.compat.v1.get_default_graph())
     if weight is not None and not callable(weight):
-        raise TypeError(
-            "weight must be a callable taking one dataset element and returning its "
-            f"scalar weight, got {_validate.describe(weight)}."
-        )
+        raise _validate.type_error("weight", weight, _CALLABLE + "its scalar weight")
     if options.update_ops:
         raise ValueError(
-            "build_dataset_accumulation takes update_ops=None (the UPDATE_OPS that "
-            "loss_fn adds inside the loop, run with each micro-batch) or [] (none), "
-            f"got a list of {len(options.update_ops)} ops built outside the loop, which "
-            "cannot run once per micro-batch drawn inside it. Add them to "
-            "tf.compat.v1.GraphKeys.UPDATE_OPS inside loss_fn instead."
+            "build_dataset_accumulation takes update_ops=None (the UPDATE_OPS loss_fn adds) or [], "
+            f"got a list of {len(options.update_ops)} ops built outside the loop: add them to "
+            "UPDATE_OPS inside loss_fn."
         )
     graph = tf.compat.v1.get_default_graph()
     if var_list is not None:
         var_list = _validate.check_var_list(var_list, graph)
     # A failure from here on (in loss_fn, say) puts the graph's collections back.
     with _validate.restored_on_failure(graph, "build_dataset_accumulation"):
-        run_updates = options.update_ops is None
         caller_scope = graph.get_name_scope()
-        variable_scope = tf.compat.v1.get_variable_scope()
         with tf.compat.v1.name_scope(name, "dataset_accumulation") as scope:
             iterator = tf.compat.v1.data.make_one_shot_iterator(dataset)
             # The window is built inside the loop, where loss_fn shows the
@@ -180,7 +172,8 @@ def build_dataset_accumulation(
                     w = None if weight is None else weight(batch)
             before = {id(op) for op in kept[GraphKeys.UPDATE_OPS]}
             updates = branch_graph.get_collection(GraphKeys.UPDATE_OPS)
-            added = [op for op in updates if id(op) not in before and run_updates]
+            # Run with each micro-batch if update_ops=None (else it is []).
+            added = [op for op in updates if id(op) not in before and options.update_ops is None]
             for g in {graph, branch_graph}:
                 for key, items in kept.items():
                     g.get_collection_ref(key)[:] = items
@@ -193,8 +186,7 @@ def build_dataset_accumulation(
             pairs = gradients(loss, optimizer, trainable)
             window = make_window(pairs, options, scope, cross_replica, mutex)
             made.append((window, loss.dtype.base_dtype))
-            grads = [g for g, _ in pairs]
-            count = window.add(grads, w, run_with=added).count
+            count = window.add([g for g, _ in pairs], w, run_with=added).count
             return count, loss, w
 
         def draw_one(*state: typing.Any) -> tuple[typing.Any, ...]:
@@ -203,15 +195,14 @@ def build_dataset_accumulation(
             # loss_sum, weight_sum, drawn.
             _, element, loss_sum, weight_sum, drawn = state
             new_count, loss, w = build_window(element.get_value())
-            dtype = made[0][1]
             if w is None:
                 # weight_sum stays 0: the mean loss divides by ``drawn``.
-                loss_sum = _plus(loss_sum, tf.cast(loss, dtype))
+                loss_sum += tf.cast(loss, tf.float64)
             else:
-                w = tf.cast(w, dtype)
+                w = tf.cast(w, loss.dtype)
                 # A weight-0 micro-batch (all padding: loss 0 / 0) adds nothing.
-                loss_sum = _plus(loss_sum, tf.math.multiply_no_nan(tf.cast(loss, dtype), w))
-                weight_sum = _plus(weight_sum, w)
+                loss_sum += tf.cast(tf.math.multiply_no_nan(loss, w), tf.float64)
+                weight_sum += tf.cast(w, tf.float64)
             # The next micro-batch, drawn only if the window wants one: an element
             # drawn after the window's last would be lost to it and to the next.
             following = tf.cond(
@@ -253,10 +244,14 @@ def build_dataset_accumulation(
             return (applied._replace(op=None), loss_sum, weight_sum, drawn, count), None
 
         # The whole window, drawing included, holds the window's mutex; v1 control
-        # flow if the variables it adds into are references.
+        # flow if the variables it adds into are references (loss_fn's, if
+        # tf.compat.v1.Variable makes no resource variables in this scope).
+        uses_resource = tf.compat.v1.get_variable_scope().use_resource
+        if uses_resource is None:
+            uses_resource = tf.compat.v1.resource_variables_enabled()
         with reference_control_flow(
             graph.get_collection(GraphKeys.GLOBAL_VARIABLES) + list(var_list or []) + [global_step],
-            references=not _uses_resource(variable_scope),
+            references=not uses_resource,
         ):
             done, _ = exclusive(mutex, scope, draw_and_apply, lambda: made[0][0]._state())
         applied, loss_sum, weight_sum, drawn, count = done
@@ -292,14 +287,9 @@ def _initialized_outside_the_loop(
         if lifted is None:
             name = kwargs.get("name") or "a variable"
             raise ValueError(
-                f"loss_fn creates the variable {name} from the tensor {initial_value.name}, "
-                "which reads a value of the loop (the micro-batch, a variable, a value from "
-                "outside loss_fn). build_dataset_accumulation calls loss_fn once, inside its "
-                "tf.while_loop, and a variable's initial value is computed outside the loop. "
-                "Give the initial value as a NumPy value or an initializer (e.g. "
-                "tf.compat.v1.get_variable(name, shape, initializer="
-                "tf.compat.v1.random_normal_initializer())), or create the variable before "
-                "calling build_dataset_accumulation."
+                f"loss_fn creates the variable {name} from {initial_value.name}, which reads a "
+                "value of the loop (the micro-batch, a variable, a value from outside loss_fn): "
+                "give its initial value as a NumPy value or an initializer, or create it first."
             )
         kwargs["initial_value"] = lifted
     return next_creator(**kwargs)
@@ -351,15 +341,3 @@ def _copied_out_of_the_loop(tensor: tf.Tensor, graph: tf.Graph) -> tf.Tensor | N
                 op_def=op.op_def,
             )
     return copies[tensor.op].outputs[tensor.value_index]
-
-
-def _plus(total: tf.Tensor, value: tf.Tensor) -> tf.Tensor:
-    """``total + value`` in float64, the dtype of the loop's sums (one op more per draw at most)."""
-    return total + tf.cast(value, tf.float64)
-
-
-def _uses_resource(variable_scope: tf.compat.v1.VariableScope) -> bool:
-    """Whether ``tf.compat.v1.Variable`` makes resource variables in ``variable_scope``."""
-    if variable_scope.use_resource is None:
-        return tf.compat.v1.resource_variables_enabled()
-    return variable_scope.use_resource

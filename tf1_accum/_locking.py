@@ -16,6 +16,11 @@ def values_of(gradient: Gradient) -> tf.Tensor:
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
+def on_device(device: str) -> typing.ContextManager[object]:
+    """``tf.device(device)``, or no device scope for an empty ``device``."""
+    return tf.device(device) if device else contextlib.nullcontext()
+
+
 def exclusive(
     mutex: tf.Tensor,
     scope: str,
@@ -32,8 +37,7 @@ def exclusive(
     graph = tf.compat.v1.get_default_graph()
     before = {op.name for op in graph.get_operations()}
     # On the mutex's device, the window's (the placer keeps it there too).
-    on_device = lambda: tf.device(mutex.device) if mutex.device else contextlib.nullcontext()  # noqa: E731
-    with tf.compat.v1.name_scope(scope), on_device():
+    with tf.compat.v1.name_scope(scope), on_device(mutex.device):
         lock = tf.raw_ops.MutexLock(mutex=mutex, name="lock")
         # What the section waits for. A version 1 while loop pulls an outside
         # control input in as data, with the op it is on (a parameter server's
@@ -52,7 +56,7 @@ def exclusive(
         return None if t is None else tf.identity(t)
 
     with tf.compat.v1.name_scope(scope):
-        with tf.control_dependencies(finished), on_device():
+        with tf.control_dependencies(finished), on_device(mutex.device):
             release = tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name="unlock")
         with tf.control_dependencies([release]):
             done = tf.nest.map_structure(after_release, done)
@@ -172,10 +176,9 @@ def apply_one_at_a_time(
     sizes = [var.shape.num_elements() or 0 for var in var_list]  # 0: not static
     large = [k for k, size in enumerate(sizes) if size >= _ONE_AT_A_TIME_FROM]
     for k, following in zip(large, large[1:]):
-        waited = users[k]
         starts = [op for op in own[following] if not any(d in own[following] for d in before(op))]
-        for op in starts if waited else ():
-            add_control_inputs(op, waited)
+        for op in starts if users[k] else ():
+            add_control_inputs(op, users[k])
     return update
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import typing
 
 from tf1_accum._compat import add_control_inputs, set_input, tf
-from tf1_accum._locking import ancestors
+from tf1_accum._locking import ancestors, on_device
 
 from tf1_accum._state import MUTEX_COLLECTION, STATE_COLLECTION
 
@@ -59,16 +58,13 @@ class Saver(tf.compat.v1.train.Saver):
             if not missing:
                 raise
             message = (
-                f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its "
-                "accumulation window has another layout than this graph's (saved by another "
-                "version of tf1_accum, or built with other options: weight=, statistics=). Its "
-                "partial window cannot be restored exactly, and a window mapped by hand would "
-                "apply mis-scaled: nothing was restored (by a sharded Saver, perhaps another "
-                "device's variables: restore or initialize them again). Either restore it with "
-                "the tf1_accum and options that saved it, finish the window there (apply_op, or "
-                "the wrapper's flush_op) and save again at the window's boundary; or keep only "
-                "the model's variables, dropping the partial window: initialize every variable, "
-                "then tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)."
+                f"tf1_accum: the checkpoint {save_path} holds no {', '.join(missing)}: its window "
+                "has another layout (another tf1_accum, or other weight=, statistics=). Nothing "
+                "was restored (by a sharded Saver, perhaps another device's: restore or initialize "
+                "them again). Restore it with the tf1_accum and options that saved it, finish the "
+                "window (apply_op or flush_op) and save again; or drop the partial window: "
+                "initialize every variable, then "
+                "tf.compat.v1.train.Saver(tf1_accum.plain_variables()).restore(sess, path)."
             )
             raise type(error)(error.node_def, error.op, message) from error
 
@@ -92,22 +88,14 @@ class Saver(tf.compat.v1.train.Saver):
             _locked(restore, created, mutexes, "restore")
 
 
-def _locked(
-    last: tf.Operation,
-    created: dict[str, tf.Operation],
-    mutexes: typing.Sequence[tf.Tensor],
-    name: str,
-) -> None:
-    """Makes the ops ``last`` runs among ``created`` run while every mutex is held, in order."""
+def _locked(last: tf.Operation, created: dict, mutexes: list[tf.Tensor], name: str) -> None:
+    """Makes the ops ``last`` runs among ``created`` (by name) run holding every mutex, in order."""
     section = [op for op in ancestors([last], created).values() if op is not last]
-
-    def on_device(mutex: tf.Tensor) -> typing.ContextManager[object]:
-        return tf.device(mutex.device) if mutex.device else contextlib.nullcontext()
 
     with tf.control_dependencies(None):
         locks: list[tf.Tensor] = []
         for mutex in mutexes:
-            with on_device(mutex), tf.control_dependencies(locks[-1:]):
+            with on_device(mutex.device), tf.control_dependencies(locks[-1:]):
                 locks.append(tf.raw_ops.MutexLock(mutex=mutex, name=f"{name}_lock"))
         lock = locks[-1].op
         for op in section:
@@ -127,6 +115,6 @@ def _locked(
         finished = [t.op for t in last.inputs] + list(last.control_inputs)
         releases = []
         for lock, mutex in zip(locks, mutexes):
-            with on_device(mutex), tf.control_dependencies(finished):
+            with on_device(mutex.device), tf.control_dependencies(finished):
                 releases.append(tf.raw_ops.ConsumeMutexLock(mutex_lock=lock, name=f"{name}_unlock"))
     add_control_inputs(last, releases)

@@ -13,6 +13,7 @@ import numpy as np
 from tf1_accum._compat import tf
 
 from tf1_accum import _accumulation, _validate, _migration, _split, _stats
+from tf1_accum._fed import _PLACEHOLDERS
 from tf1_accum._locking import ancestors
 from tf1_accum._split import DISCARDED
 
@@ -41,8 +42,7 @@ class WindowFetches(list):
         """
         if any(value is None for value in self):
             raise ValueError(
-                "window_mean() averages the values fetched with each micro-batch, and this "
-                "window fetched none: pass fetches= (the loss) to run_accumulation."
+                "window_mean() needs fetched values, and this window fetched none: pass fetches="
             )
         weights = np.ones(len(self)) if self.weights is None else np.asarray(self.weights)
         total = weights.sum()
@@ -148,16 +148,10 @@ def run_accumulation(
         fused = accumulation.accum_apply_op is not None
     _validate.check_bool("fused", fused)
     if fused and accumulation.accum_apply_op is None:
-        raise ValueError(
-            "fused=True needs accum_apply_op, which build_accumulation makes only "
-            "when called with fused=True."
-        )
+        raise ValueError("fused=True needs accum_apply_op: build_accumulation(..., fused=True).")
     _check_fetches(accumulation, fetches)
     if not isinstance(feed_dicts, collections.abc.Iterable):
-        expected = (
-            "an iterable of feed dicts, one per micro-batch, or the large batch to split: a "
-            "feed dict (or a list of them)"
-        )
+        expected = "an iterable of feed dicts, or a batch to split: a feed dict or a list of them"
         raise _validate.type_error("feed_dicts", feed_dicts, expected)
     if any(v is not None for v in (micro_batch_size, micro_batches, memory_fit)):
         # The large batch, split here: see _split.
@@ -166,19 +160,16 @@ def run_accumulation(
         )
         run = functools.partial(_run_window, sess, accumulation, fetches, fused, apply_feed_dict)
         with _one_window_at_a_time(accumulation):
-            return _split.run_window(split, run, lambda: _counter(sess, accumulation, None))
+            return _split.run_window(split, run, lambda: _counter(sess, accumulation.counter, None))
     if unbatched_feeds is not None:
         raise ValueError(
-            "unbatched_feeds names feeds that a split of the large batch feeds whole, and no "
-            "split is asked for: pass micro_batch_size=, micro_batches= or memory_fit= with "
-            "it, or leave it out (each feed dict given is one micro-batch, fed as it is). "
-            "Nothing was run."
+            "unbatched_feeds needs a split of the large batch, and none is asked for: pass "
+            "micro_batch_size=, micro_batches= or memory_fit=, or leave it out. Nothing was run."
         )
     if isinstance(feed_dicts, collections.abc.Mapping):
         raise TypeError(
-            "feed_dicts must be an iterable of feed dicts, one per micro-batch, "
-            "got a single dict. Wrap it in a list for a window of one micro-batch, "
-            "or pass micro_batch_size= (or micro_batches=) to split it into micro-batches."
+            "feed_dicts must be an iterable of feed dicts, got a single dict: wrap it in a list "
+            "(one micro-batch) or pass micro_batch_size= (or micro_batches=) to split it."
         )
     if isinstance(feed_dicts, collections.abc.Sequence):
         # Known up front: reject bad input before anything runs.
@@ -250,12 +241,9 @@ def _run_window(
             last_feed = feed
             feed = following if fused else next(iterator, _END)
     except (Exception, KeyboardInterrupt) as error:  # one rule for Ctrl-C and errors
-        if last_run and failing > 0 and _counter(sess, accumulation, feed) == 0:
+        if last_run and failing > 0 and _counter(sess, accumulation.counter, feed) == 0:
             # The counter held the earlier micro-batches; only the apply resets it.
-            what = (
-                "after the window's apply ran (the window is done: the variables were "
-                "updated, unless it was skipped as non-finite)"
-            )
+            what = _APPLIED
         else:
             what = _discard_window(sess, accumulation)
             if retry and what == DISCARDED and isinstance(error, tf.errors.ResourceExhaustedError):
@@ -272,12 +260,9 @@ def _run_window(
             fetch = (accumulation.apply_op, noise) if noise else accumulation.apply_op
             got = sess.run(fetch, feed_dict=apply_feed)
         except (Exception, KeyboardInterrupt) as error:
-            count = _counter(sess, accumulation, apply_feed or last_feed)
+            count = _counter(sess, accumulation.counter, apply_feed or last_feed)
             if count == 0:
-                what = (
-                    "after the update: the window was applied (or skipped as non-finite) "
-                    "and reset; do not apply it again"
-                )
+                what = _APPLIED
             elif count is None:
                 what = "and the window's state could not be read"
             else:
@@ -298,13 +283,10 @@ def _apply_reads(
         known = _APPLY_READS.setdefault(apply_op.graph, {})
     names = known.get(apply_op.name)
     if names is None:  # found once per accumulation: a walk of the apply's graph
-        reached = ancestors([apply_op])
-        placeholders = ("Placeholder", "PlaceholderWithDefault")
-        found = {op.outputs[0].name for op in reached.values() if op.type in placeholders}
+        reached = ancestors([apply_op]).values()
+        found = {op.outputs[0].name for op in reached if op.type in _PLACEHOLDERS}
         names = known[apply_op.name] = frozenset(found)
-    if not apply_feed_dict:
-        return names
-    return names - {getattr(key, "name", key) for key in apply_feed_dict}
+    return names - {getattr(key, "name", key) for key in apply_feed_dict or ()}
 
 
 def _carry(
@@ -312,7 +294,7 @@ def _carry(
     carried: dict[str, tuple[typing.Any, typing.Any, int]],
     feed: typing.Mapping | None,
     index: int,
-    fused: bool = False,
+    fused: bool,
 ) -> None:
     """Keeps what ``feed`` gives a placeholder of ``reads``, for the apply; refuses a change."""
     for key, value in (feed or {}).items():
@@ -326,10 +308,9 @@ def _carry(
                 shown = [v.tolist() if isinstance(v, np.ndarray) else v for v in (value, earlier)]
                 raise ValueError(
                     f"micro-batch {index} feeds {name} {shown[0]!r}, and micro-batch {at} fed it "
-                    f"{shown[1]!r}: the apply reads it, and runs once for the window, with one "
-                    "value. Feed the same value to every micro-batch, or feed the apply's "
-                    "alone as apply_feed_dict={placeholder: value}"
-                    + (" with fused=False." if fused else ".")
+                    f"{shown[1]!r}: the apply reads it, and runs once per window, with one value. "
+                    "Feed every micro-batch the same, or the apply's alone as apply_feed_dict="
+                    "{placeholder: value}" + (" with fused=False." if fused else ".")
                 )
         carried[name] = (key, value, index)
 
@@ -340,30 +321,22 @@ def _check_fetches(accumulation: _accumulation.Accumulation, fetches: typing.Any
         return
     owned: dict[str, str] = {}
     for field in accumulation._fields:
-        run = "accum_apply_op" if field.startswith("accum_apply") else "apply_op"
-        if field.endswith("_op"):
-            what = f"the accumulation's {field}"
-        elif field.endswith("statistics") or field == "global_norm":
-            what = f"the apply's {field}, evaluated with {run}'s run"
-        else:
-            continue
-        for item in tf.nest.flatten(getattr(accumulation, field)):
-            if isinstance(item, (tf.Tensor, tf.Operation)):
-                owned.setdefault(item.name, what)
+        if field.endswith(("_op", "statistics")) or field == "global_norm":
+            owner = "accumulation" if field.endswith("_op") else "apply"
+            for item in tf.nest.flatten(getattr(accumulation, field)):
+                if isinstance(item, (tf.Tensor, tf.Operation)):
+                    owned.setdefault(item.name, f"the {owner}'s {field}")
     for item in tf.nest.flatten(fetches):
         name = item if isinstance(item, str) else getattr(item, "name", None)
         if isinstance(name, str) and name in owned:
             raise ValueError(
-                f"fetches holds {owned[name]} ({name}): run_accumulation runs the window's "
-                "ops itself and fetches with each micro-batch. Fetch losses and metrics only. "
-                "To read the statistics it logs, run the ops yourself and fetch statistics "
-                "with apply_op, or accum_apply_statistics with accum_apply_op. Nothing was run."
+                f"fetches holds {owned[name]} ({name}): fetch losses and metrics only; for the "
+                "statistics, run the ops yourself and fetch statistics with apply_op, or "
+                "accum_apply_statistics with accum_apply_op. Nothing was run."
             )
 
 
-def _noise(
-    statistics: _stats.GradientStatistics | None,
-) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor] | None:
+def _noise(statistics: _stats.GradientStatistics | None) -> tuple | None:
     """What `_stats.log_recommendation` needs from a `GradientStatistics`, or None."""
     if statistics is None:
         return None
@@ -373,31 +346,25 @@ def _noise(
 # The end of feed_dicts (typed Any: a feed compared with it is not narrowed).
 _END: typing.Any = object()
 
-# Per graph, per accumulation (its counter's name): the lock of its windows.
-_WINDOW_LOCKS: weakref.WeakKeyDictionary[tf.Graph, dict[str, threading.Lock]] = (
-    weakref.WeakKeyDictionary()
-)
+# Per graph, per accumulation (its counter's name): the lock (threading.Lock) of its windows.
+_WINDOW_LOCKS: weakref.WeakKeyDictionary[tf.Graph, dict] = weakref.WeakKeyDictionary()
 _WINDOW_LOCKS_GUARD = threading.Lock()
 _HELD = threading.local()  # .locks: the window locks this thread holds
-# Per graph, per apply_op's name: the placeholders it reads.
-_APPLY_READS: weakref.WeakKeyDictionary[tf.Graph, dict[str, frozenset[str]]] = (
-    weakref.WeakKeyDictionary()
-)
+# Per graph, per apply_op's name: the placeholders it reads (a frozenset of names).
+_APPLY_READS: weakref.WeakKeyDictionary[tf.Graph, dict] = weakref.WeakKeyDictionary()
 
 
 @contextlib.contextmanager
 def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.Iterator[None]:
     """Holds the accumulation's window lock: a window's runs admit no other thread's."""
-    counter = accumulation.counter
     with _WINDOW_LOCKS_GUARD:
-        locks = _WINDOW_LOCKS.setdefault(counter.graph, {})
-        lock = locks.setdefault(counter.op.name, threading.Lock())
+        locks = _WINDOW_LOCKS.setdefault(accumulation.counter.graph, {})
+        lock = locks.setdefault(accumulation.counter.op.name, threading.Lock())
     held = _HELD.__dict__.setdefault("locks", set())
     if lock in held:
         raise RuntimeError(
-            "run_accumulation was called for an accumulation whose window this same thread is "
-            "running (from its feed_dicts or a hook): windows of one accumulation run one at a "
-            "time, so this call would wait forever. Run the second window after the first returns."
+            "run_accumulation called from a window of the same accumulation (its feed_dicts or "
+            "a hook) would wait forever: run the second window after the first returns."
         )
     with lock:
         held.add(lock)
@@ -407,20 +374,15 @@ def _one_window_at_a_time(accumulation: _accumulation.Accumulation) -> typing.It
             held.discard(lock)
 
 
-_EMPTY_WINDOW = (
-    "feed_dicts holds no micro-batch: a window needs at least one feed dict "
-    "(or None, for a micro-batch that needs no feed). Nothing was run."
-)
+_EMPTY_WINDOW = "feed_dicts holds no micro-batch: give at least one feed dict (None: no feed)."
+# What became of a window whose run failed after its apply.
+_APPLIED = "after the update: the window was applied (or skipped as non-finite); do not apply again"
 
 
-def _counter(
-    sess: tf.compat.v1.Session,
-    accumulation: _accumulation.Accumulation,
-    feed: typing.Mapping | None,
-) -> int | None:
+def _counter(sess: tf.compat.v1.Session, counter: tf.Variable, feed: typing.Any) -> int | None:
     """Returns the window's counter, or None if it cannot be read (``feed``: for hooks' fetches)."""
     try:
-        return int(sess.run(accumulation.counter, feed_dict=feed))
+        return int(sess.run(counter, feed_dict=feed))
     except Exception:
         return None
 
@@ -430,24 +392,19 @@ def _discard_window(sess: tf.compat.v1.Session, accumulation: _accumulation.Accu
     try:
         sess.run(accumulation.zero_op)
     except Exception as zero_error:
-        return (
-            "and resetting the window failed too, so its accumulators are in an "
-            f"unknown state (run zero_op before the next window): {zero_error}"
-        )
+        return f"and its reset failed (state unknown: run zero_op before the next): {zero_error}"
     return DISCARDED
 
 
 def _reraise(error: BaseException, context: str) -> typing.NoReturn:
     """Raises ``error`` again, of the same type where possible, with ``context``."""
-    message = f"{context}: {error.message if isinstance(error, tf.errors.OpError) else error}"
     if isinstance(error, tf.errors.OpError):
-        if type(error) is tf.errors.OpError:
-            named = tf.errors.OpError(error.node_def, error.op, message, error.error_code)
-        else:
-            named = type(error)(error.node_def, error.op, message)
+        # OpError itself takes the error code; its subclasses set their own.
+        code = (error.error_code,) if type(error) is tf.errors.OpError else ()
+        named = type(error)(error.node_def, error.op, f"{context}: {error.message}", *code)
     else:
         try:
-            named = type(error)(message)
+            named = type(error)(f"{context}: {error}")
         except Exception:
             raise error from None
     raise named from error
