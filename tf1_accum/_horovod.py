@@ -14,10 +14,9 @@ from tf1_accum._compat import tf
 from tf1_accum import _validate, _distributed
 
 _NO_HOROVOD = (
-    "HorovodAllReduce needs Horovod built with TensorFlow support, and 'import horovod.tensorflow' "
-    "failed ({error}). Build it against the installed TensorFlow: HOROVOD_WITH_TENSORFLOW=1 "
-    "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod (see the guide 'Across several "
-    "machines'), or use tf1_accum.CollectiveAllReduce, which needs nothing built."
+    "HorovodAllReduce needs Horovod built with TensorFlow support; 'import horovod.tensorflow' "
+    "failed ({error}). Build it: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install "
+    "--no-build-isolation horovod (docs: distributed), or use tf1_accum.CollectiveAllReduce."
 )
 
 # Each object made in this process takes the next default name, as on every worker.
@@ -53,11 +52,10 @@ class HorovodAllReduce(_distributed.Engine):
     def __init__(self, *, name: str | None = None) -> None:
         if name is not None:
             if not isinstance(name, str):
-                raise TypeError(f"name must be a string or None, got {_validate.describe(name)}.")
+                raise _validate.type_error("name", name, "a string or None")
             if not name or not all(c.isascii() and (c.isalnum() or c == "_") for c in name):
                 raise ValueError(
-                    f"name must be a non-empty string of letters, digits and '_' (it "
-                    f"names Horovod ops), got {name!r}."
+                    f"name must be a non-empty string of letters, digits and '_', got {name!r}."
                 )
         try:
             import horovod.tensorflow as hvd
@@ -65,8 +63,7 @@ class HorovodAllReduce(_distributed.Engine):
             raise ImportError(_NO_HOROVOD.format(error=error)) from error
         if not hvd.is_initialized():
             raise ValueError(
-                "Horovod is not initialized: call hvd.init() (import horovod.tensorflow "
-                "as hvd) before making a HorovodAllReduce."
+                "Horovod is not initialized: call hvd.init() before making a HorovodAllReduce."
             )
         self._hvd = hvd
         self.name = f"tf1_accum{next(_made)}" if name is None else name
