@@ -57,10 +57,8 @@ def prepare(
     """
     if global_step is None:
         raise ValueError(
-            "AccumulationOptimizer(SyncReplicasOptimizer(...)) needs global_step: "
-            "minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step()). "
-            "The chief advances it once per update, and its value tells a window "
-            "computed from the current weights from a stale one."
+            "AccumulationOptimizer(SyncReplicasOptimizer(...)) needs global_step (its tokens), "
+            "got None: minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())."
         )
     graph = global_step.graph
     before = len(graph.get_operations())
@@ -76,11 +74,9 @@ def refuse_weight(what: str) -> None:
     """
     raise ValueError(
         f"{what}: weight= cannot go with a SyncReplicasOptimizer: it averages the workers' windows "
-        "equally, so a window holding less weight (fewer examples) would count as much as one "
-        "holding more, and the update would not be the large batch's. Build the workers with "
-        "cross_replica=tf1_accum.CollectiveAllReduce(...) (or tf1_accum.HorovodAllReduce()), whose "
-        "update divides by the total weight of every worker's window, or leave weight= out where "
-        "every micro-batch holds as many examples (see the guide 'Across several machines')."
+        "equally. Use cross_replica=tf1_accum.CollectiveAllReduce(...) (or "
+        "tf1_accum.HorovodAllReduce()), whose update divides by the total weight, or leave weight= "
+        "out (docs: distributed)."
     )
 
 
@@ -95,9 +91,8 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
     if aggregate > total:
         raise ValueError(
             f"AccumulationOptimizer pushes one window per worker per update, but the "
-            f"SyncReplicasOptimizer aggregates {aggregate} pushes per update from "
-            f"{total} workers: the update would wait forever. Give it "
-            f"replicas_to_aggregate={total} (or accumulate more micro-batches per window)."
+            f"SyncReplicasOptimizer aggregates {aggregate} pushes per update from {total} "
+            f"workers: the update would wait forever. Give it replicas_to_aggregate={total}."
         )
     if aggregate < total:
         warnings.warn(
@@ -112,9 +107,8 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
         if num_tokens > 0:
             raise ValueError(
                 f"tf1_accum: num_tokens={num_tokens} initial tokens let a worker start its next "
-                "window before the update, from stale weights, and the SyncReplicasOptimizer drops "
-                "that window. Wrapped in an AccumulationOptimizer, make the hook with num_tokens=0 "
-                "(the default then): each worker waits for the update that takes its window."
+                "window from stale weights, which the SyncReplicasOptimizer drops. Make the hook "
+                "with num_tokens=0 (the default under an AccumulationOptimizer)."
             )
         return original(0)
 
