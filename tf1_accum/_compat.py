@@ -419,13 +419,15 @@ COLLECTIVE_TIMEOUT = not TF1
 
 
 def collective_sum(flat: typing.Any, key: int, attrs: dict, name: str) -> typing.Any:
-    """The sum over the group of the 1-D ``flat``; ``attrs``: group_size, group_key, timeout."""
-    if not TF1:
-        reduce = functools.partial(tf.raw_ops.CollectiveReduceV2, ordering_token=[], **attrs)
+    """The sum over the group of the 1-D ``flat``.
+
+    ``attrs``: group_size, group_key and, if a timeout is set (TensorFlow 2), timeout_seconds.
+    """
+    if TF1:
+        reduce = functools.partial(tf.raw_ops.CollectiveReduce, subdiv_offsets=[0])
     else:
-        group = dict(group_size=attrs["group_size"], group_key=attrs["group_key"])
-        reduce = functools.partial(tf.raw_ops.CollectiveReduce, subdiv_offsets=[0], **group)
-    return reduce(input=flat, instance_key=key, merge_op="Add", final_op="Id", name=name)
+        reduce = functools.partial(tf.raw_ops.CollectiveReduceV2, ordering_token=[])
+    return reduce(input=flat, instance_key=key, merge_op="Add", final_op="Id", name=name, **attrs)
 
 
 def collective_broadcast(
@@ -436,9 +438,7 @@ def collective_broadcast(
     if TF1 and dtype == tf.bool:
         sent = collective_broadcast(tf.cast(flat, tf.int32), send, key, attrs, name)
         return tf.not_equal(sent, 0)
-    if TF1:  # the first version: shape an attribute of both ops
-        attrs = dict(group_size=attrs["group_size"], group_key=attrs["group_key"], shape=shape)
-    elif not send:
+    if TF1 or not send:  # the first version takes the shape on both ops
         attrs = dict(attrs, shape=shape)
     op = ("CollectiveBcastSend" if send else "CollectiveBcastRecv") + ("" if TF1 else "V2")
     operand = {"input": flat} if send else {"T": dtype}
