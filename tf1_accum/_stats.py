@@ -161,14 +161,11 @@ class WindowStatistics(Part):
                 valid = tf.logical_and(
                     tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
                 )
-                moved = []
+                moved, updates = [], []
                 for average, value in zip(self.emas, [noise_trace, gradient_square]):
                     updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
                     moved.append(tf.where(valid, updated, average.read_value()))
-                updates = [
-                    v.assign(x, use_locking=True, read_value=False)
-                    for v, x in zip(self.emas, moved)
-                ]
+                    updates.append(average.assign(moved[-1], use_locking=True, read_value=False))
                 noise_scale_ema = tf.math.divide(*moved, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
             fields = dict(
@@ -239,9 +236,8 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
             raise TypeError(f"{name} must be a number, got {_validate.describe(value)}.")
     if not (math.isfinite(noise_scale) and noise_scale >= 0):
         raise ValueError(
-            f"noise_scale must be a finite number of at least 0, got {noise_scale}: there "
-            "is no usable estimate yet (a window of one micro-batch has none, and one "
-            "window's estimate can be negative); average over more windows."
+            f"noise_scale must be a finite number of at least 0, got {noise_scale}: no usable "
+            "estimate yet; pass noise_scale_ema after more windows (docs: statistics)."
         )
     if not (math.isfinite(micro_batch_size) and micro_batch_size > 0):
         raise ValueError(f"micro_batch_size must be a positive number, got {micro_batch_size}.")
@@ -327,18 +323,13 @@ def build_running_average(
     _validate.check_graph_mode("build_running_average")
     values = [values] if isinstance(values, (tf.Tensor, tf.IndexedSlices)) else values
     if not isinstance(values, (list, tuple)):
-        raise TypeError(
-            f"values must be a tensor or a list of tensors, got {_validate.describe(values)}."
-        )
+        raise _validate.type_error("values", values, "a tensor or a list of tensors")
     if not values:
         raise ValueError("values is empty: expected at least one floating-point tensor.")
     shapes = []
     for i, value in enumerate(values):
         if not isinstance(value, (tf.Tensor, tf.IndexedSlices)) or not hasattr(value, "graph"):
-            raise TypeError(
-                f"values[{i}] must be a floating-point tensor of a graph, got "
-                f"{_validate.describe(value)}."
-            )
+            raise _validate.type_error(f"values[{i}]", value, "a floating-point tensor of a graph")
         if not value.dtype.base_dtype.is_floating:
             raise TypeError(
                 f"values[{i}] must be a floating-point tensor, got {value.name} of dtype "
@@ -356,10 +347,7 @@ def build_running_average(
         shapes.append(shape)
     if horizon is not None:
         if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
-            raise TypeError(
-                "horizon must be an int (updates per average) or None, got "
-                f"{_validate.describe(horizon)}."
-            )
+            raise _validate.type_error("horizon", horizon, "an int (updates per average) or None")
         if horizon < 1:
             raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
     graph = values[0].graph
