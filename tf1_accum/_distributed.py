@@ -28,18 +28,14 @@ class Engine:
     #: The next key `_take_instance_key` hands out.
     _next_key = 0
 
+    #: A method ``(flat, key)``: the sum of the 1-D tensor ``flat`` over every worker.
+    _all_reduce: typing.Callable[[tf.Tensor, int], tf.Tensor]
+    #: A method ``(flat, key)``: worker 0's value of the 1-D tensor ``flat`` on every worker.
+    _broadcast: typing.Callable[[tf.Tensor, int], tf.Tensor]
+
     def _take_instance_key(self) -> int:
-        key = self._next_key
         self._next_key += 1
-        return key
-
-    def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        """Returns the sum of the 1-D tensor ``flat`` over every worker."""
-        raise NotImplementedError
-
-    def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        """Returns worker 0's value of the 1-D tensor ``flat`` on every worker."""
-        raise NotImplementedError
+        return self._next_key - 1
 
     def _reducer(self) -> _WindowReducer:
         """Returns a `_WindowReducer` with a key of its own."""
@@ -112,16 +108,13 @@ class CollectiveAllReduce(Engine):
             raise _validate.type_error("job_name", job_name, "a string")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
-                raise _validate.type_error(
-                    "timeout", timeout, "a positive number of seconds or None"
-                )
+                raise _validate.type_error("timeout", timeout, "a positive number or None")
             if not timeout > 0:
                 raise ValueError(f"timeout must be positive (seconds), got {timeout}.")
             if not COLLECTIVE_TIMEOUT:
                 raise ValueError(
-                    f"timeout={timeout} needs TensorFlow 2: TensorFlow 1.15's collective ops "
-                    "cannot be cancelled. Leave timeout=None, or use asynchronous parameter "
-                    "servers (docs: distributed)."
+                    f"timeout={timeout} needs TensorFlow 2: the collective ops of 1.15 cannot be "
+                    "cancelled. Leave timeout=None, or use asynchronous parameter servers."
                 )
         self.num_workers = int(num_workers)
         self.task_index = int(task_index)
@@ -290,8 +283,7 @@ def broadcast_variables(
         var_list = plain_variables(graph)
         if not var_list:
             raise ValueError("var_list is empty: the graph has no variables to broadcast.")
-    else:
-        var_list = _validate.check_var_list(var_list, graph)
+    var_list = _validate.check_var_list(var_list, graph)
     by_dtype: dict[tf.DType, list[tf.Variable]] = {}
     supported = collective._broadcast_dtypes
     for var in var_list:
