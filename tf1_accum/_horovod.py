@@ -62,9 +62,7 @@ class HorovodAllReduce(_distributed.Engine):
         except ImportError as error:
             raise ImportError(_NO_HOROVOD.format(error=error)) from error
         if not hvd.is_initialized():
-            raise ValueError(
-                "Horovod is not initialized: call hvd.init() before making a HorovodAllReduce."
-            )
+            raise ValueError("Horovod is not initialized: call hvd.init() first.")
         self._hvd = hvd
         self.name = f"tf1_accum{next(_made)}" if name is None else name
 
@@ -90,7 +88,7 @@ class HorovodAllReduce(_distributed.Engine):
 
         It replaces ``hvd.BroadcastGlobalVariablesHook``, which TensorFlow after 2.15 lacks.
         """
-        return _BroadcastHook(self, var_list)
+        return _BroadcastHook(lambda: _distributed.broadcast_variables(self, var_list))
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         # A scope of its own: the op's name stays the Horovod name beside a second op of this key.
@@ -109,19 +107,15 @@ class HorovodAllReduce(_distributed.Engine):
 class _BroadcastHook(tf.compat.v1.train.SessionRunHook):
     """Made by `HorovodAllReduce.broadcast_hook`, which documents it."""
 
-    def __init__(
-        self, engine: HorovodAllReduce, var_list: typing.Sequence[tf.Variable] | None
-    ) -> None:
-        self._engine = engine
-        self._var_list = var_list
+    def __init__(self, build: typing.Callable[[], tf.Operation]) -> None:
+        self._build = build  # the broadcast, in the graph being built
         self._op = None
 
     def begin(self) -> None:
         if self._op is None or self._op.graph is not tf.compat.v1.get_default_graph():
-            self._op = _distributed.broadcast_variables(self._engine, self._var_list)
+            self._op = self._build()
 
     def after_create_session(
         self, session: tf.compat.v1.Session, coord: tf.compat.v1.train.Coordinator
     ) -> None:
-        del coord
         session.run(self._op)
