@@ -505,7 +505,7 @@ def test_default_names_count_the_objects_made(hvd):
     [
         (dict(name=3), TypeError, "name must be a string or None, got 3"),
         (dict(name=""), ValueError, "name must be a non-empty string of letters"),
-        (dict(name="a/b"), ValueError, r"letters, digits and '_' .*got 'a/b'"),
+        (dict(name="a/b"), ValueError, r"letters, digits and '_'.*got 'a/b'"),
     ],
 )
 def test_horovod_all_reduce_rejects_bad_arguments(kwargs, error, match):

@@ -51,20 +51,21 @@ _UNTESTED = untested(_tensorflow.__version__)
 if _UNTESTED:
     warnings.warn(_UNTESTED, stacklevel=2)
 
-if sys.version_info >= (3, 8):
-    cached_property = functools.cached_property
-else:
 
-    class cached_property:  # noqa: N801 (functools' name)
-        """``functools.cached_property`` for Python 3.7: computed once, kept on the instance."""
+class cached_property:  # noqa: N801 (functools' name)
+    """``functools.cached_property`` (Python 3.8) for every Python: computed once, then kept.
 
-        def __init__(self, compute: typing.Callable[[typing.Any], typing.Any]) -> None:
-            functools.update_wrapper(self, compute)  # its name and docstring
+    The value is stored on the instance, whose attribute then hides this
+    non-data descriptor.
+    """
 
-        def __get__(self, instance: typing.Any, owner: type | None = None) -> typing.Any:
-            if instance is None:
-                return self
-            return vars(instance).setdefault(self.__name__, self.__wrapped__(instance))
+    def __init__(self, compute: typing.Callable[[typing.Any], typing.Any]) -> None:
+        self.compute = compute
+
+    def __get__(self, instance: typing.Any, owner: type | None = None) -> typing.Any:
+        if instance is None:
+            return self
+        return vars(instance).setdefault(self.compute.__name__, self.compute(instance))
 
 
 # Private methods of ``tf.Operation``, the same from 1.15 to 2.21.
@@ -106,9 +107,8 @@ def control_inputs_restored_on_failure() -> typing.Iterator[None]:
         yield
     except BaseException:
         for op, inputs in reversed(edits[start:]):
-            op._remove_all_control_inputs()
-            op._add_control_inputs(inputs)
-        del edits[start:]
+            set_control_inputs(op, inputs)
+        del edits[start:]  # and the loop's own records of what it undid
         raise
     finally:
         _EDITS.edits = outer
@@ -184,9 +184,8 @@ def patch(owner: type, name: str, parameters: str, make: typing.Callable[..., ty
         found = "?"
     if found != parameters:
         warnings.warn(
-            f"tf1_accum: {owner.__name__}.{name} takes ({found}) in TensorFlow "
-            f"{_tensorflow.__version__}, not ({parameters}) as in the releases tf1_accum is "
-            f"tested on ({TESTED}); tf1_accum leaves it as it is, so {_GUARDS[name]} is off.",
+            f"tf1_accum: {owner.__name__}.{name} takes ({found}), not ({parameters}) as tested on "
+            f"({TESTED}): on TensorFlow {_tensorflow.__version__}, {_GUARDS[name]} is off.",
             stacklevel=3,
         )
         _mark(original)  # one warning per process
@@ -209,13 +208,6 @@ _GUARDS = {
     "on_epoch_end": "the warning of a Keras fit whose epochs end mid-window",
     "on_train_end": "the warning of a Keras fit whose epochs end mid-window",
 }
-
-
-def fetch_handler() -> type:
-    """The class ``Session.run``, ``make_callable`` and ``partial_run`` read their fetches with."""
-    from tensorflow.python.client import session
-
-    return session._FetchHandler
 
 
 def sync_replicas_parts(sync: typing.Any) -> tuple:
@@ -257,7 +249,7 @@ def guard_runs(check: typing.Callable[[typing.Any, list, list], None]) -> None:
 
         return make
 
-    patch(fetch_handler(), "__init__", "self graph fetches feeds feed_handles", handler)
+    patch(session._FetchHandler, "__init__", "self graph fetches feeds feed_handles", handler)
     patch(session.BaseSession, "_make_callable_from_options", "self callable_options", from_options)
 
 
@@ -305,8 +297,8 @@ def tensorflow_dir() -> str:
     """
     import os
 
-    framework = os.path.dirname(os.path.abspath(inspect.getfile(_tensorflow.Graph)))
-    return os.path.dirname(os.path.dirname(framework))  # .../python/framework
+    # Three levels up from .../python/framework/ops.py.
+    return os.path.abspath(os.path.join(inspect.getfile(_tensorflow.Graph), "..", "..", ".."))
 
 
 # Keras 2: the tf_keras package on TensorFlow 2, TensorFlow 1.15's own tf.keras
@@ -419,13 +411,15 @@ COLLECTIVE_TIMEOUT = not TF1
 
 
 def collective_sum(flat: typing.Any, key: int, attrs: dict, name: str) -> typing.Any:
-    """The sum over the group of the 1-D ``flat``; ``attrs``: group_size, group_key, timeout."""
-    if not TF1:
-        reduce = functools.partial(tf.raw_ops.CollectiveReduceV2, ordering_token=[], **attrs)
+    """The sum over the group of the 1-D ``flat``.
+
+    ``attrs``: group_size, group_key and, if a timeout is set (TensorFlow 2), timeout_seconds.
+    """
+    if TF1:
+        reduce = functools.partial(tf.raw_ops.CollectiveReduce, subdiv_offsets=[0])
     else:
-        group = dict(group_size=attrs["group_size"], group_key=attrs["group_key"])
-        reduce = functools.partial(tf.raw_ops.CollectiveReduce, subdiv_offsets=[0], **group)
-    return reduce(input=flat, instance_key=key, merge_op="Add", final_op="Id", name=name)
+        reduce = functools.partial(tf.raw_ops.CollectiveReduceV2, ordering_token=[])
+    return reduce(input=flat, instance_key=key, merge_op="Add", final_op="Id", name=name, **attrs)
 
 
 def collective_broadcast(
@@ -436,9 +430,7 @@ def collective_broadcast(
     if TF1 and dtype == tf.bool:
         sent = collective_broadcast(tf.cast(flat, tf.int32), send, key, attrs, name)
         return tf.not_equal(sent, 0)
-    if TF1:  # the first version: shape an attribute of both ops
-        attrs = dict(group_size=attrs["group_size"], group_key=attrs["group_key"], shape=shape)
-    elif not send:
+    if TF1 or not send:  # the first version takes the shape on both ops
         attrs = dict(attrs, shape=shape)
     op = ("CollectiveBcastSend" if send else "CollectiveBcastRecv") + ("" if TF1 else "V2")
     operand = {"input": flat} if send else {"T": dtype}

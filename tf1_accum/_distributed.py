@@ -28,31 +28,28 @@ class Engine:
     #: The next key `_take_instance_key` hands out.
     _next_key = 0
 
+    #: A method ``(flat, key)``: the sum of the 1-D tensor ``flat`` over every worker.
+    _all_reduce: typing.Callable[[tf.Tensor, int], tf.Tensor]
+    #: A method ``(flat, key)``: worker 0's value of the 1-D tensor ``flat`` on every worker.
+    _broadcast: typing.Callable[[tf.Tensor, int], tf.Tensor]
+
     def _take_instance_key(self) -> int:
-        key = self._next_key
         self._next_key += 1
-        return key
-
-    def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        """Returns the sum of the 1-D tensor ``flat`` over every worker."""
-        raise NotImplementedError
-
-    def _broadcast(self, flat: tf.Tensor, key: int) -> tf.Tensor:
-        """Returns worker 0's value of the 1-D tensor ``flat`` on every worker."""
-        raise NotImplementedError
+        return self._next_key - 1
 
     def _reducer(self) -> _WindowReducer:
         """Returns a `_WindowReducer` with a key of its own."""
         return _WindowReducer(self, self._take_instance_key())
 
 
+#: What an `Engine` is, to the user: "... must be <_ENGINES>".
+_ENGINES = "a tf1_accum.CollectiveAllReduce or a tf1_accum.HorovodAllReduce"
+
+
 def check_cross_replica(cross_replica: object) -> None:
     """Raises TypeError unless ``cross_replica`` is None or an `Engine`."""
     if cross_replica is not None and not isinstance(cross_replica, Engine):
-        raise TypeError(
-            "cross_replica must be a tf1_accum.CollectiveAllReduce, a tf1_accum.HorovodAllReduce "
-            f"or None, got {_validate.describe(cross_replica)}."
-        )
+        raise _validate.type_error("cross_replica", cross_replica, f"{_ENGINES} or None")
 
 
 class CollectiveAllReduce(Engine):
@@ -108,22 +105,16 @@ class CollectiveAllReduce(Engine):
                 f"task_index must be in [0, num_workers) = [0, {num_workers}), got {task_index}."
             )
         if not isinstance(job_name, str):
-            raise TypeError(f"job_name must be a string, got {_validate.describe(job_name)}.")
+            raise _validate.type_error("job_name", job_name, "a string")
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float, np.number)):
-                raise TypeError(
-                    f"timeout must be a positive number of seconds or None, got "
-                    f"{_validate.describe(timeout)}."
-                )
+                raise _validate.type_error("timeout", timeout, "a positive number or None")
             if not timeout > 0:
                 raise ValueError(f"timeout must be positive (seconds), got {timeout}.")
             if not COLLECTIVE_TIMEOUT:
                 raise ValueError(
-                    f"timeout={timeout} needs TensorFlow 2: the collective ops of TensorFlow "
-                    "1.15 cannot be cancelled (not even by the session's "
-                    "operation_timeout_in_ms), so a lost worker blocks the others' apply "
-                    "forever, whatever the timeout. Leave timeout=None, or train with "
-                    "asynchronous parameter servers, which go on without a lost worker."
+                    f"timeout={timeout} needs TensorFlow 2: the collective ops of 1.15 cannot be "
+                    "cancelled. Leave timeout=None, or use asynchronous parameter servers."
                 )
         self.num_workers = int(num_workers)
         self.task_index = int(task_index)
@@ -154,11 +145,9 @@ class CollectiveAllReduce(Engine):
         return result
 
     def _attrs(self) -> dict[str, typing.Any]:
-        return dict(
-            group_size=self.num_workers,
-            group_key=self.group_key,
-            timeout_seconds=self.timeout or 0.0,
-        )
+        # timeout_seconds only when set (its default, 0, waits forever): 1.15's ops lack it.
+        timeout = {} if self.timeout is None else {"timeout_seconds": self.timeout}
+        return dict(group_size=self.num_workers, group_key=self.group_key, **timeout)
 
     _kind = "collective"
     _broadcast_dtypes = (tf.bool, tf.float16, tf.float32, tf.float64, tf.int32, tf.int64)
@@ -172,18 +161,16 @@ class CollectiveAllReduce(Engine):
 
 
 _NOTHING_ACCUMULATED_ANYWHERE = (
-    "tf1_accum: apply_op ran with nothing accumulated on any worker (the counters "
-    "summed across the workers are 0). Run accum_op on at least one micro-batch "
-    "before apply_op; no variable was changed."
+    "tf1_accum: apply_op ran with nothing accumulated on any worker (summed counter 0); no "
+    "variable was changed. Run accum_op on at least one micro-batch before apply_op."
 )
 
 
-class _WindowReducer:
+class _WindowReducer(typing.NamedTuple):
     """A window's cross-replica sum: one key, as a step applies through one op."""
 
-    def __init__(self, collective: Engine, instance_key: int) -> None:
-        self.collective = collective
-        self.instance_key = instance_key
+    collective: Engine
+    instance_key: int
 
     def reduce(
         self, slots: typing.Sequence[typing.Any], added: Added, parts: typing.Sequence[Part]
@@ -290,17 +277,13 @@ def broadcast_variables(
     """
     _validate.check_graph_mode("broadcast_variables")
     if not isinstance(collective, Engine):
-        raise TypeError(
-            "collective must be a tf1_accum.CollectiveAllReduce or a tf1_accum.HorovodAllReduce, "
-            f"got {_validate.describe(collective)}."
-        )
+        raise _validate.type_error("collective", collective, _ENGINES)
     graph = tf.compat.v1.get_default_graph()
     if var_list is None:
         var_list = plain_variables(graph)
         if not var_list:
             raise ValueError("var_list is empty: the graph has no variables to broadcast.")
-    else:
-        var_list = _validate.check_var_list(var_list, graph)
+    var_list = _validate.check_var_list(var_list, graph)
     by_dtype: dict[tf.DType, list[tf.Variable]] = {}
     supported = collective._broadcast_dtypes
     for var in var_list:

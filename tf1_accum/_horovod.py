@@ -14,10 +14,9 @@ from tf1_accum._compat import tf
 from tf1_accum import _validate, _distributed
 
 _NO_HOROVOD = (
-    "HorovodAllReduce needs Horovod built with TensorFlow support, and 'import horovod.tensorflow' "
-    "failed ({error}). Build it against the installed TensorFlow: HOROVOD_WITH_TENSORFLOW=1 "
-    "HOROVOD_WITH_GLOO=1 pip install --no-build-isolation horovod (see the guide 'Across several "
-    "machines'), or use tf1_accum.CollectiveAllReduce, which needs nothing built."
+    "HorovodAllReduce needs Horovod built with TensorFlow support; 'import horovod.tensorflow' "
+    "failed ({error}). Build it: HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 pip install "
+    "--no-build-isolation horovod (docs: distributed), or use tf1_accum.CollectiveAllReduce."
 )
 
 # Each object made in this process takes the next default name, as on every worker.
@@ -53,21 +52,17 @@ class HorovodAllReduce(_distributed.Engine):
     def __init__(self, *, name: str | None = None) -> None:
         if name is not None:
             if not isinstance(name, str):
-                raise TypeError(f"name must be a string or None, got {_validate.describe(name)}.")
+                raise _validate.type_error("name", name, "a string or None")
             if not name or not all(c.isascii() and (c.isalnum() or c == "_") for c in name):
                 raise ValueError(
-                    f"name must be a non-empty string of letters, digits and '_' (it "
-                    f"names Horovod ops), got {name!r}."
+                    f"name must be a non-empty string of letters, digits and '_', got {name!r}."
                 )
         try:
             import horovod.tensorflow as hvd
         except ImportError as error:
             raise ImportError(_NO_HOROVOD.format(error=error)) from error
         if not hvd.is_initialized():
-            raise ValueError(
-                "Horovod is not initialized: call hvd.init() (import horovod.tensorflow "
-                "as hvd) before making a HorovodAllReduce."
-            )
+            raise ValueError("Horovod is not initialized: call hvd.init() first.")
         self._hvd = hvd
         self.name = f"tf1_accum{next(_made)}" if name is None else name
 
@@ -93,7 +88,7 @@ class HorovodAllReduce(_distributed.Engine):
 
         It replaces ``hvd.BroadcastGlobalVariablesHook``, which TensorFlow after 2.15 lacks.
         """
-        return _BroadcastHook(self, var_list)
+        return _BroadcastHook(lambda: _distributed.broadcast_variables(self, var_list))
 
     def _all_reduce(self, flat: tf.Tensor, key: int) -> tf.Tensor:
         # A scope of its own: the op's name stays the Horovod name beside a second op of this key.
@@ -112,19 +107,15 @@ class HorovodAllReduce(_distributed.Engine):
 class _BroadcastHook(tf.compat.v1.train.SessionRunHook):
     """Made by `HorovodAllReduce.broadcast_hook`, which documents it."""
 
-    def __init__(
-        self, engine: HorovodAllReduce, var_list: typing.Sequence[tf.Variable] | None
-    ) -> None:
-        self._engine = engine
-        self._var_list = var_list
+    def __init__(self, build: typing.Callable[[], tf.Operation]) -> None:
+        self._build = build  # the broadcast, in the graph being built
         self._op = None
 
     def begin(self) -> None:
         if self._op is None or self._op.graph is not tf.compat.v1.get_default_graph():
-            self._op = _distributed.broadcast_variables(self._engine, self._var_list)
+            self._op = self._build()
 
     def after_create_session(
         self, session: tf.compat.v1.Session, coord: tf.compat.v1.train.Coordinator
     ) -> None:
-        del coord
         session.run(self._op)

@@ -40,13 +40,24 @@ def square_norms(values: typing.Sequence[tf.Tensor]) -> list[tf.Tensor]:
     fast = squares(at_least_float32)
     if all(v.dtype.base_dtype == tf.float64 for v in values):
         return fast
-    wide = tf.cond(
+    # A list, even of one: TensorFlow 2's cond (1.15's compat.v2 too) keeps the branches' structure.
+    return tf.cond(
         tf.math.is_inf(tf.add_n(fast)),
         lambda: squares(lambda v: tf.cast(v, tf.float64)),
         lambda: [tf.identity(q) for q in fast],
         name="square_norms",
     )
-    return list(wide) if isinstance(wide, (list, tuple)) else [wide]
+
+
+def _rows_summed(gradient: tf.Tensor | tf.IndexedSlices) -> tf.Tensor:
+    """``gradient``; if sparse, its values with repeated rows summed (in float32 at least).
+
+    The squared norm of the dense gradient is that of these rows.
+    """
+    if not isinstance(gradient, tf.IndexedSlices):
+        return gradient
+    rows, position = tf.unique(gradient.indices)
+    return tf.math.unsorted_segment_sum(at_least_float32(gradient.values), position, tf.size(rows))
 
 
 class GradientStatistics(typing.NamedTuple):
@@ -80,12 +91,11 @@ class WindowStatistics(Part):
 
     def __init__(self, variables: typing.Iterable[tf.Variable], options: WindowOptions) -> None:
         self.variables = list(variables)
-        self.micro_batch_size = options.micro_batch_size  # None: the window's mean weight
-        self.average = options.average
-        self.weighted = options.weighted
+        # Its micro_batch_size None: the statistics take the window's mean weight.
+        self.options = options
         zero = lambda: tf.constant(0.0, tf.float64)  # noqa: E731
         sums = [state_variable(zero, "micro_batch_square_norms")]
-        if self.weighted:
+        if options.weighted:
             # The statistics count micro-batches of positive weight only.
             sums.append(state_variable(lambda: tf.constant(0, tf.int64), "micro_batches_weighted"))
         super().__init__(*sums)
@@ -98,21 +108,11 @@ class WindowStatistics(Part):
     def increments(
         self, gradients: typing.Sequence[tf.Tensor | tf.IndexedSlices], weight: Weight | None
     ) -> list[tf.Tensor]:
-        # The float64 squared global norm of the micro-batch's gradients: a
-        # sparse gradient's repeated rows are summed (in float32 at least) before squaring.
-        values = []
-        for g in gradients:
-            if isinstance(g, tf.IndexedSlices):
-                rows, position = tf.unique(g.indices)
-                g = tf.math.unsorted_segment_sum(
-                    at_least_float32(g.values), position, tf.size(rows)
-                )
-            values.append(g)
-        square = tf.add_n(square_norms(values))
+        # The float64 squared global norm of the micro-batch's gradients.
+        square = tf.add_n(square_norms([_rows_summed(g) for g in gradients]))
         if weight is None:
             return [square]
-        ratio = weight.ratio
-        return [tf.math.multiply_no_nan(square, ratio), tf.cast(ratio > 0, tf.int64)]
+        return [tf.math.multiply_no_nan(square, weight.ratio), tf.cast(weight.ratio > 0, tf.int64)]
 
     def observe(
         self,
@@ -134,41 +134,34 @@ class WindowStatistics(Part):
         with tf.compat.v1.name_scope("statistics"):
             # The tensors in a scope of their own: the summaries take their names.
             with tf.compat.v1.name_scope("values"):
-                n = tf.cast(sums[1] if self.weighted else count, tf.float64)
+                n = tf.cast(sums[1] if self.options.weighted else count, tf.float64)
                 total = tf.cast(total, tf.float64)
-                if not self.average:  # the sum: the mean's squares are 1 / total^2 of it
+                if not self.options.average:  # the sum: the mean's squares are 1 / total^2 of it
                     squares = [s / tf.square(total) for s in squares]
                 variable_norms = [tf.sqrt(s) for s in squares]
                 big = tf.add_n(squares, name="gradient_square_norm")
                 small = tf.identity(tf.cast(sums[0], tf.float64) / total, name="micro_batch")
-                if self.micro_batch_size is None:
+                if self.options.micro_batch_size is None:
                     b_small = tf.identity(total / n * reference, name="micro_batch_size")
                 else:  # a constant, not its identity: run_accumulation reads it statically
-                    size = float(self.micro_batch_size)
+                    size = float(self.options.micro_batch_size)
                     b_small = tf.constant(size, tf.float64, name="micro_batch_size")
                 b_big = n * b_small
                 several = n > 1.0
                 nan = tf.constant(np.nan, tf.float64)
                 # Where N = 1 the denominators are 0: no estimate, NaN rather than Inf.
-                safe = tf.where(several, b_big - b_small, tf.ones_like(b_big))
-                gradient_square = tf.where(
-                    several, (b_big * big - b_small * small) / safe, nan, name="gradient_square"
-                )
-                inverse = tf.where(several, 1.0 / b_small - 1.0 / b_big, tf.ones_like(b_big))
-                noise_trace = tf.where(several, (small - big) / inverse, nan, name="noise_trace")
+                square = tf.math.divide_no_nan(b_big * big - b_small * small, b_big - b_small)
+                gradient_square = tf.where(several, square, nan, name="gradient_square")
+                trace = tf.math.divide_no_nan(small - big, 1.0 / b_small - 1.0 / b_big)
+                noise_trace = tf.where(several, trace, nan, name="noise_trace")
                 noise_scale = tf.identity(noise_trace / gradient_square, name="noise_scale")
 
-                valid = tf.logical_and(
-                    tf.math.is_finite(noise_trace), tf.math.is_finite(gradient_square)
-                )
-                moved = []
+                valid = tf.math.is_finite(noise_trace) & tf.math.is_finite(gradient_square)
+                moved, updates = [], []
                 for average, value in zip(self.emas, [noise_trace, gradient_square]):
                     updated = EMA_DECAY * average + (1.0 - EMA_DECAY) * tf.where(valid, value, 0.0)
                     moved.append(tf.where(valid, updated, average.read_value()))
-                updates = [
-                    v.assign(x, use_locking=True, read_value=False)
-                    for v, x in zip(self.emas, moved)
-                ]
+                    updates.append(average.assign(moved[-1], use_locking=True, read_value=False))
                 noise_scale_ema = tf.math.divide(*moved, name="noise_scale_ema")
                 global_norm = tf.sqrt(big, name="global_norm")
             fields = dict(
@@ -190,8 +183,7 @@ class WindowStatistics(Part):
             named += zip([f"gradient_norm/{v.op.name}" for v in self.variables], variable_norms)
             summaries = [tf.compat.v1.summary.scalar(k, v, collections=[]) for k, v in named]
             summary_op = tf.compat.v1.summary.merge(summaries, collections=[])
-            statistics = GradientStatistics(**fields, summary_op=summary_op)
-        return statistics, updates
+            return GradientStatistics(**fields, summary_op=summary_op), updates
 
     def idle(self) -> GradientStatistics:
         """The statistics of a run that applies nothing: NaN, 0 micro-batches, an empty summary."""
@@ -239,9 +231,8 @@ def recommend_micro_batches(noise_scale: float, micro_batch_size: float) -> int:
             raise TypeError(f"{name} must be a number, got {_validate.describe(value)}.")
     if not (math.isfinite(noise_scale) and noise_scale >= 0):
         raise ValueError(
-            f"noise_scale must be a finite number of at least 0, got {noise_scale}: there "
-            "is no usable estimate yet (a window of one micro-batch has none, and one "
-            "window's estimate can be negative); average over more windows."
+            f"noise_scale must be a finite number of at least 0, got {noise_scale}: no usable "
+            "estimate yet; pass noise_scale_ema after more windows (docs: statistics)."
         )
     if not (math.isfinite(micro_batch_size) and micro_batch_size > 0):
         raise ValueError(f"micro_batch_size must be a positive number, got {micro_batch_size}.")
@@ -327,18 +318,13 @@ def build_running_average(
     _validate.check_graph_mode("build_running_average")
     values = [values] if isinstance(values, (tf.Tensor, tf.IndexedSlices)) else values
     if not isinstance(values, (list, tuple)):
-        raise TypeError(
-            f"values must be a tensor or a list of tensors, got {_validate.describe(values)}."
-        )
+        raise _validate.type_error("values", values, "a tensor or a list of tensors")
     if not values:
         raise ValueError("values is empty: expected at least one floating-point tensor.")
     shapes = []
     for i, value in enumerate(values):
         if not isinstance(value, (tf.Tensor, tf.IndexedSlices)) or not hasattr(value, "graph"):
-            raise TypeError(
-                f"values[{i}] must be a floating-point tensor of a graph, got "
-                f"{_validate.describe(value)}."
-            )
+            raise _validate.type_error(f"values[{i}]", value, "a floating-point tensor of a graph")
         if not value.dtype.base_dtype.is_floating:
             raise TypeError(
                 f"values[{i}] must be a floating-point tensor, got {value.name} of dtype "
@@ -356,10 +342,7 @@ def build_running_average(
         shapes.append(shape)
     if horizon is not None:
         if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)):
-            raise TypeError(
-                "horizon must be an int (updates per average) or None, got "
-                f"{_validate.describe(horizon)}."
-            )
+            raise _validate.type_error("horizon", horizon, "an int (updates per average) or None")
         if horizon < 1:
             raise ValueError(f"horizon must be at least 1 (updates per average), got {horizon}.")
     graph = values[0].graph
@@ -380,12 +363,10 @@ def build_running_average(
             step = tf.cast(n, value.dtype.base_dtype)
             moved = average.read_value() + (value - average.read_value()) / step
             # A new average is the value itself, not 0 + (value - 0) / 1.
-            updates.append(
-                average.assign(tf.where(restart, value, moved), use_locking=True, read_value=False)
-            )
+            new = tf.where(restart, value, moved)
+            updates.append(average.assign(new, use_locking=True, read_value=False))
         update_op = tf.group(*updates, name="update")
-        reset_op = tf.group(
-            count.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False), name="reset"
-        )
+        reset = count.assign(tf.constant(0, tf.int64), use_locking=True, read_value=False)
+        reset_op = tf.group(reset, name="reset")
         reads = [tf.identity(a.read_value(), name="read") for a in averages]
     return RunningAverage(update_op=update_op, averages=reads, count=count, reset_op=reset_op)

@@ -7,7 +7,6 @@ to them and waits (:ref:`parameter-servers`).
 
 from __future__ import annotations
 
-import typing
 import warnings
 
 from tf1_accum._compat import sync_replicas_parts, tf
@@ -27,10 +26,7 @@ class SyncPush(tf.compat.v1.train.Optimizer):
         self._opt = sync
 
     def apply_gradients(
-        self,
-        grads_and_vars: typing.Iterable[tuple[typing.Any, tf.Variable]],
-        global_step: tf.Variable | None = None,
-        name: str | None = None,
+        self, grads_and_vars: Pairs, global_step: tf.Variable | None = None, name: str | None = None
     ) -> tf.Operation:
         local_step, accumulators, sync_step, queue, _, _ = sync_replicas_parts(self._opt)
         pushes = []
@@ -46,9 +42,7 @@ class SyncPush(tf.compat.v1.train.Optimizer):
 
 
 def prepare(
-    sync: tf.compat.v1.train.SyncReplicasOptimizer,
-    pairs: Pairs,
-    global_step: tf.Variable | None,
+    sync: tf.compat.v1.train.SyncReplicasOptimizer, pairs: Pairs, global_step: tf.Variable | None
 ) -> tuple[SyncPush, list[tf.Operation]]:
     """Builds ``sync``'s accumulators, queue and chief update; returns a `SyncPush` and those ops.
 
@@ -57,10 +51,8 @@ def prepare(
     """
     if global_step is None:
         raise ValueError(
-            "AccumulationOptimizer(SyncReplicasOptimizer(...)) needs global_step: "
-            "minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step()). "
-            "The chief advances it once per update, and its value tells a window "
-            "computed from the current weights from a stale one."
+            "AccumulationOptimizer(SyncReplicasOptimizer(...)) needs global_step (its tokens), "
+            "got None: minimize(loss, global_step=tf.compat.v1.train.get_or_create_global_step())."
         )
     graph = global_step.graph
     before = len(graph.get_operations())
@@ -76,11 +68,8 @@ def refuse_weight(what: str) -> None:
     """
     raise ValueError(
         f"{what}: weight= cannot go with a SyncReplicasOptimizer: it averages the workers' windows "
-        "equally, so a window holding less weight (fewer examples) would count as much as one "
-        "holding more, and the update would not be the large batch's. Build the workers with "
-        "cross_replica=tf1_accum.CollectiveAllReduce(...) (or tf1_accum.HorovodAllReduce()), whose "
-        "update divides by the total weight of every worker's window, or leave weight= out where "
-        "every micro-batch holds as many examples (see the guide 'Across several machines')."
+        "equally. Leave weight= out, or use cross_replica=tf1_accum.CollectiveAllReduce(...) (or "
+        "tf1_accum.HorovodAllReduce()), whose update divides by the total weight."
     )
 
 
@@ -94,16 +83,13 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
     aggregate, total = sync_replicas_parts(sync)[-2:]
     if aggregate > total:
         raise ValueError(
-            f"AccumulationOptimizer pushes one window per worker per update, but the "
-            f"SyncReplicasOptimizer aggregates {aggregate} pushes per update from "
-            f"{total} workers: the update would wait forever. Give it "
-            f"replicas_to_aggregate={total} (or accumulate more micro-batches per window)."
+            f"SyncReplicasOptimizer aggregates {aggregate} pushes per update from {total} workers: "
+            f"the update would wait forever. Give it replicas_to_aggregate={total}."
         )
     if aggregate < total:
         warnings.warn(
             f"tf1_accum: the SyncReplicasOptimizer updates with the first {aggregate} of "
-            f"{total} workers' windows and drops the others' as stale: each update "
-            f"is the mean over {aggregate} windows, not all of them.",
+            f"{total} workers' windows and drops the others' as stale.",
             stacklevel=_validate._caller_stacklevel(),
         )
     original = sync.get_init_tokens_op
@@ -112,9 +98,7 @@ def check(sync: tf.compat.v1.train.SyncReplicasOptimizer) -> None:
         if num_tokens > 0:
             raise ValueError(
                 f"tf1_accum: num_tokens={num_tokens} initial tokens let a worker start its next "
-                "window before the update, from stale weights, and the SyncReplicasOptimizer drops "
-                "that window. Wrapped in an AccumulationOptimizer, make the hook with num_tokens=0 "
-                "(the default then): each worker waits for the update that takes its window."
+                "window from stale weights (then dropped); make the hook with num_tokens=0."
             )
         return original(0)
 
