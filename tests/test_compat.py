@@ -131,6 +131,44 @@ def test_keras_fits_callback_list_has_the_signatures_patched():
     assert _parameters(callback_list.on_train_end) == ["self", "logs"]
 
 
+def test_tensorflows_wrappers_keep_the_optimizer_they_wrap_and_their_loss_scale():
+    with tf.Graph().as_default():
+        sgd = v1.train.GradientDescentOptimizer(0.1)
+        dynamic = v1.train.experimental.MixedPrecisionLossScaleOptimizer(sgd, "dynamic")
+        fixed = v1.train.experimental.MixedPrecisionLossScaleOptimizer(sgd, 128.0)
+        sync = v1.train.SyncReplicasOptimizer(sgd, replicas_to_aggregate=1)
+        assert [_compat.wrapped_optimizer(o) for o in (dynamic, fixed, sync, sgd)] == [
+            sgd,
+            sgd,
+            sgd,
+            None,
+        ]
+        names = [type(_compat.loss_scale(o)).__name__ for o in (dynamic, fixed, sgd)]
+        assert names == ["DynamicLossScale", "FixedLossScale", "NoneType"]
+
+
+def test_a_session_says_whether_it_was_closed():
+    with tf.Graph().as_default():
+        session = v1.Session()
+        assert _compat.session_closed(session) is False
+        session.close()
+        assert _compat.session_closed(session) is True
+
+
+@pytest.mark.skipif(
+    tf.__version__.startswith("1."),
+    reason="1.15's Keras optimizers have no _create_all_weights (Keras never calls it there)",
+)
+def test_a_keras_optimizer_makes_its_slots_for_the_variables_given():
+    from _keras import legacy
+
+    with tf.Graph().as_default():
+        variable = v1.get_variable("w", [3], use_resource=True)
+        adam = legacy.Adam(0.1)
+        _compat.keras_create_all_weights(adam, [variable])
+        assert sorted(w.shape.as_list() for w in adam.weights) == [[], [3], [3]]
+
+
 class _Target:
     def method(self, a, b=None):
         return ("original", a, b)
@@ -225,6 +263,9 @@ _PRIVATE = (
     "_global_step_tensor",
     "_timer",
     "_parent_op",
+    "_loss_scale",
+    "_closed",
+    "_create_all_weights",
 )
 
 

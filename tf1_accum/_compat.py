@@ -225,6 +225,22 @@ def sync_replicas_parts(sync: typing.Any) -> tuple:
     )
 
 
+def wrapped_optimizer(optimizer: typing.Any) -> typing.Any:
+    """The optimizer a TensorFlow wrapper keeps privately, or None: a TF1 loss-scale
+    optimizer's ``_optimizer``, a ``SyncReplicasOptimizer``'s ``_opt``."""
+    return getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
+
+
+def loss_scale(optimizer: typing.Any) -> typing.Any:
+    """A TF1 loss-scale optimizer's ``FixedLossScale`` or ``DynamicLossScale``, or None."""
+    return getattr(optimizer, "_loss_scale", None)
+
+
+def session_closed(session: typing.Any) -> bool:
+    """Whether ``session`` (a ``tf.compat.v1.Session``) was closed."""
+    return getattr(session, "_closed", False)
+
+
 def guard_runs(check: typing.Callable[[typing.Any, list, list], None]) -> None:
     """Makes every step a session runs call ``check(graph, ops, tensors)`` (its fetches) first.
 
@@ -353,6 +369,11 @@ def keras_deserialize_optimizer(config: typing.Any, custom_objects: typing.Any) 
 def keras_inner_optimizer(loss_scale_optimizer: typing.Any) -> typing.Any:
     """The optimizer a Keras ``LossScaleOptimizer`` wraps, or None."""
     return getattr(loss_scale_optimizer, "_optimizer" if TF1 else "inner_optimizer", None)
+
+
+def keras_create_all_weights(optimizer: typing.Any, var_list: typing.Any) -> None:
+    """Makes a Keras optimizer's slots for ``var_list`` (what ``load_model`` asks of it)."""
+    optimizer._create_all_weights(var_list)
 
 
 def keras_clip(optimizer: typing.Any, grads_and_vars: list[typing.Any]) -> list[typing.Any]:

@@ -8,7 +8,7 @@ import typing
 import warnings
 import weakref
 
-from tf1_accum._compat import tf
+from tf1_accum._compat import session_closed, tf
 
 from tf1_accum import _unhooked
 
@@ -22,7 +22,7 @@ class _UnmovedStepFilter(logging.Filter):
 
     def active(self) -> bool:
         session = self._session()
-        return session is not None and not getattr(session, "_closed", False)
+        return session is not None and not session_closed(session)
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (self.active() and str(record.msg).startswith("It seems that global step"))

@@ -219,7 +219,7 @@ class KerasAccumulationOptimizer(_LegacyOptimizer):
         return train_op
 
     def _create_all_weights(self, var_list: typing.Sequence[tf.Variable]) -> None:
-        self._optimizer._create_all_weights(var_list)
+        _compat.keras_create_all_weights(self._optimizer, var_list)
 
     def variables(self) -> list[tf.Variable]:
         """The wrapped optimizer's weights, then the window's (in this graph)."""

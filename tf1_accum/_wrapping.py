@@ -1,14 +1,14 @@
 """Optimizers that wrap another: the chain of them, and what the window asks of it.
 
-TensorFlow's wrappers keep the optimizer they wrap in ``_optimizer`` (the
-loss-scale optimizers) or ``_opt`` (``SyncReplicasOptimizer``).
+TensorFlow's wrappers keep the optimizer they wrap privately: `_compat.wrapped_optimizer`
+reads it.
 """
 
 from __future__ import annotations
 
 import typing
 
-from tf1_accum._compat import tf
+from tf1_accum._compat import loss_scale, tf, wrapped_optimizer
 
 
 def wrapping_chain(optimizer: object) -> typing.Iterator[object]:
@@ -17,7 +17,7 @@ def wrapping_chain(optimizer: object) -> typing.Iterator[object]:
     while optimizer is not None and id(optimizer) not in seen:
         seen.add(id(optimizer))
         yield optimizer
-        optimizer = getattr(optimizer, "_optimizer", None) or getattr(optimizer, "_opt", None)
+        optimizer = wrapped_optimizer(optimizer)
 
 
 def _loss_scale_optimizer(optimizer: object) -> object | None:
@@ -28,7 +28,7 @@ def _loss_scale_optimizer(optimizer: object) -> object | None:
 def scales_loss(optimizer: object) -> bool:
     """Whether ``optimizer`` is (or wraps) a dynamic loss-scale optimizer (one that checks)."""
     scaling = _loss_scale_optimizer(optimizer)
-    return scaling is not None and "Dynamic" in type(getattr(scaling, "_loss_scale", None)).__name__
+    return scaling is not None and "Dynamic" in type(loss_scale(scaling)).__name__
 
 
 def counts_its_own_steps(optimizer: object) -> bool:
