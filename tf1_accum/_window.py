@@ -30,10 +30,14 @@ APPLY_DUE_COLLECTION = "tf1_accum_apply_due"
 Totals = typing.Tuple[tf.Tensor, ...]  # what a slot's add returns: its sum (and touched rows)
 
 
-#: What sums a window across the workers: an engine's `_distributed._WindowReducer`,
-#: whose ``reduce(slots, added, parts)`` returns ``(added, checks)`` (the window
-#: imports no way in, so it is not typed here).
-Reducer = typing.Any
+if typing.TYPE_CHECKING:  # typing.Protocol is Python 3.8's
+
+    class Reducer(typing.Protocol):
+        """Sums a window across the workers (`_distributed._WindowReducer`)."""
+
+        def reduce(
+            self, slots: typing.Sequence[typing.Any], added: Added, parts: typing.Sequence[Part]
+        ) -> tuple[Added, list[tf.Operation]]: ...
 
 
 class Added(typing.NamedTuple):
