@@ -58,11 +58,6 @@ def _at(node: ast.expr, rule: str) -> tuple[int, int, str]:
     return (node.lineno, node.col_offset + 1, rule)
 
 
-def _kinds(tags: Iterable[Tag], *kinds: str) -> set[Vid]:
-    """`kinds_of` for several kinds: the variables their tags name."""
-    return {t[1] for t in tags if t[0] in kinds}
-
-
 class _Facts:
     """What the whole module does to each variable (an accumulator or a counter?), its
     blocks of statements, and the runs that complete a ``range(n - 1)`` loop of adds."""
@@ -128,7 +123,7 @@ def _apply_findings(module: Module, facts: _Facts, call: ast.Call) -> Found:
     if gradients is None:
         return set()
     tags = frozenset().union(*(module.tags(p) for p in _gradient_parts(module, gradients)))
-    held = {v for v in _kinds(tags, VAR, SUM) if facts.is_accumulator(v)}
+    held = {v for v in kinds_of(tags, VAR, SUM) if facts.is_accumulator(v)}
     divided = [value for vid in held for value in facts.divided.get(vid, ())]
     reruns = {v for v in kinds_of(tags, RERUN) if facts.adds_again(v)}
     in_branch = any(id(outer) in facts.in_branch for outer in _enclosing(module, call))
@@ -173,7 +168,7 @@ def _gradient_parts(module: Module, node: ast.expr, depth: int = 0) -> list[ast.
 
 def _fused(facts: _Facts, vids: AbstractSet[Vid]) -> bool:
     """Every session run that adds to these accumulators applies them too."""
-    adding = [tags for _, tags in facts.runs if _kinds(tags, SUM, AFTER) & vids]
+    adding = [tags for _, tags in facts.runs if kinds_of(tags, SUM, AFTER) & vids]
     return bool(adding) and all(_applies(tags) for tags in adding)
 
 
@@ -510,7 +505,7 @@ def _fetched(run: ast.Call) -> ast.expr:
 def _accumulates(facts: _Facts, tags: AbstractSet[Tag]) -> bool:
     """What a run fetches adds to an accumulator."""
     kinds = (SUM, AFTER, RERUN) if _applies(tags) else (SUM, AFTER)  # an apply reruns its adds
-    return any(facts.is_accumulator(v) for v in _kinds(tags, *kinds))
+    return any(facts.is_accumulator(v) for v in kinds_of(tags, *kinds))
 
 
 def _applies(tags: AbstractSet[Tag]) -> bool:
@@ -528,7 +523,7 @@ def _refetch_findings(module: Module, facts: _Facts) -> Found:
                 continue  # after range(n - 1), the run that adds again completes the window
             added = {
                 vid for _, tags in _runs(module, loop.body)
-                for vid in _kinds(tags, SUM, RERUN, AFTER) if facts.adds_again(vid)
+                for vid in kinds_of(tags, SUM, RERUN, AFTER) if facts.adds_again(vid)
             }  # fmt: skip
             for run, _ in _runs(module, block[index + 1 :]) if added else ():
                 parts = [module.tags(part) for part in _parts(module, _fetched(run))]
@@ -589,7 +584,7 @@ def _one_run_findings(module: Module, facts: _Facts) -> Found:
         tags = [module.tags(item) for item in items]
         added = [kinds_of(t, SUM) for t in tags if not _applies(t)]
         applied = [
-            set(tag[1:]) - _kinds(t, RERUN, AFTER) for t in tags for tag in t if tag[0] == APPLY
+            set(tag[1:]) - kinds_of(t, RERUN, AFTER) for t in tags for tag in t if tag[0] == APPLY
         ]
         raced = {v for a in added for b in applied for v in a & b if facts.is_accumulator(v)}
         ops = [i for i in items if isinstance(i, ast.Attribute) and i.attr in _WINDOW_OPS]
