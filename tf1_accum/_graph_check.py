@@ -175,10 +175,8 @@ def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
     ops = [_validate.graph_op(item) for item in items]
     for item, op in zip(items, ops):
         if op is None:
-            raise TypeError(
-                f"{label} must be a tf.Operation, tf.Tensor or tf.Variable of a graph, "
-                f"or a list of them, got {_validate.describe(item)}."
-            )
+            expected = "a tf.Operation, tf.Tensor or tf.Variable of a graph, or a list of them"
+            raise _validate.type_error(label, item, expected)
     return ops
 
 
@@ -388,9 +386,20 @@ def _findings(
             adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
             where = text.format(var.name, ", ".join(adders))
             yield _finding("never_reset", var.name, where)
-    yield from _one_run_findings(apply_set, apply_name, g.graph)
+    # The pairs `_guard` refuses, among the ops the apply runs (a function body's have no mark).
+    ops = sorted((op for op in apply_set if op.graph is g.graph), key=lambda o: o.name)
+    for first, second in _guard.pairs(m for op in ops for m in _guard.marks(op)):
+        where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
+        where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
+        yield _finding("ops_in_one_run", second.op, where)
     yield from _step_findings(g, apply_set, accum_set, apply_name)
-    yield from _twice_findings(g.graph, apply_set | accum_set, apply_name)
+    # (vi) an increment hung on ``window.applied`` of a wrapper that advances the step too.
+    for name, applied, step in _migration.counted_twice(g.graph):
+        if g.graph.get_operation_by_name(name) in apply_set | accum_set:
+            where = f"Fetching {apply_name} runs {name}, which increments the global step {step} "
+            where += f"when {applied} (window.applied) holds, and the AccumulationOptimizer "
+            where += "given that step increments it too: twice per update"
+            yield _finding("step_not_per_update", name, where)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
         yield _finding("schedule_in_micro_batches", op_name, where)
     # The gradients hand-written accumulate ops add (tf1_accum's own warned when built).
@@ -399,29 +408,6 @@ def _findings(
         where = f"The gradients accumulated are of a loss that {count.where}, "
         where += f"and nothing weighs them by it: weight={count.weight}"
         yield _finding("mean_over_data_count", count.op_name, where)
-
-
-def _one_run_findings(
-    apply_set: set[tf.Operation], apply_name: str, graph: tf.Graph
-) -> typing.Iterator[GraphFinding]:
-    """The pairs `_guard` refuses, among the ops the apply runs (a function body's have no mark)."""
-    ops = sorted((op for op in apply_set if op.graph is graph), key=lambda o: o.name)
-    for first, second in _guard.pairs(m for op in ops for m in _guard.marks(op)):
-        where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
-        where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
-        yield _finding("ops_in_one_run", second.op, where)
-
-
-def _twice_findings(
-    graph: tf.Graph, reached: set[tf.Operation], apply_name: str
-) -> typing.Iterator[GraphFinding]:
-    """(vi) an increment hung on ``window.applied`` of a wrapper that advances the step too."""
-    for name, applied, step in _migration.counted_twice(graph):
-        if graph.get_operation_by_name(name) in reached:
-            where = f"Fetching {apply_name} runs {name}, which increments the global step "
-            where += f"{step} when {applied} (window.applied) holds, and the "
-            where += "AccumulationOptimizer given that step increments it too: twice per update"
-            yield _finding("step_not_per_update", name, where)
 
 
 def _step_findings(

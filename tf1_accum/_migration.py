@@ -38,10 +38,9 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
     inner = type(optimizer.optimizer).__name__
     raise TypeError(
         f"{what} accumulates by itself, but its optimizer is {'an' if kind[0] == 'A' else 'a'} "
-        f"{kind} (steps={optimizer.steps}) wrapping {inner}: each update of {what} would only add "
-        "to the wrapper's window, which applies nothing until it is full, so the weights would "
-        f"not change while global_step advances. Give {what} the wrapped optimizer (opt.optimizer, "
-        f"the {inner}) and let it accumulate, or use the {kind} alone, {how}."
+        f"{kind} (steps={optimizer.steps}) wrapping {inner}, whose window applies nothing until "
+        f"it is full: the weights would not change while global_step advances. Give {what} the "
+        f"wrapped optimizer (opt.optimizer, the {inner}), or use the {kind} alone, {how}."
     )
 
 
@@ -78,29 +77,23 @@ def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
     # One clipping function is named (the first by name), with the variables it clipped.
     how = min(how for how, _ in found if how is not None)
     names = [name for clipped, name in found if clipped == how]
-    if how == "clip_by_global_norm":
+    if how != "clip_by_global_norm":
         fix = (
-            "Hand the wrapper the unclipped gradients and pass the norm as AccumulationOptimizer("
-            "..., clip_norm=c): it clips the window's mean gradient to that global norm just "
-            "before the update, as tf.clip_by_global_norm clipped the large batch's gradient."
+            f"To clip the window's mean with {how}, do it inside the wrapped optimizer's "
+            "apply_gradients (a subclass); clip_norm= clips it by global norm."
         )
-        if clip_norm is not None:
-            fix = (
-                f"clip_norm={clip_norm} already clips the window's mean: remove the "
-                "tf.clip_by_global_norm in front of apply_gradients."
-            )
+    elif clip_norm is None:
+        fix = (
+            "Pass the unclipped gradients and AccumulationOptimizer(..., clip_norm=c), which "
+            "clips the window's mean to that global norm."
+        )
     else:
-        fix = (
-            f"To clip the window's mean gradient with {how}, do it inside the wrapped "
-            "optimizer's apply_gradients (a subclass), which receives that mean; "
-            "clip_norm= clips it by global norm."
-        )
+        fix = f"clip_norm={clip_norm} already clips the window's mean: remove the tf.{how}."
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     warnings.warn(
-        f"tf1_accum: the gradients given to AccumulationOptimizer.apply_gradients "
-        f"({shown}) come from tf.{how}, so each micro-batch is clipped on its own, "
-        f"before it is accumulated; training on the large batch clipped its gradient "
-        f"once. {fix}",
+        f"tf1_accum: the gradients given to AccumulationOptimizer.apply_gradients ({shown}) "
+        f"come from tf.{how}, so each micro-batch is clipped on its own, not the large "
+        f"batch's gradient once. {fix}",
         UserWarning,
         stacklevel=_validate._caller_stacklevel(),
     )
@@ -152,12 +145,11 @@ class WindowStart:
             empty = tf.equal(count, 0)
             unmoved = tf.logical_or(empty, tf.equal(step, start))
             message = (
-                "tf1_accum: global_step moved in the middle of an accumulation window. "
+                "tf1_accum: global_step moved in the middle of an accumulation window: "
                 f"AccumulationOptimizer advances it once per update (every {steps} runs of the "
-                "train op), but something else incremented it since the window's first "
-                f"micro-batch: {_HAND_WRITTEN}, which now counts micro-batches, so a learning-rate "
-                f"schedule runs ahead. {_DELETE_IT} This micro-batch was not accumulated. Values: "
-                "global_step at the window's start, global_step now, micro-batches in the window:"
+                f"train op), and something else too, {_HAND_WRITTEN}. {_ONE_INCREMENT} This "
+                "micro-batch was not accumulated. Values: global_step at the window's start, "
+                "global_step now, micro-batches in the window:"
             )
             checked = _guard.refuse_unless(
                 unmoved, message, start, step, count, name="global_step_unmoved", summarize=3
@@ -200,8 +192,7 @@ def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
                 f"tf1_accum: {found[0]!r} adds to global_step ({step.op.name}, shared by "
                 f"the workers on {step.device}) besides AccumulationOptimizer, which "
                 f"advances it once per update: {_HAND_WRITTEN}, which would count every "
-                f"micro-batch of every worker. {_DELETE_IT} The updates of the other "
-                "workers move the step inside this worker's windows, as they should."
+                f"micro-batch of every worker. {_ONE_INCREMENT}"
             )
 
 
@@ -264,10 +255,7 @@ def twice_per_update(increment: str, step: str) -> str:
     return (
         f"tf1_accum: {increment} increments global_step ({step}) in a tf.cond on window.applied, "
         "and AccumulationOptimizer, given that global_step (minimize(..., global_step=...)), "
-        "increments it with each update too: every update would count twice, and a learning-rate "
-        "schedule run ahead. Keep one: give the wrapper no global_step and keep the increment, as "
-        "global_step.assign_add(1) (an assign(global_step + 1) loses counts between asynchronous "
-        "workers), or delete the increment."
+        f"increments it with each update too: every update would count twice. {_ONE_INCREMENT}"
     )
 
 
@@ -287,11 +275,10 @@ _HAND_WRITTEN = (
     "typically a hand-written global_step.assign(global_step + 1) grouped with the "
     "train op (BERT's create_optimizer)"
 )
-_DELETE_IT = (
-    "Delete that increment; or keep it, run it only when an update was applied "
-    "(tf.cond(opt.window.applied, ...), see the Real programs guide) as "
-    "global_step.assign_add(1) (an assign(global_step + 1) loses counts between "
-    "asynchronous workers), and give the wrapper no global_step."
+_ONE_INCREMENT = (
+    "Keep one: delete that increment, or give the wrapper no global_step and run the "
+    "increment only when an update is applied (tf.cond(opt.window.applied, ...)) as "
+    "global_step.assign_add(1) (assign(global_step + 1) loses counts between asynchronous workers)."
 )
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 
@@ -317,9 +304,8 @@ def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
     if not named:
         return ""
     return (
-        f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): "
-        "tf.compat.v1.global_variables_initializer() initializes only the variables that exist "
-        "when it is made, so make it (and run it) after the accumulation is built, or also run "
-        "tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
+        f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): make "
+        "tf.compat.v1.global_variables_initializer() (and run it) after the accumulation is "
+        "built, or also run tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
         "tf1_accum.STATE_COLLECTION)). "
     )

@@ -54,9 +54,7 @@ def watch_checkpoint_saver_hook() -> None:
                     warnings.warn(
                         "tf1_accum: this session runs an AccumulationOptimizer's train op (window "
                         f"counter {', '.join(unkept)}) without the accumulation hook: if it ends "
-                        "in the middle of a window (an input that runs out), the micro-batches "
-                        "accumulated since the last update may be in no checkpoint, and a resumed "
-                        "run starts that window over without them. " + _FIX,
+                        "mid-window, that window's micro-batches may be in no checkpoint. " + _FIX,
                         stacklevel=_validate._caller_stacklevel(),
                     )
             return original(self, run_context)
@@ -91,18 +89,15 @@ def _warn_if_left_out(
         message = (
             f"tf1_accum: the session ends with {pending} micro-batches accumulated since "
             f"the last update (global_step {step}), and CheckpointSaverHook writes no "
-            "final checkpoint: it saves at the end only if global_step moved since its "
-            f"last save, which was at step {step}. The micro-batches accumulated after "
-            "that checkpoint are in none, so a run resumed from it does not resume this "
-            "window: it starts the window over without them. "
+            "final checkpoint (global_step has not moved since its last save): a run resumed "
+            "from the last one starts this window over without them. "
         )
     else:
         # Without numbers, so that Python shows it once, not at every session.
         message = (
             "tf1_accum: the session ends in the middle of an accumulation window without "
-            "the accumulation hook. Its final checkpoint holds the window this time, "
-            "because global_step moved since CheckpointSaverHook's last save; when it did "
-            "not, the window is in no checkpoint. "
+            "the accumulation hook. Its final checkpoint holds the window this time (global_step "
+            "moved since CheckpointSaverHook's last save), not always. "
         )
     warnings.warn(message + _FIX, stacklevel=2)
 
@@ -146,6 +141,11 @@ def _warn_of_fit(what: str, last: int = 0, were_not: str = "were not") -> None:
         last: The micro-batches the last epoch leaves in its window (0: none).
         were_not: How they miss their update: "were not", or "would not be".
     """
+    what += (
+        ", and no callback runs the optimizer's flush_op: an epoch's last micro-batches go into "
+        "the next epoch's first window (fit with batches steps times larger applies a short "
+        "last batch)"
+    )
     if last:
         what += f", and the last {last} {were_not} applied at all"
     warnings.warn(
@@ -178,9 +178,7 @@ def _warning_at_begin(epoch_begin: typing.Callable[..., None]) -> typing.Callabl
             _warn_of_fit(
                 f"fit runs {steps} micro-batches an epoch in windows of {n}, so "
                 f"{sum(1 for e in ends if e)} of its {len(ends)} epochs end in the middle of an "
-                "accumulation window, and none of its callbacks runs the optimizer's flush_op: "
-                "each such epoch's last micro-batches would go into the next epoch's first "
-                "window (fit with batches steps times larger applies a short last batch)",
+                "accumulation window",
                 ends[-1],
                 "would not be",
             )
@@ -202,9 +200,7 @@ def _reading_epochs(epoch_end: typing.Callable[..., None]) -> typing.Callable[..
             self.__dict__["_tf1_accum_warned"] = True
             _warn_of_fit(
                 f"fit's epoch {epoch + 1} ended with {pending} micro-batches in an accumulation "
-                "window, and no callback ran the optimizer's flush_op: they go into the next "
-                "epoch's first window, where fit with batches steps times larger applies a "
-                "short last batch"
+                "window"
             )
 
     return on_epoch_end
@@ -221,9 +217,7 @@ def _warning_at_end(train_end: typing.Callable[..., None]) -> typing.Callable[..
             return
         _warn_of_fit(
             f"fit ended {len(mid_window)} of its {len(pending)} epochs in the middle of an "
-            "accumulation window, and no callback ran the optimizer's flush_op: each such "
-            "epoch's last micro-batches went into the next epoch's first window, where fit "
-            "with batches steps times larger applies a short last batch",
+            "accumulation window",
             pending[-1],
         )
 
