@@ -340,7 +340,7 @@ def test_fit_without_a_flush_warns_at_its_end_of_epochs_that_ended_mid_window(fl
         "tf1_accum: fit ended 2 of its 2 epochs in the middle of an accumulation window, and "
         "no callback runs the optimizer's flush_op: an epoch's last micro-batches go into "
         "the next epoch's first window (fit with batches steps times larger applies a short "
-        "last batch), and the last 2 were not applied at all. Run flush_op at "
+        "last batch), and the last 2 miss their update. Run flush_op at "
         f"each epoch's end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end=lambda "
         "epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
     ]

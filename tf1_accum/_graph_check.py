@@ -192,7 +192,7 @@ class _Graph:
     def __init__(self, graph: tf.Graph) -> None:
         self.graph = graph
         self.outer: dict[tf.Operation, tf.Tensor] = {}  # a function's input -> outer tensor
-        self.body_outputs: dict[tf.Operation, list[list[tf.Tensor]]] = {}  # If/While -> outputs
+        self.body_outputs: dict[tf.Operation, list[tf.Operation]] = {}  # If/While -> outputs
         self.all_ops: list[tf.Operation] = []
         self._scan(graph.get_operations())
         self.trainable = _variable_ops(graph, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
@@ -209,7 +209,7 @@ class _Graph:
             self.all_ops.append(op)
             bodies = _bodies(op)
             if bodies:
-                self.body_outputs[op] = [g.outputs for g, _ in bodies]
+                self.body_outputs[op] = [t.op for g, _ in bodies for t in g.outputs]
             for body, outer in bodies:
                 for inner, tensor in zip(body.inputs, outer):
                     self.outer[inner.op] = tensor
@@ -224,8 +224,7 @@ class _Graph:
             found = found[:1]
         if op in self.outer:
             found.append(self.outer[op].op)
-        if op in self.body_outputs:
-            found += [t.op for outputs in self.body_outputs[op] for t in outputs]
+        found += self.body_outputs.get(op, [])
         return found
 
     def reaches(

@@ -13,6 +13,7 @@ import warnings
 from tf1_accum._compat import control_flow_context, function_bodies, tf
 
 from tf1_accum import _guard, _validate
+from tf1_accum._locking import values_of
 from tf1_accum._options import Gradient, Pairs
 from tf1_accum._state import STATE_COLLECTION, state_variable
 from tf1_accum._window import _make_local
@@ -20,16 +21,13 @@ from tf1_accum._window import _make_local
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
     """Refuses an `AccumulationOptimizer` (or Keras one) given to ``what``, which accumulates."""
+    # Imported here: tf1_accum._optimizer imports this module.
     from tf1_accum._keras import given
+    from tf1_accum._optimizer import AccumulationOptimizer
 
     optimizer = given(optimizer)
-    # Known by its class along the MRO: tf1_accum._optimizer imports this module.
-    if any(
-        (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
-        for c in type(optimizer).__mro__
-    ):
-        kind = "AccumulationOptimizer"
-        how = "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)"
+    if isinstance(optimizer, AccumulationOptimizer):
+        kind, how = "AccumulationOptimizer", "as a drop-in: opt.minimize(loss, global_step=...)"
     elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
         # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
         kind, how = "KerasAccumulationOptimizer", "compiled into a tf_keras model"
@@ -53,16 +51,13 @@ _PASS_THROUGH = frozenset({"Identity", "Cast", "Reshape", "CheckNumerics"})
 
 def _clipped_by(gradient: Gradient) -> str | None:
     """The clipping function whose output ``gradient`` is, or None."""
-    if isinstance(gradient, tf.IndexedSlices):
-        gradient = gradient.values
-    op = getattr(gradient, "op", None)
+    op = getattr(values_of(gradient), "op", None)
     for _ in range(8):
         if not isinstance(op, tf.Operation):
             return None
-        for part in op.name.split("/"):
-            match = _CLIP_SCOPE.match(part)
-            if match:
-                return match.group(1)
+        scopes = [m.group(1) for m in map(_CLIP_SCOPE.match, op.name.split("/")) if m]
+        if scopes:
+            return scopes[0]
         if op.type not in _PASS_THROUGH or not op.inputs:
             return None
         op = op.inputs[0].op
@@ -78,10 +73,7 @@ def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
     how = min(how for how, _ in found if how is not None)
     names = [name for clipped, name in found if clipped == how]
     if how != "clip_by_global_norm":
-        fix = (
-            f"To clip the window's mean with {how}, do it inside the wrapped optimizer's "
-            "apply_gradients (a subclass); clip_norm= clips it by global norm."
-        )
+        fix = "Clip the window's mean inside the wrapped optimizer's apply_gradients instead."
     elif clip_norm is None:
         fix = (
             "Pass the unclipped gradients and AccumulationOptimizer(..., clip_norm=c), which "
@@ -94,7 +86,6 @@ def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
         f"tf1_accum: the gradients given to AccumulationOptimizer.apply_gradients ({shown}) "
         f"come from tf.{how}, so each micro-batch is clipped on its own, not the large "
         f"batch's gradient once. {fix}",
-        UserWarning,
         stacklevel=_validate._caller_stacklevel(),
     )
 
@@ -145,11 +136,11 @@ class WindowStart:
             empty = tf.equal(count, 0)
             unmoved = tf.logical_or(empty, tf.equal(step, start))
             message = (
-                "tf1_accum: global_step moved in the middle of an accumulation window: "
-                f"AccumulationOptimizer advances it once per update (every {steps} runs of the "
-                f"train op), and something else too, {_HAND_WRITTEN}. {_ONE_INCREMENT} This "
-                "micro-batch was not accumulated. Values: global_step at the window's start, "
-                "global_step now, micro-batches in the window:"
+                "tf1_accum: global_step moved in the middle of an accumulation window: the "
+                f"wrapper advances it once per update (every {steps} runs of the train op), and "
+                f"something else too, {_HAND_WRITTEN}. {_ONE_INCREMENT} This micro-batch was not "
+                "accumulated. Values: global_step at the window's start, global_step now, "
+                "micro-batches in the window:"
             )
             checked = _guard.refuse_unless(
                 unmoved, message, start, step, count, name="global_step_unmoved", summarize=3
@@ -163,13 +154,12 @@ class WindowStart:
     def hand_written(self) -> list[str]:
         """The ops outside control flow adding to ``global_step`` (an apply's are inside)."""
         step = self.global_step
+        skipped = self.own | {step.initializer.name}
         found = []
         for op in step.graph.get_operations():
-            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not self.target:
+            if op.type not in _STEP_WRITES or op.inputs[0].op is not self.target:
                 continue
-            if control_flow_context(op) is not None or op.name in self.own:
-                continue
-            if op is step.initializer:
+            if control_flow_context(op) is not None or op.name in skipped:
                 continue
             if op.type.startswith("AssignAdd") or _reads(op.inputs[1], self.target):
                 found.append(op.name)
@@ -205,8 +195,7 @@ def hung_on_applied(step: tf.Operation, applied: tf.Tensor) -> list[str]:
     """
     found = []
     for op in step.graph.get_operations():
-        context = control_flow_context(op)  # a version 1 tf.cond
-        pred = getattr(context, "pred", None)
+        pred = getattr(control_flow_context(op), "pred", None)  # of a version 1 tf.cond
         if op.type in _STEP_WRITES and pred is not None and _reads(pred, applied.op):
             if _variable_of(op.inputs[0]) is step:
                 found.append(op.name)
@@ -271,14 +260,10 @@ def _variable_of(tensor: tf.Tensor) -> tf.Operation:
 #: the variable op of the ``global_step`` it was given (which `check_graph` reads).
 APPLIED_WITH_STEP = "tf1_accum_applied_with_step"
 
-_HAND_WRITTEN = (
-    "typically a hand-written global_step.assign(global_step + 1) grouped with the "
-    "train op (BERT's create_optimizer)"
-)
+_HAND_WRITTEN = "typically a global_step.assign(global_step + 1) grouped with the train op"
 _ONE_INCREMENT = (
-    "Keep one: delete that increment, or give the wrapper no global_step and run the "
-    "increment only when an update is applied (tf.cond(opt.window.applied, ...)) as "
-    "global_step.assign_add(1) (assign(global_step + 1) loses counts between asynchronous workers)."
+    "Keep one: delete that increment, or give the wrapper no global_step and increment with "
+    "global_step.assign_add(1) in tf.cond(opt.window.applied, ...) (docs: Per-update work)."
 )
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 
