@@ -329,7 +329,7 @@ def _findings(
 
     reset_in_apply = {var for var, ops in g.resets.items() if any(o in apply_set for o in ops)}
     # The variables the applied gradients come from (not a batch-norm moving average).
-    updates = [op for op in apply_set if _gradient_index(op) is not None]
+    updates = {op for op in apply_set if _gradient_index(op) is not None}
     gradients = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
     reached = g.reaches([grad for grad, _ in gradients], lambda o: o in g.writes, control=False)
     used = {op for op in reached if op.type in _VARIABLE_OPS}
@@ -352,8 +352,7 @@ def _findings(
     # (i) and (iv): the applied gradients, and what the accumulate ops run again add.
     starts = gradients + [(op.inputs[_value_index(op)].op, op) for op in again]
     # Only writes run again carry this run's feed; a wait for another update is an order.
-    applying = set(updates)
-    stop = lambda o: (o in g.writes and o not in again) or o in applying  # noqa: E731
+    stop = lambda o: (o in g.writes and o not in again) or o in updates  # noqa: E731
     needs_feed: dict[tf.Operation, tf.Operation] = {}  # placeholder -> its first user
     for start, user in starts:
         for op in g.reaches([start], stop, control=True):
