@@ -21,12 +21,14 @@ from tf1_accum._window import _make_local
 
 def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what: str) -> None:
     """Refuses an `AccumulationOptimizer` (or Keras one) given to ``what``, which accumulates."""
-    # Imported here: tf1_accum._optimizer imports this module.
     from tf1_accum._keras import given
-    from tf1_accum._optimizer import AccumulationOptimizer
 
     optimizer = given(optimizer)
-    if isinstance(optimizer, AccumulationOptimizer):
+    # Known by its class along the MRO: tf1_accum._optimizer imports this module.
+    if any(
+        (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
+        for c in type(optimizer).__mro__
+    ):
         kind, how = "AccumulationOptimizer", "as a drop-in: opt.minimize(loss, global_step=...)"
     elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
         # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
