@@ -292,7 +292,6 @@ def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
         return ""
     return (
         f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): make "
-        "tf.compat.v1.global_variables_initializer() (and run it) after the accumulation is "
-        "built, or also run tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
-        "tf1_accum.STATE_COLLECTION)). "
+        "global_variables_initializer() (and run it) after the accumulation is built, or also "
+        "run variables_initializer(tf.compat.v1.get_collection(tf1_accum.STATE_COLLECTION)). "
     )
