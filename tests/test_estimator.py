@@ -212,7 +212,8 @@ def test_without_the_hook_an_input_ending_after_a_save_at_the_last_update_warns(
     (message,) = _end_warnings(est, _input_fn(0, 2 * N + 1, B))
     assert message.startswith(
         "tf1_accum: the session ends with 1 micro-batches accumulated since the last "
-        "update (global_step 2), and CheckpointSaverHook writes no final checkpoint"
+        "update, and CheckpointSaverHook writes no final checkpoint (global_step 2, as at "
+        "its last save)"
     )
     assert "EstimatorSpec's training_hooks" in message
     saved = _values(est)

@@ -135,13 +135,11 @@ def test_without_the_hook_a_session_ending_after_a_save_at_its_last_update_warns
     directory = str(tmp_path / "lost")
     assert _session_end_warnings(directory, 2 * N + 1) == [
         "tf1_accum: the session ends with 1 micro-batches accumulated since the last "
-        "update (global_step 2), and CheckpointSaverHook writes no final checkpoint: "
-        "it saves at the end only if global_step moved since its last save, which was "
-        "at step 2. The micro-batches accumulated after that checkpoint are in none, so "
-        "a run resumed from it does not resume this window: it starts the window over "
-        "without them. Add opt.make_session_run_hook() to the session's hooks (in an "
-        "Estimator, to the EstimatorSpec's training_hooks): at the end it saves the "
-        "partial window, or applies it with flush_at_end=True."
+        "update, and CheckpointSaverHook writes no final checkpoint (global_step 2, as at "
+        "its last save): a resumed run starts this window over without them. "
+        "Add opt.make_session_run_hook() to the session's hooks (an Estimator's: "
+        "EstimatorSpec's training_hooks): it saves a partial window at the end, or applies "
+        "it (flush_at_end=True)."
     ]
     saved = _final_checkpoint(directory)
     assert saved["global_step"] == 2 and saved["Accumulation/counter"] == 0
@@ -166,12 +164,11 @@ def test_without_the_hook_a_session_is_warned_before_its_first_run(tmp_path):
     assert _session_warnings(str(tmp_path / "boundary"), 2 * N) == [
         (
             "tf1_accum: this session runs an AccumulationOptimizer's train op (window counter "
-            "Accumulation/counter:0) without the accumulation hook: if it ends in the middle "
-            "of a window (an input that runs out), the micro-batches accumulated since the "
-            "last update may be in no checkpoint, and a resumed run starts that window over "
-            "without them. Add opt.make_session_run_hook() to the session's hooks (in an "
-            "Estimator, to the EstimatorSpec's training_hooks): at the end it saves the "
-            "partial window, or applies it with flush_at_end=True.",
+            "Accumulation/counter:0) without the accumulation hook: if it ends mid-window, "
+            "that window's micro-batches may be in no checkpoint. Add "
+            "opt.make_session_run_hook() to the session's hooks (an Estimator's: "
+            "EstimatorSpec's training_hooks): it saves a partial window at the end, or "
+            "applies it (flush_at_end=True).",
             0,
         )
     ]

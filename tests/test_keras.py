@@ -336,9 +336,9 @@ def test_fit_without_a_flush_warns_at_its_end_of_epochs_that_ended_mid_window(fl
     assert iterations == 3  # plain fit with batches of 4 x B: 4
     assert messages == [
         "tf1_accum: fit ended 2 of its 2 epochs in the middle of an accumulation window, and "
-        "no callback ran the optimizer's flush_op: each such epoch's last micro-batches went "
-        "into the next epoch's first window, where fit with batches steps times larger "
-        "applies a short last batch, and the last 2 were not applied at all. Run flush_op at "
+        "no callback runs the optimizer's flush_op: an epoch's last micro-batches go into "
+        "the next epoch's first window (fit with batches steps times larger applies a short "
+        "last batch), and the last 2 miss their update. Run flush_op at "
         f"each epoch's end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end=lambda "
         "epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
     ]
@@ -369,7 +369,7 @@ def test_fit_without_a_flush_is_warned_before_its_first_micro_batch(floatx):
     assert (updates, micro_batches, iterations) == (0, 0, 3)
     assert message.startswith(
         "tf1_accum: fit runs 7 micro-batches an epoch in windows of 4, so 2 of its 2 epochs "
-        "end in the middle of an accumulation window, and none of its callbacks runs the "
+        "end in the middle of an accumulation window, and no callback runs the "
         "optimizer's flush_op"
     )
     assert message.endswith("opt.flush_op))].")

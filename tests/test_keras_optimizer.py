@@ -301,7 +301,7 @@ def test_fit_without_a_flush_warns_at_its_end(float64):
     assert message.startswith(
         "tf1_accum: fit ended 2 of its 2 epochs in the middle of an accumulation window"
     )
-    assert "the last 2 were not applied at all" in message
+    assert "the last 2 miss their update" in message
 
 
 def _warned_when(model, run):
@@ -329,10 +329,10 @@ def test_fit_without_a_flush_warns_before_its_first_micro_batch(float64):
     assert before == (0, 0) and after == (2, 2)
     assert begin == (
         "tf1_accum: fit runs 5 micro-batches an epoch in windows of 4, so 2 of its 2 epochs "
-        "end in the middle of an accumulation window, and none of its callbacks runs the "
-        "optimizer's flush_op: each such epoch's last micro-batches would go into the next "
+        "end in the middle of an accumulation window, and no callback runs the "
+        "optimizer's flush_op: an epoch's last micro-batches go into the next "
         "epoch's first window (fit with batches steps times larger applies a short last "
-        "batch), and the last 2 would not be applied at all. Run flush_op at each epoch's "
+        "batch), and the last 2 miss their update. Run flush_op at each epoch's "
         f"end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: "
         "tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
     )
@@ -355,7 +355,7 @@ def test_a_resumed_fit_is_warned_of_the_epochs_it_runs(float64):
         "tf1_accum: fit runs 5 micro-batches an epoch in windows of 4, so 2 of its 2 epochs "
         "end in the middle of an accumulation window"
     )
-    assert "and the last 2 would not be applied at all." in begin
+    assert "and the last 2 miss their update." in begin
     assert end.startswith("tf1_accum: fit ended 2 of its 2 epochs")
 
 
@@ -372,8 +372,9 @@ def test_fit_with_its_own_callback_is_warned_when_an_epoch_ends_mid_window(float
     assert at_epoch_end == (1, 1) and after == (2, 2)
     assert epoch_end == (
         "tf1_accum: fit's epoch 1 ended with 1 micro-batches in an accumulation window, and no "
-        "callback ran the optimizer's flush_op: they go into the next epoch's first window, "
-        "where fit with batches steps times larger applies a short last batch. Run flush_op "
+        "callback runs the optimizer's flush_op: an epoch's last micro-batches go into the "
+        "next epoch's first window (fit with batches steps times larger applies a short last "
+        "batch). Run flush_op "
         f"at each epoch's end: callbacks=[{KERAS_NAME}.callbacks.LambdaCallback(on_epoch_end="
         "lambda epoch, logs: tf.compat.v1.keras.backend.get_session().run(opt.flush_op))]."
     )

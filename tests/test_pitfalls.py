@@ -265,6 +265,6 @@ def test_run_accumulation_says_to_initialize_after_building():
             after = sess.run(v1.trainable_variables())
     message = raised.value.message
     assert message.startswith("tf1_accum: the accumulation's variables are not initialized (")
-    assert "make it (and run it) after the accumulation is built" in message
+    assert "global_variables_initializer() (and run it) after the accumulation is built" in message
     assert "micro-batch 0 of the window failed" in message
     assert any(np.any(a != b) for a, b in zip(after, before))

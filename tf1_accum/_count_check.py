@@ -75,11 +75,6 @@ def is_fed(op: tf.Operation) -> bool:
     return op.type in ("Placeholder", "OptionalGetValue") or "IteratorGetNext" in op.type
 
 
-def _is_data(op: tf.Operation) -> bool:
-    """Whether ``op`` outputs fed data (a function's non-resource input is its caller's)."""
-    return is_fed(op) and op.outputs[0].dtype != tf.resource
-
-
 def _from_data(tensor: tf.Tensor) -> bool:
     """Whether ``tensor`` is computed from fed data and from no variable (a mask, lengths)."""
     ops = walk([tensor.op], _values)
@@ -87,7 +82,8 @@ def _from_data(tensor: tf.Tensor) -> bool:
         o.type in _VARIABLE_OPS or (o.type == "Placeholder" and o.outputs[0].dtype == tf.resource)
         for o in ops
     )
-    return not variables and any(_is_data(o) for o in ops)
+    # Fed data: a function's input is its caller's, a variable when a resource.
+    return not variables and any(is_fed(o) and o.outputs[0].dtype != tf.resource for o in ops)
 
 
 def _sized_by_data(tensor: tf.Tensor, fixed: set[tf.Operation]) -> bool:
@@ -189,6 +185,5 @@ def warn_if_unweighted(roots: typing.Sequence[tf.Tensor], weight: object, how: s
             f"tf1_accum: the loss {count.where}, and no weight= was given (TFA014, "
             f"{mistake.title}): {mistake.why}. Instead, pass {how.format(count.weight)}, "
             f"that count computed from each micro-batch (see {mistake.doc}).",
-            UserWarning,
             stacklevel=_validate._caller_stacklevel(),
         )

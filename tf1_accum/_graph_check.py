@@ -175,10 +175,8 @@ def _fetch_ops(label: str, fetches: object) -> list[tf.Operation]:
     ops = [_validate.graph_op(item) for item in items]
     for item, op in zip(items, ops):
         if op is None:
-            raise TypeError(
-                f"{label} must be a tf.Operation, tf.Tensor or tf.Variable of a graph, "
-                f"or a list of them, got {_validate.describe(item)}."
-            )
+            expected = "a tf.Operation, tf.Tensor or tf.Variable of a graph, or a list of them"
+            raise _validate.type_error(label, item, expected)
     return ops
 
 
@@ -194,7 +192,7 @@ class _Graph:
     def __init__(self, graph: tf.Graph) -> None:
         self.graph = graph
         self.outer: dict[tf.Operation, tf.Tensor] = {}  # a function's input -> outer tensor
-        self.body_outputs: dict[tf.Operation, list[list[tf.Tensor]]] = {}  # If/While -> outputs
+        self.body_outputs: dict[tf.Operation, list[tf.Operation]] = {}  # If/While -> outputs
         self.all_ops: list[tf.Operation] = []
         self._scan(graph.get_operations())
         self.trainable = _variable_ops(graph, tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES)
@@ -211,7 +209,7 @@ class _Graph:
             self.all_ops.append(op)
             bodies = _bodies(op)
             if bodies:
-                self.body_outputs[op] = [g.outputs for g, _ in bodies]
+                self.body_outputs[op] = [t.op for g, _ in bodies for t in g.outputs]
             for body, outer in bodies:
                 for inner, tensor in zip(body.inputs, outer):
                     self.outer[inner.op] = tensor
@@ -226,8 +224,7 @@ class _Graph:
             found = found[:1]
         if op in self.outer:
             found.append(self.outer[op].op)
-        if op in self.body_outputs:
-            found += [t.op for outputs in self.body_outputs[op] for t in outputs]
+        found += self.body_outputs.get(op, [])
         return found
 
     def reaches(
@@ -332,7 +329,7 @@ def _findings(
 
     reset_in_apply = {var for var, ops in g.resets.items() if any(o in apply_set for o in ops)}
     # The variables the applied gradients come from (not a batch-norm moving average).
-    updates = [op for op in apply_set if _gradient_index(op) is not None]
+    updates = {op for op in apply_set if _gradient_index(op) is not None}
     gradients = [(op.inputs[_gradient_index(op)].op, op) for op in updates]
     reached = g.reaches([grad for grad, _ in gradients], lambda o: o in g.writes, control=False)
     used = {op for op in reached if op.type in _VARIABLE_OPS}
@@ -355,8 +352,7 @@ def _findings(
     # (i) and (iv): the applied gradients, and what the accumulate ops run again add.
     starts = gradients + [(op.inputs[_value_index(op)].op, op) for op in again]
     # Only writes run again carry this run's feed; a wait for another update is an order.
-    applying = set(updates)
-    stop = lambda o: (o in g.writes and o not in again) or o in applying  # noqa: E731
+    stop = lambda o: (o in g.writes and o not in again) or o in updates  # noqa: E731
     needs_feed: dict[tf.Operation, tf.Operation] = {}  # placeholder -> its first user
     for start, user in starts:
         for op in g.reaches([start], stop, control=True):
@@ -388,9 +384,20 @@ def _findings(
             adders = sorted(o.name for o, v in g.accumulates.items() if v is var)
             where = text.format(var.name, ", ".join(adders))
             yield _finding("never_reset", var.name, where)
-    yield from _one_run_findings(apply_set, apply_name, g.graph)
+    # The pairs `_guard` refuses, among the ops the apply runs (a function body's have no mark).
+    ops = sorted((op for op in apply_set if op.graph is g.graph), key=lambda o: o.name)
+    for first, second in _guard.pairs(m for op in ops for m in _guard.marks(op)):
+        where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
+        where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
+        yield _finding("ops_in_one_run", second.op, where)
     yield from _step_findings(g, apply_set, accum_set, apply_name)
-    yield from _twice_findings(g.graph, apply_set | accum_set, apply_name)
+    # (vi) an increment hung on ``window.applied`` of a wrapper that advances the step too.
+    for name, applied, step in _migration.counted_twice(g.graph):
+        if g.graph.get_operation_by_name(name) in apply_set | accum_set:
+            where = f"Fetching {apply_name} runs {name}, which increments the global step {step} "
+            where += f"when {applied} (window.applied) holds, and the AccumulationOptimizer "
+            where += "given that step increments it too: twice per update"
+            yield _finding("step_not_per_update", name, where)
     for op_name, where in _schedule_check.schedule_findings(g.graph, g.steps, apply_set):
         yield _finding("schedule_in_micro_batches", op_name, where)
     # The gradients hand-written accumulate ops add (tf1_accum's own warned when built).
@@ -399,29 +406,6 @@ def _findings(
         where = f"The gradients accumulated are of a loss that {count.where}, "
         where += f"and nothing weighs them by it: weight={count.weight}"
         yield _finding("mean_over_data_count", count.op_name, where)
-
-
-def _one_run_findings(
-    apply_set: set[tf.Operation], apply_name: str, graph: tf.Graph
-) -> typing.Iterator[GraphFinding]:
-    """The pairs `_guard` refuses, among the ops the apply runs (a function body's have no mark)."""
-    ops = sorted((op for op in apply_set if op.graph is graph), key=lambda o: o.name)
-    for first, second in _guard.pairs(m for op in ops for m in _guard.marks(op)):
-        where = f"Fetching {apply_name} runs {first.field} ({first.op}) "
-        where += f"and {second.field} ({second.op}) of one accumulation in one session.run"
-        yield _finding("ops_in_one_run", second.op, where)
-
-
-def _twice_findings(
-    graph: tf.Graph, reached: set[tf.Operation], apply_name: str
-) -> typing.Iterator[GraphFinding]:
-    """(vi) an increment hung on ``window.applied`` of a wrapper that advances the step too."""
-    for name, applied, step in _migration.counted_twice(graph):
-        if graph.get_operation_by_name(name) in reached:
-            where = f"Fetching {apply_name} runs {name}, which increments the global step "
-            where += f"{step} when {applied} (window.applied) holds, and the "
-            where += "AccumulationOptimizer given that step increments it too: twice per update"
-            yield _finding("step_not_per_update", name, where)
 
 
 def _step_findings(

@@ -13,6 +13,7 @@ import warnings
 from tf1_accum._compat import control_flow_context, function_bodies, tf
 
 from tf1_accum import _guard, _validate
+from tf1_accum._locking import values_of
 from tf1_accum._options import Gradient, Pairs
 from tf1_accum._state import STATE_COLLECTION, state_variable
 from tf1_accum._window import _make_local
@@ -28,8 +29,7 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
         (c.__module__, c.__qualname__) == ("tf1_accum._optimizer", "AccumulationOptimizer")
         for c in type(optimizer).__mro__
     ):
-        kind = "AccumulationOptimizer"
-        how = "as a drop-in: train_op = opt.minimize(loss, global_step=global_step)"
+        kind, how = "AccumulationOptimizer", "as a drop-in: opt.minimize(loss, global_step=...)"
     elif getattr(type(optimizer), "_tf1_accum_accumulates", False):
         # A KerasAccumulationOptimizer, known by its mark: tf_keras stays unimported.
         kind, how = "KerasAccumulationOptimizer", "compiled into a tf_keras model"
@@ -38,10 +38,9 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
     inner = type(optimizer.optimizer).__name__
     raise TypeError(
         f"{what} accumulates by itself, but its optimizer is {'an' if kind[0] == 'A' else 'a'} "
-        f"{kind} (steps={optimizer.steps}) wrapping {inner}: each update of {what} would only add "
-        "to the wrapper's window, which applies nothing until it is full, so the weights would "
-        f"not change while global_step advances. Give {what} the wrapped optimizer (opt.optimizer, "
-        f"the {inner}) and let it accumulate, or use the {kind} alone, {how}."
+        f"{kind} (steps={optimizer.steps}) wrapping {inner}, whose window applies nothing until "
+        f"it is full: the weights would not change while global_step advances. Give {what} the "
+        f"wrapped optimizer (opt.optimizer, the {inner}), or use the {kind} alone, {how}."
     )
 
 
@@ -54,16 +53,13 @@ _PASS_THROUGH = frozenset({"Identity", "Cast", "Reshape", "CheckNumerics"})
 
 def _clipped_by(gradient: Gradient) -> str | None:
     """The clipping function whose output ``gradient`` is, or None."""
-    if isinstance(gradient, tf.IndexedSlices):
-        gradient = gradient.values
-    op = getattr(gradient, "op", None)
+    op = getattr(values_of(gradient), "op", None)
     for _ in range(8):
         if not isinstance(op, tf.Operation):
             return None
-        for part in op.name.split("/"):
-            match = _CLIP_SCOPE.match(part)
-            if match:
-                return match.group(1)
+        scopes = [m.group(1) for m in map(_CLIP_SCOPE.match, op.name.split("/")) if m]
+        if scopes:
+            return scopes[0]
         if op.type not in _PASS_THROUGH or not op.inputs:
             return None
         op = op.inputs[0].op
@@ -78,30 +74,20 @@ def warn_if_clipped(pairs: Pairs, clip_norm: float | None) -> None:
     # One clipping function is named (the first by name), with the variables it clipped.
     how = min(how for how, _ in found if how is not None)
     names = [name for clipped, name in found if clipped == how]
-    if how == "clip_by_global_norm":
+    if how != "clip_by_global_norm":
+        fix = "Clip the window's mean inside the wrapped optimizer's apply_gradients instead."
+    elif clip_norm is None:
         fix = (
-            "Hand the wrapper the unclipped gradients and pass the norm as AccumulationOptimizer("
-            "..., clip_norm=c): it clips the window's mean gradient to that global norm just "
-            "before the update, as tf.clip_by_global_norm clipped the large batch's gradient."
+            "Pass the unclipped gradients and AccumulationOptimizer(..., clip_norm=c), which "
+            "clips the window's mean to that global norm."
         )
-        if clip_norm is not None:
-            fix = (
-                f"clip_norm={clip_norm} already clips the window's mean: remove the "
-                "tf.clip_by_global_norm in front of apply_gradients."
-            )
     else:
-        fix = (
-            f"To clip the window's mean gradient with {how}, do it inside the wrapped "
-            "optimizer's apply_gradients (a subclass), which receives that mean; "
-            "clip_norm= clips it by global norm."
-        )
+        fix = f"clip_norm={clip_norm} already clips the window's mean: remove the tf.{how}."
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     warnings.warn(
-        f"tf1_accum: the gradients given to AccumulationOptimizer.apply_gradients "
-        f"({shown}) come from tf.{how}, so each micro-batch is clipped on its own, "
-        f"before it is accumulated; training on the large batch clipped its gradient "
-        f"once. {fix}",
-        UserWarning,
+        f"tf1_accum: the gradients given to AccumulationOptimizer.apply_gradients ({shown}) "
+        f"come from tf.{how}, so each micro-batch is clipped on its own, not the large "
+        f"batch's gradient once. {fix}",
         stacklevel=_validate._caller_stacklevel(),
     )
 
@@ -152,12 +138,11 @@ class WindowStart:
             empty = tf.equal(count, 0)
             unmoved = tf.logical_or(empty, tf.equal(step, start))
             message = (
-                "tf1_accum: global_step moved in the middle of an accumulation window. "
-                f"AccumulationOptimizer advances it once per update (every {steps} runs of the "
-                "train op), but something else incremented it since the window's first "
-                f"micro-batch: {_HAND_WRITTEN}, which now counts micro-batches, so a learning-rate "
-                f"schedule runs ahead. {_DELETE_IT} This micro-batch was not accumulated. Values: "
-                "global_step at the window's start, global_step now, micro-batches in the window:"
+                "tf1_accum: global_step moved in the middle of an accumulation window: the "
+                f"wrapper advances it once per update (every {steps} runs of the train op), and "
+                f"something else too, {_HAND_WRITTEN}. {_ONE_INCREMENT} This micro-batch was not "
+                "accumulated. Values: global_step at the window's start, global_step now, "
+                "micro-batches in the window:"
             )
             checked = _guard.refuse_unless(
                 unmoved, message, start, step, count, name="global_step_unmoved", summarize=3
@@ -171,13 +156,12 @@ class WindowStart:
     def hand_written(self) -> list[str]:
         """The ops outside control flow adding to ``global_step`` (an apply's are inside)."""
         step = self.global_step
+        skipped = self.own | {step.initializer.name}
         found = []
         for op in step.graph.get_operations():
-            if op.type not in _STEP_WRITES or not op.inputs or op.inputs[0].op is not self.target:
+            if op.type not in _STEP_WRITES or op.inputs[0].op is not self.target:
                 continue
-            if control_flow_context(op) is not None or op.name in self.own:
-                continue
-            if op is step.initializer:
+            if control_flow_context(op) is not None or op.name in skipped:
                 continue
             if op.type.startswith("AssignAdd") or _reads(op.inputs[1], self.target):
                 found.append(op.name)
@@ -200,8 +184,7 @@ def refuse_hand_written(starts: typing.Sequence[WindowStart | None]) -> None:
                 f"tf1_accum: {found[0]!r} adds to global_step ({step.op.name}, shared by "
                 f"the workers on {step.device}) besides AccumulationOptimizer, which "
                 f"advances it once per update: {_HAND_WRITTEN}, which would count every "
-                f"micro-batch of every worker. {_DELETE_IT} The updates of the other "
-                "workers move the step inside this worker's windows, as they should."
+                f"micro-batch of every worker. {_ONE_INCREMENT}"
             )
 
 
@@ -214,8 +197,7 @@ def hung_on_applied(step: tf.Operation, applied: tf.Tensor) -> list[str]:
     """
     found = []
     for op in step.graph.get_operations():
-        context = control_flow_context(op)  # a version 1 tf.cond
-        pred = getattr(context, "pred", None)
+        pred = getattr(control_flow_context(op), "pred", None)  # of a version 1 tf.cond
         if op.type in _STEP_WRITES and pred is not None and _reads(pred, applied.op):
             if _variable_of(op.inputs[0]) is step:
                 found.append(op.name)
@@ -264,10 +246,7 @@ def twice_per_update(increment: str, step: str) -> str:
     return (
         f"tf1_accum: {increment} increments global_step ({step}) in a tf.cond on window.applied, "
         "and AccumulationOptimizer, given that global_step (minimize(..., global_step=...)), "
-        "increments it with each update too: every update would count twice, and a learning-rate "
-        "schedule run ahead. Keep one: give the wrapper no global_step and keep the increment, as "
-        "global_step.assign_add(1) (an assign(global_step + 1) loses counts between asynchronous "
-        "workers), or delete the increment."
+        f"increments it with each update too: every update would count twice. {_ONE_INCREMENT}"
     )
 
 
@@ -283,15 +262,10 @@ def _variable_of(tensor: tf.Tensor) -> tf.Operation:
 #: the variable op of the ``global_step`` it was given (which `check_graph` reads).
 APPLIED_WITH_STEP = "tf1_accum_applied_with_step"
 
-_HAND_WRITTEN = (
-    "typically a hand-written global_step.assign(global_step + 1) grouped with the "
-    "train op (BERT's create_optimizer)"
-)
-_DELETE_IT = (
-    "Delete that increment; or keep it, run it only when an update was applied "
-    "(tf.cond(opt.window.applied, ...), see the Real programs guide) as "
-    "global_step.assign_add(1) (an assign(global_step + 1) loses counts between "
-    "asynchronous workers), and give the wrapper no global_step."
+_HAND_WRITTEN = "typically a global_step.assign(global_step + 1) grouped with the train op"
+_ONE_INCREMENT = (
+    "Keep one: delete that increment, or give the wrapper no global_step and increment with "
+    "global_step.assign_add(1) in tf.cond(opt.window.applied, ...) (docs: Per-update work)."
 )
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 
@@ -317,9 +291,7 @@ def uninitialized_hint(error: BaseException, graph: tf.Graph) -> str:
     if not named:
         return ""
     return (
-        f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): "
-        "tf.compat.v1.global_variables_initializer() initializes only the variables that exist "
-        "when it is made, so make it (and run it) after the accumulation is built, or also run "
-        "tf.compat.v1.variables_initializer(tf.compat.v1.get_collection("
-        "tf1_accum.STATE_COLLECTION)). "
+        f"tf1_accum: the accumulation's variables are not initialized ({named[0]}): make "
+        "global_variables_initializer() (and run it) after the accumulation is built, or also "
+        "run variables_initializer(tf.compat.v1.get_collection(tf1_accum.STATE_COLLECTION)). "
     )

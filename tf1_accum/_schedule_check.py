@@ -101,17 +101,14 @@ def _step_counts(
     global_steps: set[tf.Operation], apply_set: set[tf.Operation]
 ) -> typing.Iterator[tuple[float, tf.Operation, tf.Operation]]:
     """``(value, op, global step)`` of each constant the apply compares the step with."""
-    derived: dict[tf.Operation, tf.Operation] = {}  # op -> the global step its output counts
-    stack = [(var, var) for var in global_steps]
-    while stack:
-        op, var = stack.pop()
-        if op in derived:
-            continue
-        derived[op] = var
-        for output in op.outputs:
-            for consumer in output.consumers():
-                if consumer.type in _STEP_OPS and consumer in apply_set:
-                    stack.append((consumer, var))
+
+    def handed_on(op: tf.Operation) -> list[tf.Operation]:
+        """The ops of the apply that hand ``op``'s output on as a number of steps."""
+        consumers = [c for t in op.outputs for c in t.consumers()]
+        return [c for c in consumers if c.type in _STEP_OPS and c in apply_set]
+
+    # Each op the apply computes from a global step, as a number of steps -> that step.
+    derived = {op: var for var in global_steps for op in _count_check.walk([var], handed_on)}
     for op in apply_set:
         if op.type not in _COMPARE_OPS | _DIVIDE_OPS or len(op.inputs) != 2:
             continue
@@ -190,9 +187,8 @@ def _size(op: tf.Operation, repeats: bool) -> _Size | None:
         count = _static(op.inputs[1])
         if count is None or not repeats:
             return None if count is None else inner
-        if count < 0:
-            return _Size(math.inf, math.inf, math.inf)
-        return _Size(inner.exact * count, inner.actual * count, inner.epochs * count)
+        factor = math.inf if count < 0 else count  # -1: forever
+        return _Size(*(size * factor for size in inner))
     count = _static(op.inputs[1]) if op.type == "TakeDataset" else None
     if count is None or count < 0:
         return None if count is None else inner
