@@ -853,3 +853,21 @@ def test_an_increment_hung_on_applied_beside_the_wrappers_own_is_refused(form):
             r"window.applied, and AccumulationOptimizer, given that global_step (.|\n)*Keep one",
         ):
             v1.train.MonitoredSession(hooks=[opt.make_session_run_hook()])
+
+
+def test_a_graph_the_wrapper_built_in_is_freed_once_dropped():
+    import gc
+    import weakref
+
+    graphs = []
+    for _ in range(3):
+        graph = tf.Graph()
+        with graph.as_default():
+            w = v1.get_variable("w", initializer=1.0)
+            step = v1.train.get_or_create_global_step()
+            opt = tf1_accum.AccumulationOptimizer(v1.train.GradientDescentOptimizer(0.1), 2)
+            opt.minimize(w * w, global_step=step)
+        graphs.append(weakref.ref(graph))
+        del graph, w, step, opt
+    gc.collect()
+    assert [g() for g in graphs] == [None, None, None]

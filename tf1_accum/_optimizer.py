@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import typing
-import weakref
 
 from tf1_accum._compat import cached_property, control_flow_context, tf
 
@@ -70,8 +69,16 @@ class _Reach:
         return None
 
 
-#: The train ops built in each graph by every AccumulationOptimizer: graph -> [_Reach].
-_REACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _reaches(graph: tf.Graph) -> list[_Reach]:
+    """The train ops built in ``graph`` by every AccumulationOptimizer, kept on the graph.
+
+    Kept on the graph, not in a table keyed by it: each record holds the
+    window's variables, which hold the graph, so a table would keep every
+    graph alive.
+    """
+    if not hasattr(graph, "_tf1_accum_reaches"):
+        graph._tf1_accum_reaches = []  # type: ignore[attr-defined]
+    return typing.cast(list, graph._tf1_accum_reaches)  # type: ignore[attr-defined]
 
 
 def _check_alone(this: _Reach, earlier: list[_Reach]) -> typing.Iterator[tf.Operation]:
@@ -193,7 +200,7 @@ class _Builds(typing.List[_Build]):
         if not builds and len({id(b.window.counter.graph) for b in self}) == 1:
             builds = self  # read outside the one graph it was built in
         if not builds:
-            elsewhere = " in this graph (it was built in other graphs: enter the one you mean)"
+            elsewhere = " in this graph (it was built in other graphs: enter that graph first)"
             raise ValueError(
                 f"{what} exists once the train op is built: call minimize() or apply_gradients() "
                 f"first{elsewhere if self else ''}."
@@ -491,7 +498,7 @@ def _build(
         def accumulate_and_apply() -> tuple[Applied, None]:
             # With global_step: each run first checks that nothing else moved it.
             checked = [] if start is None else [start.check(steps)]
-            checked += _check_alone(reach, _REACHES.setdefault(outer, []))
+            checked += _check_alone(reach, _reaches(outer))
             # What the add waits for once the apply shows what it reads (a fed learning rate).
             with tf.compat.v1.name_scope(window.scope):
                 gate = tf.no_op(name="fed_values_held")
@@ -546,7 +553,7 @@ def _build(
         options=options,
     )
     wrapper._builds.append(_Build(window, record, start))
-    _REACHES.setdefault(outer, []).append(reach)
+    _reaches(outer).append(reach)
     # Without make_session_run_hook's hook, a window may miss every checkpoint: warn.
     outer.add_to_collection(_unhooked.TRAIN_OP_COUNTERS, window.counter)
     _unhooked.watch_checkpoint_saver_hook()
