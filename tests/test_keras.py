@@ -163,7 +163,8 @@ def test_keras_3_optimizer_is_refused_with_what_to_use():
         message = (
             r"got .*keras.src.optimizers.adam.Adam\)\. Keras 3 optimizers do not build TF1 "
             r"graph-mode ops for a Session\. Use tf_keras.optimizers.legacy.Adam \(tf_keras "
-            r"package, or TF_USE_LEGACY_KERAS=1\) or tf.compat.v1.train.AdamOptimizer instead\."
+            r"package; tf.keras.optimizers.legacy.Adam with TF_USE_LEGACY_KERAS=1\) or "
+            r"tf.compat.v1.train.AdamOptimizer instead\."
         )
         with pytest.raises(TypeError, match=message):
             tf1_accum.AccumulationOptimizer(keras_3.optimizers.Adam(0.1), 2)

@@ -94,12 +94,10 @@ class CollectiveAllReduce(Engine):
         group_key: int = 1,
         instance_key: int = 1000,
     ) -> None:
-        labels = ("num_workers", "task_index", "group_key", "instance_key")
-        for label, value in zip(labels, (num_workers, task_index, group_key, instance_key)):
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{label} must be an int, got {_validate.describe(value)}.")
-        if num_workers < 1:
-            raise ValueError(f"num_workers must be at least 1, got {num_workers}.")
+        _validate.check_int("num_workers", num_workers)
+        labels = ("task_index", "group_key", "instance_key")
+        for label, value in zip(labels, (task_index, group_key, instance_key)):
+            _validate.check_int(label, value, least=None)
         if not 0 <= task_index < num_workers:
             raise ValueError(
                 f"task_index must be in [0, num_workers) = [0, {num_workers}), got {task_index}."

@@ -392,8 +392,9 @@ def _findings(
         yield _finding("ops_in_one_run", second.op, where)
     yield from _step_findings(g, apply_set, accum_set, apply_name)
     # (vi) an increment hung on ``window.applied`` of a wrapper that advances the step too.
+    reached = apply_set | accum_set
     for name, applied, step in _migration.counted_twice(g.graph):
-        if g.graph.get_operation_by_name(name) in apply_set | accum_set:
+        if g.graph.get_operation_by_name(name) in reached:
             where = f"Fetching {apply_name} runs {name}, which increments the global step {step} "
             where += f"when {applied} (window.applied) holds, and the AccumulationOptimizer "
             where += "given that step increments it too: twice per update"

@@ -58,7 +58,7 @@ def refusal_hint(optimizer: object) -> str:
     what = "Keras 3 optimizers" if _is_keras_3(optimizer) else what
     return keras_names(
         f" {what} do not build TF1 graph-mode ops for a Session. Use {legacy} (tf_keras "
-        f"package, or TF_USE_LEGACY_KERAS=1) or {v1} instead."
+        f"package; tf.keras.optimizers.legacy.{name} with TF_USE_LEGACY_KERAS=1) or {v1} instead."
     )
 
 

@@ -16,8 +16,8 @@ def values_of(gradient: Gradient) -> tf.Tensor:
     return gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
 
 
-def on_device(device: str) -> typing.ContextManager[object]:
-    """``tf.device(device)``, or no device scope for an empty ``device``."""
+def on_device(device: str | None) -> typing.ContextManager[object]:
+    """``tf.device(device)``, or no device scope for an empty ``device`` or None."""
     return tf.device(device) if device else contextlib.nullcontext()
 
 

@@ -38,8 +38,9 @@ def refuse_accumulating_optimizer(optimizer: tf.compat.v1.train.Optimizer, what:
     inner = type(optimizer.optimizer).__name__
     raise TypeError(
         f"{what} accumulates by itself, but its optimizer is {'an' if kind[0] == 'A' else 'a'} "
-        f"{kind} (steps={optimizer.steps}) wrapping {inner}, whose window applies nothing until "
-        f"it is full: the weights would not change while global_step advances. Give {what} the "
+        f"{kind} (steps={optimizer.steps}) wrapping {inner}: each update of {what} only adds to "
+        f"the {kind}'s window, which applies nothing until it is full, so the weights would not "
+        f"change while global_step advances. Give {what} the "
         f"wrapped optimizer (opt.optimizer, the {inner}), or use the {kind} alone, {how}."
     )
 
@@ -265,7 +266,8 @@ APPLIED_WITH_STEP = "tf1_accum_applied_with_step"
 _HAND_WRITTEN = "typically a global_step.assign(global_step + 1) grouped with the train op"
 _ONE_INCREMENT = (
     "Keep one: delete that increment, or give the wrapper no global_step and increment with "
-    "global_step.assign_add(1) in tf.cond(opt.window.applied, ...) (docs: Per-update work)."
+    "global_step.assign_add(1) in tf.cond(opt.window.applied, ...) "
+    "(docs: Real programs, Per-update work)."
 )
 _STEP_WRITES = frozenset({"Assign", "AssignAdd", "AssignVariableOp", "AssignAddVariableOp"})
 

@@ -200,7 +200,8 @@ class _Builds(typing.List[_Build]):
         if not builds and len({id(b.window.counter.graph) for b in self}) == 1:
             builds = self  # read outside the one graph it was built in
         if not builds:
-            elsewhere = " in this graph (it was built in other graphs: enter that graph first)"
+            elsewhere = " in this graph (it was built in other graphs: enter the one you mean "
+            elsewhere += "with graph.as_default())"
             raise ValueError(
                 f"{what} exists once the train op is built: call minimize() or apply_gradients() "
                 f"first{elsewhere if self else ''}."

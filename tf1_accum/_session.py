@@ -42,7 +42,8 @@ class WindowFetches(list):
         """
         if any(value is None for value in self):
             raise ValueError(
-                "window_mean() needs fetched values, and this window fetched none: pass fetches="
+                "window_mean() needs fetched values, and this window fetched none: pass "
+                "fetches= (the loss, say) to run_accumulation."
             )
         weights = np.ones(len(self)) if self.weights is None else np.asarray(self.weights)
         total = weights.sum()

@@ -77,7 +77,8 @@ class SharedApply:
 
         def get(getter: _Make, name: str, *args: typing.Any, **kwargs: typing.Any) -> tf.Variable:
             if first:
-                got[name] = getter(name, *args, **kwargs)
+                var = got[name] = getter(name, *args, **kwargs)
+                return var
             var = got.get(name)
             if var is None:
                 self._mismatch(f"no variable {name!r}", f"get_variable({name!r}) of a new one")

@@ -55,7 +55,8 @@ def _check_scalar(
     dtype = value.dtype.base_dtype
     if not (dtype.is_floating or (dtype.is_integer and kind == "real number")):
         raise TypeError(
-            f"{name} must be a {kind} tensor ({what}), got {value.name} of dtype {dtype.name}."
+            f"{name} must be a {kind} tensor ({what}), got {value.name} of dtype {dtype.name}: "
+            f"cast it, e.g. tf.cast({name}, tf.float32)."
         )
     if value.shape.ndims not in (0, None):  # unknown: checked when run
         shape = value.shape.as_list()

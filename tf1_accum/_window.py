@@ -5,7 +5,6 @@ Every way in composes these, each inside `exclusive` (the window's mutex).
 
 from __future__ import annotations
 
-import contextlib
 import typing
 import weakref
 
@@ -14,7 +13,8 @@ from tf1_accum._compat import add_control_inputs, control_flow_context, set_cont
 from tf1_accum._compat import tf, without_control_inputs, write_of
 
 from tf1_accum import _validate
-from tf1_accum._locking import apply_one_at_a_time, exclusive, reference_control_flow, values_of
+from tf1_accum._locking import apply_one_at_a_time, exclusive, on_device, reference_control_flow
+from tf1_accum._locking import values_of
 from tf1_accum._options import Gradient, GradientTransform, Pairs, WindowMean, WindowOptions
 from tf1_accum._options import transformed, transforms_of
 from tf1_accum._shared_apply import SharedApply
@@ -198,7 +198,7 @@ class Window:
         self._transform_state = SharedApply(options.transform)
         # Parameter servers: the window's state stays local to the worker.
         worker = _worker_device(pairs)
-        with tf.device(worker) if worker else contextlib.nullcontext():
+        with on_device(worker):
             zero = lambda: tf.constant(0, tf.int64)  # noqa: E731
             # Another name, so a checkpoint of one kind fails to restore into the other.
             counter = "weighted_counter" if options.weighted else "counter"

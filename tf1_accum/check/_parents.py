@@ -46,9 +46,11 @@ def graft(tree: ast.Module, path: str, modules: Modules) -> list[Table]:
     # Breadth first, the queue growing as it is read: the nth copy is its nth entry after tree's.
     pending: list[tuple[ast.Module, list[ast.ClassDef], str]] = [(tree, classes, path)]
     for module_tree, children, home in pending:
+        if len(pending) > _DEPTH:
+            break
         for module, name in _imported_bases(module_tree, children, defined):
-            found = _class_in(module, name, modules, home)
-            if found is None or len(pending) > _DEPTH:
+            found = _class_in(module, name, modules, home) if len(pending) <= _DEPTH else None
+            if found is None:
                 continue
             node, parent_tree, source, where = found
             offset = OFFSET * len(pending)
@@ -88,8 +90,12 @@ def _class_in(
     """(ClassDef, its module's tree, source, path) of class ``name`` of ``module``, or None."""
     for where in modules.get(module, ()):
         # Nothing to find in the importer itself, nor in a file that does not parse.
-        parsed = _parsed(where) if os.path.abspath(where) != os.path.abspath(importer) else None
-        tree, source = parsed or (ast.Module(body=[], type_ignores=[]), "")
+        if os.path.abspath(where) == os.path.abspath(importer):
+            continue
+        parsed = _parsed(where)
+        if parsed is None:
+            continue
+        tree, source = parsed
         for node in tree.body:
             if isinstance(node, ast.ClassDef) and node.name == name:
                 return node, tree, source, where
